@@ -1,0 +1,68 @@
+//! The `jobs` provider: [`JobRegistry`], a producer-neutral, process-local control plane for
+//! background work.
+//!
+//! A producer (a background shell, a sub-agent, anything with a cancel hook and a `done`
+//! future) hands the registry its hooks once it has actually started; the registry owns the
+//! id, the status, the exact-owner fence, waiters, completion notices and teardown. It never
+//! deletes a record on settlement: records stay visible to `job_list` until the owner is
+//! disposed or the registry shuts down, because "a job finished" is a fact the model may ask
+//! about later.
+#![deny(missing_docs)]
+
+mod job;
+mod registry;
+
+pub use registry::{JobRegistry, PROVIDER};
+
+use std::sync::Arc;
+
+use conch_registry::{
+    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+};
+use serde::Deserialize;
+
+/// `jobs` plugin config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// Active jobs one owner may have at once.
+    pub cap_per_owner: usize,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self { cap_per_owner: conch_seams::jobs::DEFAULT_JOB_CAP }
+    }
+}
+
+fn build(ctx: &BuildContext<'_>) -> conch_seams::Result<PluginOutput> {
+    let config: JobsConfig = ctx.config()?;
+    if config.cap_per_owner == 0 {
+        return Err(conch_seams::Error::new(
+            conch_seams::ErrorCode::InvalidComposition,
+            format!(
+                "{}: plugin `jobs`: key `cap_per_owner`: must be at least 1",
+                ctx.source_name()
+            ),
+        ));
+    }
+    let registry = JobRegistry::new(config.cap_per_owner);
+    let for_teardown = Arc::clone(&registry);
+    Ok(PluginOutput::seam(SeamHandle::Jobs(registry)).with_teardown(move || {
+        Box::pin(async move { conch_seams::Jobs::shutdown(for_teardown.as_ref()).await })
+    }))
+}
+
+register_plugin!(PluginEntry {
+    name: PROVIDER,
+    provides: Some(SeamId::Jobs),
+    requires: &[],
+    description: "the jobs registry: <kind>-N ids, owner fence, cap, notices, teardown",
+    build,
+});
+
+/// Explicit registration hook so a binary can force this crate to link.
+pub fn register() {}
+
+#[cfg(test)]
+mod tests;

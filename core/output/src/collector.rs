@@ -1,0 +1,391 @@
+//! The stream collector: exactly the last `max_bytes` of a byte stream in memory, plus a lazy
+//! spill file that holds the complete stream for as long as it stays under the spill cap.
+//!
+//! # Spill lifecycle
+//! - Nothing touches the disk while the whole stream fits in memory.
+//! - The first push that takes the total past `max_bytes` creates a private 0700 directory
+//!   holding an exclusively created 0600 file and backfills it from memory. Nothing has been
+//!   dropped from memory before that push, so the backfill is the complete prefix.
+//! - Once the total passes `spill_cap`, or any spill I/O fails, the file and its directory are
+//!   deleted and no path is ever published again: a spill that lacks bytes must not be handed
+//!   out as if it were the output.
+//! - A path is published only after the writer was flushed, so a reader that opens it sees
+//!   every byte pushed so far. It is final only once [`Collector::seal`] succeeded.
+//! - Dropping the collector keeps a complete spill on disk, because results handed out
+//!   earlier may still name it; whoever owns the process lifetime cleans it up (for example
+//!   with [`Collector::discard_spill`] before dropping). An incomplete spill is never kept.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, Permissions};
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use conch_seams::{CollectedOutput, StreamRead};
+
+use crate::utf8::utf8_tail;
+
+/// Default bytes kept in memory.
+const DEFAULT_MAX_BYTES: usize = 64_000;
+/// Default largest complete spill (64 MiB).
+const DEFAULT_SPILL_CAP: u64 = 64 * 1024 * 1024;
+/// Write buffer in front of the spill file; pipe reads arrive in chunks of up to 64 KiB, and
+/// batching small ones keeps the syscall count down. Larger chunks bypass it.
+const SPILL_BUFFER: usize = 64 * 1024;
+
+/// How a [`Collector`] retains a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectorConfig {
+    /// Tail bytes kept in memory.
+    pub max_bytes: usize,
+    /// Largest stream the spill may represent; past it the spill is deleted.
+    pub spill_cap: u64,
+    /// Parent of the private spill directory; `None` means [`std::env::temp_dir`].
+    pub spill_dir: Option<PathBuf>,
+}
+
+impl CollectorConfig {
+    /// A config with these limits and the default spill location.
+    pub fn new(max_bytes: usize, spill_cap: u64) -> Self {
+        Self { max_bytes, spill_cap, spill_dir: None }
+    }
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_BYTES, DEFAULT_SPILL_CAP)
+    }
+}
+
+/// Collects one output stream: a bounded in-memory tail plus a lazy complete spill.
+///
+/// All methods take `&self`; state sits behind a mutex so one pump task can push while
+/// readers poll from other threads (callers share it behind `Arc`).
+#[derive(Debug)]
+pub struct Collector {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    max_bytes: usize,
+    spill_cap: u64,
+    spill_dir: Option<PathBuf>,
+    /// The last `max_bytes` bytes of the stream.
+    tail: VecDeque<u8>,
+    /// Every byte ever pushed (before sealing).
+    total: u64,
+    sealed: bool,
+    spill: Spill,
+}
+
+#[derive(Debug)]
+enum Spill {
+    /// The stream still fits in memory; no file exists yet.
+    NotNeeded,
+    /// The file holds every byte pushed so far (some possibly still in the write buffer).
+    Complete(SpillFile),
+    /// Deleted or never created; never comes back, since bytes already left memory.
+    Abandoned,
+}
+
+#[derive(Debug)]
+struct SpillFile {
+    /// The private directory the file lives in.
+    dir: PathBuf,
+    path: PathBuf,
+    /// `None` once sealed: the file is closed and final.
+    writer: Option<BufWriter<File>>,
+}
+
+impl SpillFile {
+    /// Creates the private directory and the exclusive file inside it.
+    fn create(parent: &Path) -> io::Result<Self> {
+        // tempfile gives random names and O_EXCL creation; the modes are requested
+        // explicitly so the privacy does not depend on the library's defaults.
+        let dir = tempfile::Builder::new()
+            .prefix("conch-spill-")
+            .permissions(Permissions::from_mode(0o700))
+            .tempdir_in(parent)?;
+        let file = tempfile::Builder::new()
+            .prefix("stream-")
+            .permissions(Permissions::from_mode(0o600))
+            .tempfile_in(dir.path())?;
+        let (file, path) = file.keep().map_err(|e| e.error)?;
+        // Only now that both exist do we take over cleanup from tempfile.
+        let dir = dir.keep();
+        Ok(Self { dir, path, writer: Some(BufWriter::with_capacity(SPILL_BUFFER, file)) })
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match &mut self.writer {
+            Some(w) => w.write_all(bytes),
+            // Sealed files take no more bytes; pushes after seal are ignored earlier.
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.writer {
+            Some(w) => w.flush(),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes and closes the file.
+    fn close(&mut self) -> io::Result<()> {
+        match self.writer.take() {
+            Some(w) => w.into_inner().map(drop).map_err(|e| e.into_error()),
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes the file and its private directory.
+    fn remove(mut self) {
+        // Drop the writer without flushing: the file is going away anyway.
+        if let Some(w) = self.writer.take() {
+            let (file, _unflushed) = w.into_parts();
+            drop(file);
+        }
+        // Removal is best effort: nothing useful can be done if it fails, and the path is
+        // never published again either way.
+        let _ = fs::remove_file(&self.path);
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+impl State {
+    fn push(&mut self, chunk: &[u8]) {
+        if self.sealed || chunk.is_empty() {
+            return;
+        }
+        self.total += chunk.len() as u64;
+        self.spill_chunk(chunk);
+        // Memory is trimmed only after the spill saw the chunk, so the first-overflow
+        // backfill still has every earlier byte.
+        self.retain(chunk);
+    }
+
+    fn spill_chunk(&mut self, chunk: &[u8]) {
+        match &mut self.spill {
+            Spill::Complete(file) => {
+                if self.total > self.spill_cap || file.append(chunk).is_err() {
+                    self.abandon();
+                }
+            }
+            Spill::NotNeeded if self.total > self.max_bytes as u64 => {
+                self.spill = if self.total > self.spill_cap {
+                    // The complete stream is already too big to represent.
+                    Spill::Abandoned
+                } else {
+                    match self.start_spill(chunk) {
+                        Some(file) => Spill::Complete(file),
+                        None => Spill::Abandoned,
+                    }
+                };
+            }
+            Spill::NotNeeded | Spill::Abandoned => {}
+        }
+    }
+
+    /// Creates the spill and backfills it with memory (everything before `chunk`) and `chunk`.
+    fn start_spill(&self, chunk: &[u8]) -> Option<SpillFile> {
+        let parent = self.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let mut file = SpillFile::create(&parent).ok()?;
+        let (a, b) = self.tail.as_slices();
+        let written =
+            file.append(a).and_then(|()| file.append(b)).and_then(|()| file.append(chunk));
+        match written {
+            Ok(()) => Some(file),
+            Err(_) => {
+                file.remove();
+                None
+            }
+        }
+    }
+
+    /// Keeps exactly the last `max_bytes` bytes after appending `chunk`.
+    fn retain(&mut self, chunk: &[u8]) {
+        let max = self.max_bytes;
+        if chunk.len() >= max {
+            self.tail.clear();
+            self.tail.extend(&chunk[chunk.len() - max..]);
+        } else {
+            let excess = (self.tail.len() + chunk.len()).saturating_sub(max);
+            self.tail.drain(..excess);
+            self.tail.extend(chunk);
+        }
+    }
+
+    fn abandon(&mut self) {
+        if let Spill::Complete(file) = std::mem::replace(&mut self.spill, Spill::Abandoned) {
+            file.remove();
+        }
+    }
+
+    /// The spill path for a reader: flushed first so the file holds everything so far.
+    fn published_path(&mut self) -> Option<PathBuf> {
+        let flushed = match &mut self.spill {
+            Spill::Complete(file) => file.flush().is_ok(),
+            Spill::NotNeeded | Spill::Abandoned => return None,
+        };
+        if !flushed {
+            self.abandon();
+            return None;
+        }
+        match &self.spill {
+            Spill::Complete(file) => Some(file.path.clone()),
+            Spill::NotNeeded | Spill::Abandoned => None,
+        }
+    }
+
+    fn window_start(&self) -> u64 {
+        self.total - self.tail.len() as u64
+    }
+}
+
+impl Collector {
+    /// An empty, unsealed collector.
+    pub fn new(cfg: CollectorConfig) -> Self {
+        let CollectorConfig { max_bytes, spill_cap, spill_dir } = cfg;
+        Self {
+            state: Mutex::new(State {
+                max_bytes,
+                spill_cap,
+                spill_dir,
+                tail: VecDeque::new(),
+                total: 0,
+                sealed: false,
+                spill: Spill::NotNeeded,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves byte counts consistent enough to read;
+        // refusing all further output over it would be worse.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends a chunk. Never fails: a spill I/O error only abandons the spill, since it can
+    /// no longer be complete. Ignored after [`Collector::seal`].
+    pub fn push(&self, chunk: &[u8]) {
+        self.lock().push(chunk);
+    }
+
+    /// Marks EOF: flushes and closes the spill, which becomes final. Later pushes are ignored.
+    /// Idempotent.
+    pub fn seal(&self) {
+        let mut s = self.lock();
+        if s.sealed {
+            return;
+        }
+        s.sealed = true;
+        let closed = match &mut s.spill {
+            Spill::Complete(file) => file.close().is_ok(),
+            Spill::NotNeeded | Spill::Abandoned => true,
+        };
+        if !closed {
+            s.abandon();
+        }
+    }
+
+    /// Reads from a caller-owned `offset`, at most `max_bytes`.
+    ///
+    /// - `offset` at or past the end: empty data at the end, not lossy.
+    /// - `offset` older than the memory window: the retained tail from the window start
+    ///   (at most `max_bytes`), `lossy` set, rather than a fake contiguous delta.
+    /// - otherwise: the bytes from `offset` on.
+    pub fn read(&self, offset: u64, max_bytes: usize) -> StreamRead {
+        let mut s = self.lock();
+        let total = s.total;
+        let window_start = s.window_start();
+        let (start_offset, lossy) = if offset >= total {
+            (total, false)
+        } else if offset < window_start {
+            (window_start, true)
+        } else {
+            (offset, false)
+        };
+        // `start_offset` lies within [window_start, total], so the difference is at most the
+        // in-memory length and the cast cannot truncate.
+        let from = (start_offset - window_start) as usize;
+        let to = from + max_bytes.min(s.tail.len() - from);
+        let data: Vec<u8> = s.tail.range(from..to).copied().collect();
+        let next_offset = start_offset + data.len() as u64;
+        StreamRead {
+            data,
+            start_offset,
+            next_offset,
+            lossy,
+            spill_path: s.published_path(),
+            sealed: s.sealed,
+        }
+    }
+
+    /// The retained tail as UTF-8-safe text with exact accounting.
+    ///
+    /// When bytes were dropped from the head, a partial leading code point is cut (and
+    /// counted as omitted); invalid bytes elsewhere are replaced lossily.
+    pub fn summary(&self) -> CollectedOutput {
+        let mut s = self.lock();
+        let total_bytes = s.total;
+        let dropped = s.window_start() > 0;
+        let (text, kept) = {
+            let bytes = s.tail.make_contiguous();
+            let bytes = if dropped { utf8_tail(bytes) } else { bytes };
+            (String::from_utf8_lossy(bytes).into_owned(), bytes.len() as u64)
+        };
+        CollectedOutput {
+            text,
+            total_bytes,
+            omitted_bytes: total_bytes - kept,
+            spill_path: s.published_path(),
+        }
+    }
+
+    /// Exact count of bytes pushed (before sealing).
+    pub fn total_bytes(&self) -> u64 {
+        self.lock().total
+    }
+
+    /// Bytes held in memory right now (at most `max_bytes`).
+    pub fn retained_bytes(&self) -> usize {
+        self.lock().tail.len()
+    }
+
+    /// True once [`Collector::seal`] ran.
+    pub fn is_sealed(&self) -> bool {
+        self.lock().sealed
+    }
+
+    /// The spill file, only while it holds the complete stream so far (flushed first).
+    pub fn spill_path(&self) -> Option<PathBuf> {
+        self.lock().published_path()
+    }
+
+    /// Deletes the spill now (file and private directory); no path is published afterwards.
+    ///
+    /// For owners that are done with the output: dropping the collector deliberately keeps
+    /// a complete spill because earlier results may name it.
+    pub fn discard_spill(&self) {
+        self.lock().abandon();
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // The file outlives us (see the module docs), so it must hold every byte: flush
+        // explicitly, because BufWriter's own drop would swallow a failure and leave a
+        // short file behind under a path that was published as complete.
+        let flushed = match &mut s.spill {
+            Spill::Complete(file) => file.flush().is_ok(),
+            Spill::NotNeeded | Spill::Abandoned => true,
+        };
+        if !flushed {
+            s.abandon();
+        }
+    }
+}

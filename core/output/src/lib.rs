@@ -1,0 +1,18 @@
+//! Output retention: a bounded tail of a byte stream in memory, a lazy spill file that holds
+//! the complete stream only while it can, and head / tail / head+tail text retainers.
+//!
+//! Long output prefers the tail because errors and summaries tend to come last; the spill
+//! keeps full retrieval possible until the stream passes the spill cap, after which it is
+//! deleted rather than left behind as a file that silently lacks bytes.
+#![deny(missing_docs)]
+
+mod collector;
+mod retain;
+mod utf8;
+
+pub use collector::{Collector, CollectorConfig};
+pub use retain::{Retained, Strategy, TextRetainer, format_retention_notice};
+pub use utf8::{tail_utf8, truncate_utf8, utf8_tail};
+
+#[cfg(test)]
+mod tests;

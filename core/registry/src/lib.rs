@@ -1,0 +1,653 @@
+//! The plugin registry: plugins register with `inventory`; a composition picks them; the
+//! registry checks exactly-one-provider-per-seam and builds a [`Runtime`] in dependency order.
+#![deny(missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use conch_config::{Composition, CompositionError};
+use conch_env::ShellEnv;
+use conch_seams::{
+    Error, ErrorCode, Jobs, Owner, Sandbox, ShellExecutor, Subprocess, TerminalBackend, Terminals,
+    Tool, ToolContext, ToolOutput,
+};
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+
+pub use inventory;
+
+/// The seams a plugin can provide or require.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SeamId {
+    /// `Subprocess`.
+    Subprocess,
+    /// `ShellExecutor`.
+    Shell,
+    /// `Jobs`.
+    Jobs,
+    /// `Sandbox`.
+    Sandbox,
+    /// `TerminalBackend`.
+    TerminalBackend,
+    /// `Terminals` (the owner-scoped session service).
+    Terminals,
+}
+
+impl SeamId {
+    /// The seam's name in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeamId::Subprocess => "subprocess",
+            SeamId::Shell => "shell",
+            SeamId::Jobs => "jobs",
+            SeamId::Sandbox => "sandbox",
+            SeamId::TerminalBackend => "terminal-backend",
+            SeamId::Terminals => "terminals",
+        }
+    }
+}
+
+impl fmt::Display for SeamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A built seam implementation.
+#[derive(Clone, Debug)]
+pub enum SeamHandle {
+    /// A subprocess provider.
+    Subprocess(Arc<dyn Subprocess>),
+    /// A shell executor.
+    Shell(Arc<dyn ShellExecutor>),
+    /// A jobs registry.
+    Jobs(Arc<dyn Jobs>),
+    /// A sandbox.
+    Sandbox(Arc<dyn Sandbox>),
+    /// A terminal backend.
+    TerminalBackend(Arc<dyn TerminalBackend>),
+    /// A terminals service.
+    Terminals(Arc<dyn Terminals>),
+}
+
+impl SeamHandle {
+    fn id(&self) -> SeamId {
+        match self {
+            SeamHandle::Subprocess(_) => SeamId::Subprocess,
+            SeamHandle::Shell(_) => SeamId::Shell,
+            SeamHandle::Jobs(_) => SeamId::Jobs,
+            SeamHandle::Sandbox(_) => SeamId::Sandbox,
+            SeamHandle::TerminalBackend(_) => SeamId::TerminalBackend,
+            SeamHandle::Terminals(_) => SeamId::Terminals,
+        }
+    }
+}
+
+/// Async teardown run when the runtime shuts down (reverse build order).
+pub type Teardown = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
+/// What a plugin's factory returns.
+#[derive(Default)]
+pub struct PluginOutput {
+    /// The seam it provides (must match its entry's `provides`).
+    pub seam: Option<SeamHandle>,
+    /// Tools it contributes.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// Teardown.
+    pub teardown: Option<Teardown>,
+}
+
+impl fmt::Debug for PluginOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PluginOutput")
+            .field("seam", &self.seam)
+            .field("tools", &self.tools.iter().map(|t| t.name()).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginOutput {
+    /// Provides a seam.
+    pub fn seam(seam: SeamHandle) -> Self {
+        Self { seam: Some(seam), ..Self::default() }
+    }
+
+    /// Contributes tools.
+    pub fn tools(tools: Vec<Arc<dyn Tool>>) -> Self {
+        Self { tools, ..Self::default() }
+    }
+
+    /// Adds a teardown.
+    #[must_use]
+    pub fn with_teardown(
+        mut self,
+        t: impl FnOnce() -> BoxFuture<'static, ()> + Send + 'static,
+    ) -> Self {
+        self.teardown = Some(Box::new(t));
+        self
+    }
+}
+
+/// A registered plugin.
+#[derive(Debug)]
+pub struct PluginEntry {
+    /// Name used in compositions.
+    pub name: &'static str,
+    /// The seam it provides, if any.
+    pub provides: Option<SeamId>,
+    /// Seams it needs.
+    pub requires: &'static [SeamId],
+    /// One-line description.
+    pub description: &'static str,
+    /// Builds the plugin.
+    pub build: fn(&BuildContext<'_>) -> Result<PluginOutput, Error>,
+}
+
+inventory::collect!(PluginEntry);
+
+/// Registers a [`PluginEntry`] (a thin wrapper over `inventory::submit!`).
+#[macro_export]
+macro_rules! register_plugin {
+    ($entry:expr) => {
+        $crate::inventory::submit! { $entry }
+    };
+}
+
+/// The seams built so far.
+#[derive(Clone, Debug, Default)]
+pub struct Seams {
+    /// Subprocess provider.
+    pub subprocess: Option<Arc<dyn Subprocess>>,
+    /// Shell executor.
+    pub shell: Option<Arc<dyn ShellExecutor>>,
+    /// Jobs registry.
+    pub jobs: Option<Arc<dyn Jobs>>,
+    /// Sandbox.
+    pub sandbox: Option<Arc<dyn Sandbox>>,
+    /// Terminal backend.
+    pub terminal_backend: Option<Arc<dyn TerminalBackend>>,
+    /// Terminals service.
+    pub terminals: Option<Arc<dyn Terminals>>,
+}
+
+impl Seams {
+    fn insert(&mut self, h: SeamHandle) {
+        match h {
+            SeamHandle::Subprocess(x) => self.subprocess = Some(x),
+            SeamHandle::Shell(x) => self.shell = Some(x),
+            SeamHandle::Jobs(x) => self.jobs = Some(x),
+            SeamHandle::Sandbox(x) => self.sandbox = Some(x),
+            SeamHandle::TerminalBackend(x) => self.terminal_backend = Some(x),
+            SeamHandle::Terminals(x) => self.terminals = Some(x),
+        }
+    }
+}
+
+/// What a factory sees.
+#[derive(Debug)]
+pub struct BuildContext<'a> {
+    plugin: &'static str,
+    composition: &'a Composition,
+    seams: &'a Seams,
+    shell_env: &'a Arc<ShellEnv>,
+}
+
+fn unbound(plugin: &str, seam: SeamId) -> Error {
+    Error::new(
+        ErrorCode::SeamUnbound,
+        format!("plugin `{plugin}` requires the {seam} seam, which is not built"),
+    )
+}
+
+impl BuildContext<'_> {
+    /// This plugin's config.
+    ///
+    /// # Errors
+    /// `invalid_composition` naming file, plugin and key.
+    pub fn config<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        self.composition.plugin_config(self.plugin).map_err(|e| {
+            Error::new(ErrorCode::InvalidComposition, e.to_string()).with_provider("registry")
+        })
+    }
+
+    /// The subprocess seam.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn subprocess(&self) -> Result<Arc<dyn Subprocess>, Error> {
+        self.seams.subprocess.clone().ok_or_else(|| unbound(self.plugin, SeamId::Subprocess))
+    }
+
+    /// The shell seam.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn shell(&self) -> Result<Arc<dyn ShellExecutor>, Error> {
+        self.seams.shell.clone().ok_or_else(|| unbound(self.plugin, SeamId::Shell))
+    }
+
+    /// The jobs seam.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn jobs(&self) -> Result<Arc<dyn Jobs>, Error> {
+        self.seams.jobs.clone().ok_or_else(|| unbound(self.plugin, SeamId::Jobs))
+    }
+
+    /// The sandbox seam, when present.
+    pub fn sandbox(&self) -> Option<Arc<dyn Sandbox>> {
+        self.seams.sandbox.clone()
+    }
+
+    /// The terminal backend seam.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn terminal_backend(&self) -> Result<Arc<dyn TerminalBackend>, Error> {
+        self.seams
+            .terminal_backend
+            .clone()
+            .ok_or_else(|| unbound(self.plugin, SeamId::TerminalBackend))
+    }
+
+    /// The terminals service.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn terminals(&self) -> Result<Arc<dyn Terminals>, Error> {
+        self.seams.terminals.clone().ok_or_else(|| unbound(self.plugin, SeamId::Terminals))
+    }
+
+    /// The composition's source name (for error messages).
+    pub fn source_name(&self) -> &str {
+        self.composition.source_name()
+    }
+
+    /// The managed CONCH_* facts.
+    pub fn shell_env(&self) -> Arc<ShellEnv> {
+        Arc::clone(self.shell_env)
+    }
+}
+
+/// Registry resolution errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The composition could not be loaded or a config is bad.
+    #[error(transparent)]
+    Composition(#[from] CompositionError),
+    /// A plugin name is not registered.
+    #[error("{source_name}: unknown plugin `{name}`{suggestion}; available: {available}")]
+    UnknownPlugin {
+        /// Composition source.
+        source_name: String,
+        /// The unknown name.
+        name: String,
+        /// ` (did you mean `x`?)` or empty.
+        suggestion: String,
+        /// Every registered name.
+        available: String,
+    },
+    /// Two plugins provide one seam.
+    #[error(
+        "{source_name}: plugins `{first}` and `{second}` both provide the {seam} seam; keep exactly one"
+    )]
+    DuplicateSeam {
+        /// Composition source.
+        source_name: String,
+        /// Seam.
+        seam: SeamId,
+        /// One provider.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// One name registered twice in the binary.
+    #[error("plugin `{0}` is registered twice in this binary")]
+    DuplicateRegistration(String),
+    /// A required seam has no provider.
+    #[error(
+        "{source_name}: plugin `{requirer}` requires the {seam} seam, but no plugin in the composition provides it (add one of: {candidates})"
+    )]
+    MissingSeam {
+        /// Composition source.
+        source_name: String,
+        /// Who needs it.
+        requirer: String,
+        /// Seam.
+        seam: SeamId,
+        /// Plugins that provide it.
+        candidates: String,
+    },
+    /// A plugin's config was rejected (the message names file, plugin and key).
+    #[error("{0}")]
+    Config(Box<Error>),
+    /// A plugin factory failed.
+    #[error("{source_name}: plugin `{plugin}` failed to build: {error}")]
+    Build {
+        /// Composition source.
+        source_name: String,
+        /// Plugin.
+        plugin: String,
+        /// Cause.
+        error: Box<Error>,
+    },
+}
+
+impl RegistryError {
+    /// Stable code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RegistryError::Composition(_) | RegistryError::Config(_) => {
+                ErrorCode::InvalidComposition
+            }
+            RegistryError::UnknownPlugin { .. } => ErrorCode::ProviderNotFound,
+            RegistryError::DuplicateSeam { .. } | RegistryError::DuplicateRegistration(_) => {
+                ErrorCode::DuplicateProvider
+            }
+            RegistryError::MissingSeam { .. } => ErrorCode::SeamUnbound,
+            RegistryError::Build { error, .. } => error.code(),
+        }
+    }
+}
+
+impl From<RegistryError> for Error {
+    fn from(e: RegistryError) -> Self {
+        let code = e.code();
+        Error::new(code, e.to_string()).with_provider("registry")
+    }
+}
+
+/// Every registered plugin, sorted by name.
+///
+/// # Errors
+/// `DuplicateRegistration` when two entries share a name.
+pub fn plugins() -> Result<Vec<&'static PluginEntry>, RegistryError> {
+    let mut all: Vec<&'static PluginEntry> = inventory::iter::<PluginEntry>.into_iter().collect();
+    all.sort_by_key(|e| e.name);
+    for w in all.windows(2) {
+        if w[0].name == w[1].name {
+            return Err(RegistryError::DuplicateRegistration(w[0].name.into()));
+        }
+    }
+    Ok(all)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+fn suggest(name: &str, entries: &[&'static PluginEntry]) -> String {
+    entries
+        .iter()
+        .map(|e| (edit_distance(name, e.name), e.name))
+        .filter(|(d, n)| *d <= 3 || n.contains(name) || name.contains(n))
+        .min()
+        .map(|(_, n)| format!(" (did you mean `{n}`?)"))
+        .unwrap_or_default()
+}
+
+/// The resolution plan: entries in build order.
+#[derive(Debug)]
+pub struct Plan {
+    order: Vec<&'static PluginEntry>,
+}
+
+impl Plan {
+    /// Plugin names in build order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.order.iter().map(|e| e.name).collect()
+    }
+}
+
+/// Checks a composition against the registered plugins without building anything.
+///
+/// # Errors
+/// Unknown plugin, duplicate seam provider, missing seam.
+pub fn plan(composition: &Composition) -> Result<Plan, RegistryError> {
+    let all = plugins()?;
+    let source_name = composition.source_name().to_string();
+    let mut chosen = Vec::new();
+    for name in composition.plugins() {
+        let Some(entry) = all.iter().find(|e| e.name == name) else {
+            return Err(RegistryError::UnknownPlugin {
+                source_name,
+                name: name.clone(),
+                suggestion: suggest(name, &all),
+                available: all.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
+            });
+        };
+        chosen.push(*entry);
+    }
+    let mut providers: BTreeMap<SeamId, &'static str> = BTreeMap::new();
+    for e in &chosen {
+        if let Some(seam) = e.provides
+            && let Some(first) = providers.insert(seam, e.name)
+        {
+            return Err(RegistryError::DuplicateSeam {
+                source_name,
+                seam,
+                first: first.into(),
+                second: e.name.into(),
+            });
+        }
+    }
+    for e in &chosen {
+        for seam in e.requires {
+            if !providers.contains_key(seam) {
+                let candidates: Vec<&str> =
+                    all.iter().filter(|c| c.provides == Some(*seam)).map(|c| c.name).collect();
+                return Err(RegistryError::MissingSeam {
+                    source_name,
+                    requirer: e.name.into(),
+                    seam: *seam,
+                    candidates: if candidates.is_empty() {
+                        "none registered".into()
+                    } else {
+                        candidates.join(", ")
+                    },
+                });
+            }
+        }
+    }
+    // Dependency order: repeatedly take plugins whose required seams are already provided.
+    // Every requirement has a provider (checked above), so a stall means a cycle.
+    let mut order = Vec::new();
+    let mut built: BTreeSet<SeamId> = BTreeSet::new();
+    let mut pending = chosen;
+    while !pending.is_empty() {
+        let (ready, rest): (Vec<_>, Vec<_>) =
+            pending.into_iter().partition(|e| e.requires.iter().all(|s| built.contains(s)));
+        if ready.is_empty() {
+            let e = rest[0];
+            let seam = e
+                .requires
+                .iter()
+                .copied()
+                .find(|s| !built.contains(s))
+                .unwrap_or(SeamId::Subprocess);
+            return Err(RegistryError::MissingSeam {
+                source_name,
+                requirer: e.name.into(),
+                seam,
+                candidates: "a provider that does not depend on it (dependency cycle)".into(),
+            });
+        }
+        for e in &ready {
+            if let Some(s) = e.provides {
+                built.insert(s);
+            }
+        }
+        order.extend(ready);
+        pending = rest;
+    }
+    Ok(Plan { order })
+}
+
+/// A built runtime: seams, tools, and awaited teardown.
+pub struct Runtime {
+    source_name: String,
+    seams: Seams,
+    tools: Vec<Arc<dyn Tool>>,
+    teardowns: std::sync::Mutex<Vec<(&'static str, Teardown)>>,
+    shell_env: Arc<ShellEnv>,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("source", &self.source_name)
+            .field("tools", &self.tools.iter().map(|t| t.name()).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Plans and builds a composition.
+    ///
+    /// # Errors
+    /// Any [`RegistryError`].
+    pub fn build(composition: &Composition, shell_env: ShellEnv) -> Result<Self, RegistryError> {
+        let plan = plan(composition)?;
+        let shell_env = Arc::new(shell_env);
+        let mut seams = Seams::default();
+        let mut tools: Vec<(usize, Arc<dyn Tool>)> = Vec::new();
+        let mut teardowns = Vec::new();
+        for entry in plan.order {
+            let rank =
+                composition.plugins().iter().position(|p| p == entry.name).unwrap_or(usize::MAX);
+            let ctx = BuildContext {
+                plugin: entry.name,
+                composition,
+                seams: &seams,
+                shell_env: &shell_env,
+            };
+            let out = (entry.build)(&ctx).map_err(|error| match error.code() {
+                // A config error already names the file, plugin and key.
+                ErrorCode::InvalidComposition => RegistryError::Config(Box::new(error)),
+                _ => RegistryError::Build {
+                    source_name: composition.source_name().into(),
+                    plugin: entry.name.into(),
+                    error: Box::new(error),
+                },
+            })?;
+            if let Some(seam) = out.seam {
+                if Some(seam.id()) != entry.provides {
+                    return Err(RegistryError::Build {
+                        source_name: composition.source_name().into(),
+                        plugin: entry.name.into(),
+                        error: Box::new(Error::internal(format!(
+                            "built a {} seam it did not declare",
+                            seam.id()
+                        ))),
+                    });
+                }
+                seams.insert(seam);
+            }
+            for t in out.tools {
+                if let Some((_, dup)) = tools.iter().find(|(_, x)| x.name() == t.name()) {
+                    return Err(RegistryError::Build {
+                        source_name: composition.source_name().into(),
+                        plugin: entry.name.into(),
+                        error: Box::new(Error::new(
+                            ErrorCode::DuplicateProvider,
+                            format!("tool `{}` is already provided by another plugin", dup.name()),
+                        )),
+                    });
+                }
+                tools.push((rank, t));
+            }
+            if let Some(t) = out.teardown {
+                teardowns.push((entry.name, t));
+            }
+        }
+        // Present tools in the composition's (sorted) plugin order, not dependency order, so
+        // the listing is stable and `tool-bash` comes before `tool-jobs`.
+        tools.sort_by_key(|(rank, _)| *rank);
+        let tools = tools.into_iter().map(|(_, t)| t).collect();
+        Ok(Self {
+            source_name: composition.source_name().into(),
+            seams,
+            tools,
+            teardowns: std::sync::Mutex::new(teardowns),
+            shell_env,
+        })
+    }
+
+    /// Where the composition came from.
+    pub fn source_name(&self) -> &str {
+        &self.source_name
+    }
+
+    /// The built seams.
+    pub fn seams(&self) -> &Seams {
+        &self.seams
+    }
+
+    /// The managed env facts.
+    pub fn shell_env(&self) -> &Arc<ShellEnv> {
+        &self.shell_env
+    }
+
+    /// Every tool, in build order.
+    pub fn tools(&self) -> &[Arc<dyn Tool>] {
+        &self.tools
+    }
+
+    /// One tool by name.
+    pub fn tool(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.name() == name)
+    }
+
+    /// Calls a tool as `owner`.
+    ///
+    /// # Errors
+    /// `not_found` for an unknown tool; the tool's own errors otherwise.
+    pub async fn call(
+        &self,
+        owner: &Arc<Owner>,
+        name: &str,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, Error> {
+        let Some(tool) = self.tool(name) else {
+            let names: Vec<&str> = self.tools.iter().map(|t| t.name()).collect();
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                format!("unknown tool `{name}`; this composition has: {}", names.join(", ")),
+            ));
+        };
+        let ctx = ToolContext::new(Arc::clone(owner));
+        tool.call(&ctx, args).await
+    }
+
+    /// Runs every teardown in reverse build order and awaits each. Idempotent.
+    pub async fn shutdown(&self) {
+        let teardowns =
+            std::mem::take(&mut *self.teardowns.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, t) in teardowns.into_iter().rev() {
+            t().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("bash-locl", "bash-local"), 1);
+        assert_eq!(edit_distance("jobs", "jobs"), 0);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
+}

@@ -1,0 +1,184 @@
+//! The owner (agent) scope: an exact identity that jobs and terminals are fenced by,
+//! with awaited disposal and the completion-notice inbox.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+/// How many consecutive job-completion turns an idle owner may be woken for.
+pub const DEFAULT_WAKE_BUDGET: u32 = 3;
+
+/// A completion notice for the owner's model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// The job (or other producer) id the notice is about.
+    pub source_id: String,
+    /// The rendered notice text.
+    pub text: String,
+}
+
+/// How a notice reached the owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoticeRoute {
+    /// Added to the current turn's inbox.
+    Inject,
+    /// Starts a new follow-up turn.
+    Followup,
+}
+
+/// Where notices go; the harness (CLI, MCP server) implements this.
+pub trait NoticeSink: Send + Sync + fmt::Debug {
+    /// Delivers one notice by the chosen route.
+    fn deliver(&self, route: NoticeRoute, notice: Notice);
+}
+
+/// A sink that collects notices in memory (used by the CLI and tests).
+#[derive(Debug, Default)]
+pub struct CollectingSink {
+    notices: Mutex<Vec<(NoticeRoute, Notice)>>,
+}
+
+impl CollectingSink {
+    /// Takes every notice delivered so far.
+    pub fn take(&self) -> Vec<(NoticeRoute, Notice)> {
+        std::mem::take(&mut *self.notices.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl NoticeSink for CollectingSink {
+    fn deliver(&self, route: NoticeRoute, notice: Notice) {
+        self.notices.lock().unwrap_or_else(|e| e.into_inner()).push((route, notice));
+    }
+}
+
+type DisposeHook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
+static NEXT_OWNER_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// One exact owner (an agent object). Two `Owner`s with the same session id are still
+/// different owners: access checks compare [`Owner::key`], not the session string.
+pub struct Owner {
+    key: u64,
+    session_id: String,
+    cancel: CancellationToken,
+    live: AtomicBool,
+    busy: AtomicBool,
+    wake_budget: AtomicU32,
+    hooks: Mutex<Vec<DisposeHook>>,
+    sink: Arc<dyn NoticeSink>,
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Owner")
+            .field("key", &self.key)
+            .field("session_id", &self.session_id)
+            .field("live", &self.is_live())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Owner {
+    /// A new live owner for a session id, delivering notices to `sink`.
+    pub fn new(session_id: impl Into<String>, sink: Arc<dyn NoticeSink>) -> Arc<Self> {
+        Arc::new(Self {
+            key: NEXT_OWNER_KEY.fetch_add(1, Ordering::Relaxed),
+            session_id: session_id.into(),
+            cancel: CancellationToken::new(),
+            live: AtomicBool::new(true),
+            busy: AtomicBool::new(false),
+            wake_budget: AtomicU32::new(DEFAULT_WAKE_BUDGET),
+            hooks: Mutex::new(Vec::new()),
+            sink,
+        })
+    }
+
+    /// The unique identity used for exact-owner fences.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// The session id (exported to shells as CONCH_SESSION_ID).
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// Cancelled when the owner starts disposing.
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// False once disposal has begun.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Marks whether the owner is in the middle of a turn (notices are injected then).
+    pub fn set_busy(&self, busy: bool) {
+        self.busy.store(busy, Ordering::Release);
+    }
+
+    /// Whether the owner is mid-turn.
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// Claims a genuinely user-authored message: the only thing that restores the wake budget.
+    pub fn claim_user_message(&self) {
+        self.wake_budget.store(DEFAULT_WAKE_BUDGET, Ordering::Release);
+    }
+
+    /// Remaining follow-up wakes.
+    pub fn wake_budget(&self) -> u32 {
+        self.wake_budget.load(Ordering::Acquire)
+    }
+
+    /// Routes a settled job's notice: busy → inject; idle with budget → follow-up
+    /// (spending one wake); idle without budget → inject.
+    pub fn notify(&self, notice: Notice) -> NoticeRoute {
+        let route = if self.is_busy() {
+            NoticeRoute::Inject
+        } else if self
+            .wake_budget
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| b.checked_sub(1))
+            .is_ok()
+        {
+            NoticeRoute::Followup
+        } else {
+            NoticeRoute::Inject
+        };
+        self.sink.deliver(route, notice);
+        route
+    }
+
+    /// Registers work to run (and await) on disposal; hooks run last-registered first.
+    /// Returns false when the owner is no longer live (the hook is not kept).
+    pub fn on_dispose(
+        &self,
+        hook: impl FnOnce() -> BoxFuture<'static, ()> + Send + 'static,
+    ) -> bool {
+        let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.is_live() {
+            return false;
+        }
+        hooks.push(Box::new(hook));
+        true
+    }
+
+    /// Ends the owner: stops accepting work, cancels its token, then awaits every
+    /// disposal hook in reverse registration order. Idempotent.
+    pub async fn dispose(&self) {
+        let hooks = {
+            let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+            self.live.store(false, Ordering::Release);
+            std::mem::take(&mut *hooks)
+        };
+        self.cancel.cancel();
+        for hook in hooks.into_iter().rev() {
+            hook().await;
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The shell seam: one command → a foreground result or a background process.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::subprocess::{CollectedOutput, EnvOverlay};
+use crate::{Result, SandboxInfo};
+
+/// A raw request; [`ShellExecutor::resolve`] fills defaults and caps.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ShellExecRequest {
+    /// The command line, interpreted by the shell.
+    pub command: String,
+    /// Working directory (default: the executor's configured cwd or the process cwd).
+    pub workdir: Option<PathBuf>,
+    /// Foreground timeout (capped by the executor's maximum).
+    pub timeout_ms: Option<u64>,
+    /// In-memory output bytes (tail).
+    pub output_max_bytes: Option<usize>,
+    /// Stdin bytes (default: /dev/null).
+    pub stdin: Option<Vec<u8>>,
+    /// Caller environment (applied after the executor's terminal overrides).
+    pub env: EnvOverlay,
+    /// Trusted managed CONCH_* snapshot; wins over `env`.
+    pub managed_env: BTreeMap<String, String>,
+    /// Caller cancellation (foreground only).
+    pub cancel: Option<CancellationToken>,
+}
+
+impl ShellExecRequest {
+    /// A request for one command with every other field defaulted.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self { command: command.into(), ..Self::default() }
+    }
+
+    /// Sets the working directory.
+    #[must_use]
+    pub fn with_workdir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.workdir = Some(dir.into());
+        self
+    }
+
+    /// Sets the timeout.
+    #[must_use]
+    pub fn with_timeout_ms(mut self, ms: u64) -> Self {
+        self.timeout_ms = Some(ms);
+        self
+    }
+
+    /// Sets the in-memory output cap.
+    #[must_use]
+    pub fn with_output_max_bytes(mut self, n: usize) -> Self {
+        self.output_max_bytes = Some(n);
+        self
+    }
+
+    /// Sets the cancel token.
+    #[must_use]
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
+    /// Sets the managed CONCH_* snapshot.
+    #[must_use]
+    pub fn with_managed_env(mut self, env: BTreeMap<String, String>) -> Self {
+        self.managed_env = env;
+        self
+    }
+}
+
+/// A resolved request: every value explicit.
+#[derive(Clone, Debug)]
+pub struct ShellExecSpec {
+    /// The command line.
+    pub command: String,
+    /// Validated working directory.
+    pub cwd: PathBuf,
+    /// Effective foreground timeout.
+    pub timeout: Duration,
+    /// In-memory tail bytes.
+    pub output_max_bytes: usize,
+    /// Spill cap.
+    pub spill_cap: u64,
+    /// TERM → KILL grace.
+    pub grace: Duration,
+    /// Stdin bytes.
+    pub stdin: Option<Vec<u8>>,
+    /// Final environment overlay (overrides, caller env, managed snapshot — in that order).
+    pub env: EnvOverlay,
+    /// Caller cancellation.
+    pub cancel: CancellationToken,
+}
+
+/// A foreground result. Non-zero exit, timeout and abort are facts, not errors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShellRunResult {
+    /// Exit code; None when killed by a signal.
+    pub exit_code: Option<i32>,
+    /// Signal name when killed by one.
+    pub signal: Option<String>,
+    /// The executor timeout was the first cause of the kill.
+    pub timed_out: bool,
+    /// Caller cancellation was the first cause of the kill.
+    pub aborted: bool,
+    /// Effective timeout after default and cap.
+    pub timeout_ms: u64,
+    /// Merged stdout+stderr.
+    pub output: CollectedOutput,
+    /// Sandbox facts; None for unsandboxed executors.
+    pub sandbox: Option<SandboxInfo>,
+}
+
+/// Background process state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShellProcessStatus {
+    /// Still running.
+    Running,
+    /// Exited by itself (any exit code).
+    Completed,
+    /// Killed (by kill/cancel, a signal, or it never spawned).
+    Killed,
+}
+
+impl ShellProcessStatus {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShellProcessStatus::Running => "running",
+            ShellProcessStatus::Completed => "completed",
+            ShellProcessStatus::Killed => "killed",
+        }
+    }
+}
+
+/// One incremental read of a background process.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ShellProcessRead {
+    /// New text since the previous consuming read.
+    pub text: String,
+    /// Bytes were dropped between reads.
+    pub lossy: bool,
+    /// Complete spill file when still complete.
+    pub spill_path: Option<PathBuf>,
+    /// Total bytes produced so far.
+    pub total_bytes: u64,
+}
+
+/// A background process handle.
+///
+/// # Contract
+/// `wait` never fails: a spawn failure settles as `Killed` with the error in the output.
+#[async_trait]
+pub trait ShellProcess: Send + Sync + fmt::Debug {
+    /// Current status.
+    fn status(&self) -> ShellProcessStatus;
+    /// Exit code once completed.
+    fn exit_code(&self) -> Option<i32>;
+    /// Signal name once killed by a signal.
+    fn signal(&self) -> Option<String>;
+    /// Resolves at settlement.
+    async fn wait(&self);
+    /// Consuming incremental read: never re-delivers output.
+    fn read_output(&self) -> ShellProcessRead;
+    /// Non-consuming view of everything retained.
+    fn snapshot(&self) -> ShellProcessRead;
+    /// Requests a tree kill; false if already settled.
+    fn kill(&self) -> bool;
+    /// Sandbox facts.
+    fn sandbox(&self) -> Option<SandboxInfo>;
+}
+
+/// What an executor supports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShellCapabilities {
+    /// Commands run under a sandbox policy.
+    pub sandboxed: bool,
+}
+
+/// The shell seam.
+///
+/// # Contract
+/// - `resolve` owns defaults and caps; callers always resolve before run/start.
+/// - `run` errs only for infrastructure failure; `timed_out` and `aborted` are exclusive.
+/// - `start` never fails and applies no timeout.
+#[async_trait]
+pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
+    /// Provider name.
+    fn provider_name(&self) -> &'static str;
+    /// Capabilities.
+    fn capabilities(&self) -> ShellCapabilities;
+    /// The shell dialect's name (`bash`, `pwsh`).
+    fn dialect(&self) -> &'static str;
+    /// Fills defaults and validates.
+    ///
+    /// # Errors
+    /// `invalid_argument` for a missing workdir or an empty command.
+    fn resolve(&self, request: ShellExecRequest) -> Result<ShellExecSpec>;
+    /// Runs in the foreground.
+    ///
+    /// # Errors
+    /// Infrastructure failures only (`spawn_failed`, `io`).
+    async fn run(&self, spec: ShellExecSpec) -> Result<ShellRunResult>;
+    /// Starts in the background.
+    async fn start(&self, spec: ShellExecSpec) -> Arc<dyn ShellProcess>;
+}

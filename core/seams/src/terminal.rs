@@ -1,0 +1,228 @@
+//! The terminal backend seam: persistent PTY sessions with readiness results.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::Result;
+
+/// Why a send returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitReason {
+    /// A prompt or an exact probe showed the foreground waiting for input.
+    StdinRead,
+    /// Output was silent for the configured window.
+    InferredIdle,
+    /// This send's deadline passed.
+    Timeout,
+    /// The top-level PTY process exited.
+    SessionExit,
+}
+
+impl WaitReason {
+    /// The snake_case name models see.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::StdinRead => "stdin_read",
+            WaitReason::InferredIdle => "inferred_idle",
+            WaitReason::Timeout => "timeout",
+            WaitReason::SessionExit => "session_exit",
+        }
+    }
+}
+
+/// Whether the session's top-level process is still there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionStatus {
+    /// Running.
+    Running,
+    /// Exited with a code or signal.
+    Exited {
+        /// Exit code.
+        code: Option<i32>,
+        /// Signal name.
+        signal: Option<String>,
+    },
+}
+
+/// The result of one send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendSettle {
+    /// Output produced during the send (markers stripped, bounded).
+    pub delta: String,
+    /// Why it returned.
+    pub wait_reason: WaitReason,
+    /// Session status at return.
+    pub session_status: SessionStatus,
+}
+
+/// A page of scrollback.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScrollbackPage {
+    /// The lines, newline-joined.
+    pub text: String,
+    /// Retained lines.
+    pub total_lines: usize,
+    /// First line index in the page.
+    pub line_begin: usize,
+    /// One past the last line index.
+    pub line_end: usize,
+    /// Older lines were dropped from retention or the page was cut.
+    pub truncated: bool,
+}
+
+/// How a session was opened.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct TerminalOpenSpec {
+    /// Working directory.
+    pub cwd: Option<PathBuf>,
+    /// Aborts unpublished setup.
+    pub cancel: CancellationToken,
+}
+
+/// The result of a close.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloseReport {
+    /// The top-level process's exit.
+    pub root_exit: SessionStatus,
+    /// Pids still alive after teardown (empty on success).
+    pub survivors: Vec<i32>,
+}
+
+/// One live backend session.
+#[async_trait]
+pub trait TerminalSession: Send + Sync + fmt::Debug {
+    /// The banner printed before the first prompt.
+    fn motd(&self) -> String;
+    /// Writes `text` (plus Enter when `submit`) and waits for readiness.
+    ///
+    /// # Errors
+    /// `io` when the PTY is gone.
+    async fn send(&self, text: &str, submit: bool, cancel: CancellationToken)
+    -> Result<SendSettle>;
+    /// Reads a page of scrollback, `offset` lines back from the newest.
+    fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage;
+    /// Signals the current foreground group; returns the pgid.
+    ///
+    /// # Errors
+    /// `invalid_argument` for SIGKILL at the shell; `not_found` when the lookup fails.
+    fn signal(&self, signal: i32) -> Result<i32>;
+    /// Current status.
+    fn status(&self) -> SessionStatus;
+    /// Tears down the captured tree and awaits quiescence.
+    ///
+    /// # Errors
+    /// `internal` naming survivors when teardown could not prove quiescence.
+    async fn close(&self) -> Result<CloseReport>;
+}
+
+/// The terminal backend seam.
+#[async_trait]
+pub trait TerminalBackend: Send + Sync + fmt::Debug + 'static {
+    /// Backend type name (`bash`).
+    fn type_name(&self) -> &'static str;
+    /// Opens a session.
+    ///
+    /// # Errors
+    /// `spawn_failed`, `cancelled`, `timeout` (no prompt).
+    async fn open(&self, spec: TerminalOpenSpec) -> Result<Arc<dyn TerminalSession>>;
+}
+
+/// A request to open a session through the terminals service.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct OpenRequest {
+    /// Backend type (default: the only/first backend).
+    pub type_name: Option<String>,
+    /// Optional owner-unique name.
+    pub name: Option<String>,
+    /// Working directory.
+    pub cwd: Option<PathBuf>,
+}
+
+/// A published session as its owner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TerminalInfo {
+    /// Opaque id `pty-N`.
+    pub id: String,
+    /// Owner-unique name, if given.
+    pub name: Option<String>,
+    /// Backend type.
+    pub type_name: String,
+    /// Banner printed before the first prompt.
+    pub motd: String,
+    /// Current status.
+    pub status: SessionStatus,
+}
+
+/// An exclusive send reservation; dropping it unused releases the session's send slot.
+#[async_trait]
+pub trait SendSlot: Send + fmt::Debug {
+    /// Performs the send while holding the slot.
+    ///
+    /// # Errors
+    /// As [`TerminalSession::send`].
+    async fn send(
+        self: Box<Self>,
+        text: String,
+        submit: bool,
+        cancel: CancellationToken,
+    ) -> Result<SendSettle>;
+}
+
+/// The terminals service: owner-scoped persistent sessions over a backend.
+///
+/// # Contract
+/// - Every operation checks the exact owner (`foreign_owner` / `not_found`).
+/// - `open` is reserve → initialize → publish → rollback; owner or service disposal aborts
+///   unpublished setup and awaits its rollback.
+/// - At most one send is active per session (`already_exists` with SEND_ACTIVE in the message).
+/// - `close` removes the record only after backend quiescence; a failed close can be retried.
+#[async_trait]
+pub trait Terminals: Send + Sync + fmt::Debug + 'static {
+    /// Opens and publishes a session for `owner`.
+    ///
+    /// # Errors
+    /// `disposing` (owner not live or service disposing), `already_exists` (duplicate name),
+    /// `not_found` (no backend of that type), backend errors.
+    async fn open(
+        &self,
+        owner: &Arc<crate::Owner>,
+        req: OpenRequest,
+        cancel: CancellationToken,
+    ) -> Result<TerminalInfo>;
+    /// Reserves the session's single send slot.
+    ///
+    /// # Errors
+    /// `not_found`, `foreign_owner`, `already_exists` when a send is active.
+    fn reserve_send(&self, owner: &crate::Owner, id: &str) -> Result<Box<dyn SendSlot>>;
+    /// Reads scrollback.
+    ///
+    /// # Errors
+    /// `not_found`, `foreign_owner`.
+    fn read(
+        &self,
+        owner: &crate::Owner,
+        id: &str,
+        offset_lines: usize,
+        max_lines: usize,
+    ) -> Result<ScrollbackPage>;
+    /// Signals the foreground group; returns the pgid signalled.
+    ///
+    /// # Errors
+    /// `not_found`, `foreign_owner`, `invalid_argument` (SIGKILL at the shell).
+    fn signal(&self, owner: &crate::Owner, id: &str, signal: i32) -> Result<i32>;
+    /// The owner's sessions.
+    fn list(&self, owner: &crate::Owner) -> Vec<TerminalInfo>;
+    /// Closes a session and awaits quiescence.
+    ///
+    /// # Errors
+    /// `not_found`, `foreign_owner`, `internal` with survivors (retryable by calling again).
+    async fn close(&self, owner: &crate::Owner, id: &str) -> Result<CloseReport>;
+    /// Closes every session and rejects new work.
+    async fn shutdown(&self);
+}

@@ -1,0 +1,266 @@
+//! The one-shot `bash` tool: a fresh shell per call, optional background job.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use conch_env::ShellEnv;
+use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
+use conch_seams::{
+    Error, ErrorCode, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
+    Result, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus, ShellRunResult,
+    Tool, ToolContext, ToolOutput,
+};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::args::{parse_args, schema_of};
+
+/// Arguments of `bash`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BashArgs {
+    /// The command line to run with bash -c.
+    pub command: String,
+    /// A short description of what the command does (used as the job label).
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Working directory (absolute, or relative to the default); state does not persist between calls.
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Foreground timeout in milliseconds (default 120000, max 600000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Start as a background job and return its id at once.
+    #[serde(default)]
+    pub run_in_background: Option<bool>,
+}
+
+/// tool-bash config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BashToolConfig {
+    /// Whether `run_in_background` is offered.
+    pub enable_run_in_background: bool,
+}
+
+impl Default for BashToolConfig {
+    fn default() -> Self {
+        Self { enable_run_in_background: true }
+    }
+}
+
+/// The `bash` tool.
+#[derive(Debug)]
+pub struct BashTool {
+    shell: Arc<dyn ShellExecutor>,
+    jobs: Option<Arc<dyn Jobs>>,
+    shell_env: Arc<ShellEnv>,
+    config: BashToolConfig,
+}
+
+impl BashTool {
+    /// A tool over a shell executor, with background jobs when `jobs` is given.
+    pub fn new(
+        shell: Arc<dyn ShellExecutor>,
+        jobs: Option<Arc<dyn Jobs>>,
+        shell_env: Arc<ShellEnv>,
+        config: BashToolConfig,
+    ) -> Self {
+        Self { shell, jobs, shell_env, config }
+    }
+}
+
+/// Renders a foreground result the way the model sees it.
+pub fn render_run(r: &ShellRunResult) -> String {
+    let mut out = String::new();
+    if r.output.omitted_bytes > 0 {
+        match &r.output.spill_path {
+            Some(p) => out.push_str(&format!("[output truncated; full output: {}]\n", p.display())),
+            None => out.push_str(&format!(
+                "[output truncated; {} earlier bytes omitted; full output exceeded the spill cap]\n",
+                r.output.omitted_bytes
+            )),
+        }
+    }
+    out.push_str(&r.output.text);
+    let mut markers = Vec::new();
+    if r.timed_out {
+        markers.push(format!("[timed out after {}ms]", r.timeout_ms));
+    }
+    if let Some(sig) = &r.signal {
+        markers.push(format!("[killed by signal: {sig}]"));
+    } else if let Some(code) = r.exit_code
+        && code != 0
+    {
+        markers.push(format!("[exit code: {code}]"));
+    }
+    if !markers.is_empty() {
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(&markers.join("\n"));
+    }
+    out
+}
+
+struct ProcessOutput(Arc<dyn ShellProcess>);
+
+fn to_job_read(r: conch_seams::ShellProcessRead) -> JobRead {
+    JobRead {
+        text: r.text,
+        lossy: r.lossy,
+        spill_path: r.spill_path.map(|p| p.display().to_string()),
+    }
+}
+
+impl JobOutput for ProcessOutput {
+    fn read(&self) -> JobRead {
+        to_job_read(self.0.read_output())
+    }
+
+    fn snapshot(&self) -> JobRead {
+        to_job_read(self.0.snapshot())
+    }
+}
+
+fn settlement(p: &dyn ShellProcess) -> JobSettlement {
+    match p.status() {
+        ShellProcessStatus::Killed => JobSettlement {
+            status: JobStatus::Killed,
+            detail: Some(match p.signal() {
+                Some(s) => format!("killed by signal: {s}"),
+                None => "killed".into(),
+            }),
+        },
+        _ => JobSettlement {
+            status: JobStatus::Completed,
+            detail: match p.exit_code() {
+                Some(0) => None,
+                Some(c) => Some(format!("exit code: {c}")),
+                None => None,
+            },
+        },
+    }
+}
+
+#[async_trait]
+impl Tool for BashTool {
+    fn name(&self) -> &'static str {
+        "bash"
+    }
+
+    fn description(&self) -> &'static str {
+        "Run a command with bash -c in a fresh shell. No state (cwd, variables, functions) persists \
+         between calls: pass workdir instead of cd. A non-zero exit is shown as [exit code: N]. Long \
+         output keeps its tail and names the file holding the full output. run_in_background: true \
+         returns a job id at once; read it with job_output and stop it with job_kill."
+    }
+
+    fn input_schema(&self) -> serde_json::Value {
+        let mut schema = schema_of::<BashArgs>();
+        if (!self.config.enable_run_in_background || self.jobs.is_none())
+            && let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut())
+        {
+            props.remove("run_in_background");
+        }
+        schema
+    }
+
+    async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
+        let args: BashArgs = parse_args("bash", args)?;
+        let background = args.run_in_background.unwrap_or(false);
+        let mut req = ShellExecRequest::new(args.command.clone())
+            .with_managed_env(self.shell_env.snapshot(ctx.owner.session_id()));
+        req.workdir = args.workdir.map(PathBuf::from);
+        req.timeout_ms = args.timeout_ms;
+        if !background {
+            req.cancel = Some(ctx.cancel.clone());
+            let spec = self.shell.resolve(req)?;
+            let result = self.shell.run(spec).await?;
+            if result.aborted {
+                return Err(Error::new(ErrorCode::Cancelled, "the bash tool call was aborted"));
+            }
+            let text = render_run(&result);
+            return Ok(ToolOutput {
+                text,
+                structured: Some(serde_json::json!({
+                    "exit_code": result.exit_code,
+                    "signal": result.signal,
+                    "timed_out": result.timed_out,
+                    "total_bytes": result.output.total_bytes,
+                    "omitted_bytes": result.output.omitted_bytes,
+                    "spill_path": result.output.spill_path,
+                })),
+            });
+        }
+        if !self.config.enable_run_in_background {
+            return Err(Error::invalid("run_in_background is disabled in this composition"));
+        }
+        let Some(jobs) = &self.jobs else {
+            return Err(Error::new(
+                ErrorCode::Unsupported,
+                "run_in_background needs the jobs plugin in the composition",
+            ));
+        };
+        // The tool call's own cancellation applies only until the job id is published.
+        if ctx.cancel.is_cancelled() {
+            return Err(Error::new(ErrorCode::Cancelled, "the bash tool call was aborted"));
+        }
+        let spec = self.shell.resolve(req)?;
+        let label = args
+            .description
+            .filter(|d| !d.trim().is_empty())
+            .unwrap_or_else(|| args.command.clone());
+        let mut start = JobStart::new("bash", label);
+        start.output_cap = spec.output_max_bytes;
+        let shell = Arc::clone(&self.shell);
+        let info = jobs
+            .start(
+                &ctx.owner,
+                start,
+                Box::new(move || {
+                    Box::pin(async move {
+                        let process = shell.start(spec).await;
+                        let killer = Arc::clone(&process);
+                        let waiter = Arc::clone(&process);
+                        Ok(JobHooks {
+                            cancel: Box::new(move || {
+                                killer.kill();
+                                Ok(())
+                            }),
+                            done: Box::pin(async move {
+                                waiter.wait().await;
+                                settlement(waiter.as_ref())
+                            }),
+                            output: Some(Arc::new(ProcessOutput(process))),
+                        })
+                    })
+                }),
+            )
+            .await?;
+        Ok(ToolOutput {
+            text: format!(
+                "started background job {}; read its output with job_output and stop it with job_kill",
+                info.id
+            ),
+            structured: Some(
+                serde_json::json!({ "job_id": info.id, "status": info.status.as_str() }),
+            ),
+        })
+    }
+}
+
+fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    let config: BashToolConfig = ctx.config()?;
+    let tool = BashTool::new(ctx.shell()?, ctx.jobs().ok(), ctx.shell_env(), config);
+    Ok(PluginOutput::tools(vec![Arc::new(tool)]))
+}
+
+register_plugin!(PluginEntry {
+    name: "tool-bash",
+    provides: None,
+    requires: &[SeamId::Shell],
+    description: "the one-shot bash tool (fresh process per call, optional background job)",
+    build,
+});

@@ -1,0 +1,462 @@
+//! `bash-local`: the shell seam as `bash -c` over the subprocess seam, with model-friendly
+//! terminal overrides, fused timeout/abort, and background handles that never fail.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conch_registry::{
+    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+};
+use conch_seams::{
+    CollectedOutput, Error, ErrorCode, OutputSpec, Process, Result, SandboxInfo, ShellCapabilities,
+    ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead,
+    ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
+};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+/// Plugin name.
+pub const NAME: &str = "bash-local";
+
+/// Variables that keep tool output free of colour and pagers; the caller's env and the
+/// managed snapshot are layered on top of these.
+pub const ENV_OVERRIDES: &[(&str, &str)] =
+    &[("NO_COLOR", "1"), ("TERM", "dumb"), ("PAGER", "cat"), ("GIT_PAGER", "cat")];
+
+/// bash-local config.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BashLocalConfig {
+    /// Default working directory (default: the process cwd).
+    pub cwd: Option<PathBuf>,
+    /// Default foreground timeout.
+    pub timeout_ms: u64,
+    /// Largest foreground timeout a caller may ask for.
+    pub max_timeout_ms: u64,
+    /// In-memory output tail.
+    pub max_output_bytes: usize,
+    /// Spill cap per stream.
+    pub max_spill_bytes: u64,
+    /// TERM → KILL grace.
+    pub grace_ms: u64,
+    /// The bash executable.
+    pub bash: String,
+}
+
+impl Default for BashLocalConfig {
+    fn default() -> Self {
+        Self {
+            cwd: None,
+            timeout_ms: 120_000,
+            max_timeout_ms: 600_000,
+            max_output_bytes: 64_000,
+            max_spill_bytes: 64 * 1024 * 1024,
+            grace_ms: 3_000,
+            bash: "bash".into(),
+        }
+    }
+}
+
+impl BashLocalConfig {
+    /// Checks value ranges.
+    ///
+    /// # Errors
+    /// `invalid_composition` naming the key.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |key: &str, why: &str| {
+            Err(Error::new(
+                ErrorCode::InvalidComposition,
+                format!("plugin `{NAME}`: key `{key}`: {why}"),
+            ))
+        };
+        if self.timeout_ms == 0 {
+            return bad("timeout_ms", "must be greater than 0");
+        }
+        if self.max_timeout_ms < self.timeout_ms {
+            return bad("max_timeout_ms", "must be at least timeout_ms");
+        }
+        if self.max_output_bytes == 0 {
+            return bad("max_output_bytes", "must be greater than 0");
+        }
+        if self.max_spill_bytes < self.max_output_bytes as u64 {
+            return bad("max_spill_bytes", "must be at least max_output_bytes");
+        }
+        if self.bash.is_empty() {
+            return bad("bash", "must name an executable");
+        }
+        Ok(())
+    }
+}
+
+/// The bash-local executor.
+#[derive(Debug)]
+pub struct BashLocal {
+    config: BashLocalConfig,
+    subprocess: Arc<dyn Subprocess>,
+}
+
+impl BashLocal {
+    /// An executor over a subprocess provider.
+    ///
+    /// # Errors
+    /// Invalid config.
+    pub fn new(config: BashLocalConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
+        config.validate()?;
+        Ok(Self { config, subprocess })
+    }
+
+    /// The argv that runs `command` (protected-style hook for wrapping executors).
+    pub fn argv(&self, command: &str) -> Vec<String> {
+        vec![self.config.bash.clone(), "-c".into(), command.into()]
+    }
+
+    fn spawn_spec(&self, spec: &ShellExecSpec, kill: CancellationToken) -> SpawnSpec {
+        SpawnSpec::new(self.argv(&spec.command), spec.cwd.clone())
+            .with_stdin(spec.stdin.clone().map_or(StdinSpec::Null, StdinSpec::Bytes))
+            .with_stdout(OutputSpec::Collect {
+                max_bytes: spec.output_max_bytes,
+                spill_cap: spec.spill_cap,
+            })
+            .with_stderr(OutputSpec::MergeIntoStdout)
+            .with_grace(spec.grace)
+            .with_cancel(kill)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Exit,
+    Timeout,
+    Abort,
+}
+
+#[async_trait]
+impl ShellExecutor for BashLocal {
+    fn provider_name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> ShellCapabilities {
+        ShellCapabilities::default()
+    }
+
+    fn dialect(&self) -> &'static str {
+        "bash"
+    }
+
+    fn resolve(&self, request: ShellExecRequest) -> Result<ShellExecSpec> {
+        if request.command.trim().is_empty() {
+            return Err(Error::invalid("command is empty")
+                .with_provider(NAME)
+                .with_operation("resolve"));
+        }
+        let base = match &self.config.cwd {
+            Some(c) => c.clone(),
+            None => std::env::current_dir().map_err(|e| Error::io("current directory", e))?,
+        };
+        let cwd = match request.workdir {
+            Some(w) if w.is_absolute() => w,
+            Some(w) => base.join(w),
+            None => base,
+        };
+        if !cwd.is_dir() {
+            return Err(Error::invalid(format!("workdir `{}` is not a directory", cwd.display()))
+                .with_provider(NAME)
+                .with_operation("resolve"));
+        }
+        let timeout_ms = match request.timeout_ms {
+            Some(0) => {
+                return Err(Error::invalid("timeout_ms must be greater than 0").with_provider(NAME));
+            }
+            Some(t) => t.min(self.config.max_timeout_ms),
+            None => self.config.timeout_ms,
+        };
+        let mut env: conch_seams::EnvOverlay =
+            ENV_OVERRIDES.iter().map(|(k, v)| ((*k).to_string(), Some((*v).to_string()))).collect();
+        env.extend(request.env);
+        // The trusted managed snapshot is applied last so a caller cannot spoof CONCH_*.
+        env.extend(request.managed_env.into_iter().map(|(k, v)| (k, Some(v))));
+        Ok(ShellExecSpec {
+            command: request.command,
+            cwd,
+            timeout: Duration::from_millis(timeout_ms),
+            output_max_bytes: request
+                .output_max_bytes
+                .unwrap_or(self.config.max_output_bytes)
+                .max(1),
+            spill_cap: self.config.max_spill_bytes,
+            grace: Duration::from_millis(self.config.grace_ms),
+            stdin: request.stdin,
+            env,
+            cancel: request.cancel.unwrap_or_default(),
+        })
+    }
+
+    async fn run(&self, spec: ShellExecSpec) -> Result<ShellRunResult> {
+        let kill = CancellationToken::new();
+        let mut sspec = self.spawn_spec(&spec, kill.clone());
+        sspec.env = spec.env.clone();
+        if spec.cancel.is_cancelled() {
+            return Ok(ShellRunResult {
+                exit_code: None,
+                signal: None,
+                timed_out: false,
+                aborted: true,
+                timeout_ms: spec.timeout.as_millis() as u64,
+                output: CollectedOutput::default(),
+                sandbox: None,
+            });
+        }
+        let process = self.subprocess.spawn(sspec).await?;
+        // One fused deadline: whichever of exit, timeout and abort fires first is the cause.
+        let cause = tokio::select! {
+            biased;
+            _ = process.wait() => Cause::Exit,
+            () = tokio::time::sleep(spec.timeout) => Cause::Timeout,
+            () = spec.cancel.cancelled() => Cause::Abort,
+        };
+        if cause != Cause::Exit {
+            kill.cancel();
+        }
+        let status = process.wait().await;
+        Ok(ShellRunResult {
+            exit_code: status.code,
+            signal: status.signal,
+            timed_out: cause == Cause::Timeout,
+            aborted: cause == Cause::Abort,
+            timeout_ms: spec.timeout.as_millis() as u64,
+            output: process.collected(StreamId::Stdout).unwrap_or_default(),
+            sandbox: None,
+        })
+    }
+
+    async fn start(&self, spec: ShellExecSpec) -> Arc<dyn ShellProcess> {
+        let kill = CancellationToken::new();
+        let mut sspec = self.spawn_spec(&spec, kill.clone());
+        sspec.env = spec.env.clone();
+        // The caller's token may also stop a background process; no timeout applies.
+        let caller = spec.cancel.clone();
+        let k = kill.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = caller.cancelled() => k.cancel(),
+                () = k.cancelled() => {}
+            }
+        });
+        match self.subprocess.spawn(sspec).await {
+            Ok(process) => Arc::new(Background::new(process, kill, spec.output_max_bytes)),
+            Err(e) => Arc::new(FailedStart { text: format!("{e}\n") }),
+        }
+    }
+}
+
+/// Splits off a trailing incomplete UTF-8 sequence so consuming reads never cut a char.
+fn split_utf8_carry(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    for back in 1..=3.min(n) {
+        let b = bytes[n - back];
+        if b & 0xC0 == 0x80 {
+            continue;
+        }
+        let need = if b >= 0xF0 {
+            4
+        } else if b >= 0xE0 {
+            3
+        } else if b >= 0xC0 {
+            2
+        } else {
+            1
+        };
+        return if need > back { n - back } else { n };
+    }
+    n
+}
+
+/// A running background bash.
+#[derive(Debug)]
+struct Background {
+    process: Arc<dyn Process>,
+    kill: CancellationToken,
+    kill_requested: AtomicBool,
+    max_read: usize,
+    cursor: Mutex<(u64, Vec<u8>)>,
+}
+
+impl Background {
+    fn new(process: Arc<dyn Process>, kill: CancellationToken, max_read: usize) -> Self {
+        Self {
+            process,
+            kill,
+            kill_requested: AtomicBool::new(false),
+            max_read,
+            cursor: Mutex::new((0, Vec::new())),
+        }
+    }
+}
+
+#[async_trait]
+impl ShellProcess for Background {
+    fn status(&self) -> ShellProcessStatus {
+        match self.process.try_status() {
+            None => ShellProcessStatus::Running,
+            Some(s)
+                if s.signal.is_some()
+                    || self.kill_requested.load(Ordering::Acquire) && s.code.is_none() =>
+            {
+                ShellProcessStatus::Killed
+            }
+            Some(_) => ShellProcessStatus::Completed,
+        }
+    }
+
+    fn exit_code(&self) -> Option<i32> {
+        self.process.try_status().and_then(|s| s.code)
+    }
+
+    fn signal(&self) -> Option<String> {
+        self.process.try_status().and_then(|s| s.signal)
+    }
+
+    async fn wait(&self) {
+        self.process.wait().await;
+    }
+
+    fn read_output(&self) -> ShellProcessRead {
+        let mut cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let (offset, carry) = &mut *cursor;
+        let Ok(r) = self.process.read(StreamId::Stdout, *offset, self.max_read.max(1)) else {
+            return ShellProcessRead::default();
+        };
+        let lossy = r.lossy;
+        let mut bytes = if lossy { Vec::new() } else { std::mem::take(carry) };
+        bytes.extend_from_slice(&r.data);
+        *offset = r.next_offset;
+        let cut = if r.sealed && self.process.try_status().is_some() {
+            bytes.len()
+        } else {
+            split_utf8_carry(&bytes)
+        };
+        *carry = bytes.split_off(cut);
+        let total = self
+            .process
+            .collected(StreamId::Stdout)
+            .map(|c| c.total_bytes)
+            .unwrap_or(r.next_offset);
+        ShellProcessRead {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            lossy,
+            spill_path: r.spill_path,
+            total_bytes: total,
+        }
+    }
+
+    fn snapshot(&self) -> ShellProcessRead {
+        let c = self.process.collected(StreamId::Stdout).unwrap_or_default();
+        ShellProcessRead {
+            lossy: c.omitted_bytes > 0,
+            text: c.text,
+            spill_path: c.spill_path,
+            total_bytes: c.total_bytes,
+        }
+    }
+
+    fn kill(&self) -> bool {
+        if self.process.try_status().is_some() {
+            return false;
+        }
+        self.kill_requested.store(true, Ordering::Release);
+        self.kill.cancel();
+        true
+    }
+
+    fn sandbox(&self) -> Option<SandboxInfo> {
+        None
+    }
+}
+
+/// A background start whose spawn failed: already settled as killed, error in the output.
+#[derive(Debug)]
+struct FailedStart {
+    text: String,
+}
+
+#[async_trait]
+impl ShellProcess for FailedStart {
+    fn status(&self) -> ShellProcessStatus {
+        ShellProcessStatus::Killed
+    }
+
+    fn exit_code(&self) -> Option<i32> {
+        None
+    }
+
+    fn signal(&self) -> Option<String> {
+        None
+    }
+
+    async fn wait(&self) {}
+
+    fn read_output(&self) -> ShellProcessRead {
+        self.snapshot()
+    }
+
+    fn snapshot(&self) -> ShellProcessRead {
+        ShellProcessRead {
+            text: self.text.clone(),
+            lossy: false,
+            spill_path: None,
+            total_bytes: self.text.len() as u64,
+        }
+    }
+
+    fn kill(&self) -> bool {
+        false
+    }
+
+    fn sandbox(&self) -> Option<SandboxInfo> {
+        None
+    }
+}
+
+fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    let config: BashLocalConfig = ctx.config()?;
+    let exec = BashLocal::new(config, ctx.subprocess()?)
+        .map_err(|e| Error::new(e.code(), format!("{}: {}", ctx.source_name(), e.message())))?;
+    Ok(PluginOutput::seam(SeamHandle::Shell(Arc::new(exec))))
+}
+
+register_plugin!(PluginEntry {
+    name: NAME,
+    provides: Some(SeamId::Shell),
+    requires: &[SeamId::Subprocess],
+    description: "bash -c over the subprocess seam",
+    build,
+});
+
+/// Explicit registration hook so a binary can force this crate to link.
+pub fn register() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_carry_holds_back_only_incomplete_sequences() {
+        let s = "aé€😀".as_bytes();
+        assert_eq!(split_utf8_carry(s), s.len());
+        assert_eq!(split_utf8_carry(&s[..s.len() - 1]), s.len() - 4);
+        assert_eq!(split_utf8_carry(&s[..2]), 1);
+        assert_eq!(split_utf8_carry(b""), 0);
+    }
+
+    #[test]
+    fn config_validation_names_the_key() {
+        let c = BashLocalConfig { max_timeout_ms: 10, ..BashLocalConfig::default() };
+        let err = c.validate().unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidComposition);
+        assert!(err.message().contains("max_timeout_ms"), "{err}");
+    }
+}

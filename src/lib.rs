@@ -1,0 +1,47 @@
+//! The `conch` facade: links every provider crate (so their `inventory` registrations are
+//! kept) and builds runtimes from compositions.
+
+use conch_config::Composition;
+use conch_env::ShellEnv;
+use conch_registry::{RegistryError, Runtime};
+
+// Referencing each provider crate keeps its plugin registrations in the final binary.
+use conch_jobs as _;
+use conch_provider_bash as _;
+use conch_provider_local as _;
+use conch_tools as _;
+
+pub use conch_config::{DEFAULT_COMPOSITION, EMBEDDED};
+pub use conch_registry::plugins;
+
+/// Forces every provider crate to link (call from binaries and test crates).
+pub fn link_all() {
+    conch_provider_local::register();
+    conch_provider_bash::register();
+    conch_tools::register();
+    conch_jobs::register();
+}
+
+/// Loads a composition by embedded name or path and builds it with the process's CONCH_HOME.
+///
+/// # Errors
+/// Any load or resolution error, naming the file and key.
+pub fn build_runtime(selector: &str) -> Result<Runtime, RegistryError> {
+    link_all();
+    let composition = Composition::load(selector)?;
+    Runtime::build(&composition, ShellEnv::from_process_env())
+}
+
+/// Builds from YAML text (no env overrides).
+///
+/// # Errors
+/// Any load or resolution error.
+pub fn build_runtime_from_yaml(
+    source_name: &str,
+    yaml: &str,
+    shell_env: ShellEnv,
+) -> Result<Runtime, RegistryError> {
+    link_all();
+    let composition = Composition::from_yaml(source_name, yaml)?;
+    Runtime::build(&composition, shell_env)
+}

@@ -1,0 +1,249 @@
+//! The `conch` command line: list and call tools, run JSON-lines batches, check compositions,
+//! and benchmark the one-shot path.
+
+mod bench;
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use conch_seams::{CollectingSink, Error, ErrorCode, NoticeRoute, Owner, ToolOutput};
+
+#[derive(Parser)]
+#[command(name = "conch", version, about = "execution framework for AI-agent harnesses")]
+struct Cli {
+    /// Composition: an embedded name (standard) or a YAML file path.
+    #[arg(long, global = true, default_value = conch::DEFAULT_COMPOSITION)]
+    composition: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the composition's tools (name, description, input schema) as JSON.
+    Tools,
+    /// Call one tool with JSON arguments and print its result.
+    Call {
+        /// Tool name.
+        tool: String,
+        /// JSON arguments object.
+        #[arg(default_value = "{}")]
+        args: String,
+        /// Print `{"text", "structured"}` JSON instead of the text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read one JSON tool call per stdin line (`{"tool": ..., "args": {...}}`), run them in one
+    /// runtime as one owner, print one JSON result per line.
+    Batch,
+    /// Validate a composition file (or embedded name): exit non-zero with the error.
+    Check {
+        /// File path or embedded name.
+        file: String,
+    },
+    /// List registered plugins.
+    Plugins,
+    /// Benchmark one-shot bash tool latency against raw `bash -c true` spawn latency.
+    Bench {
+        /// Iterations per measurement.
+        #[arg(long, default_value_t = 50)]
+        iterations: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn print_line(value: &serde_json::Value) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{value}")?;
+    out.flush()?;
+    Ok(())
+}
+
+fn result_json(r: &Result<ToolOutput, Error>) -> serde_json::Value {
+    match r {
+        Ok(o) => serde_json::json!({ "ok": true, "text": o.text, "structured": o.structured }),
+        Err(e) => serde_json::json!({ "ok": false, "error": e.to_json() }),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Check { file } => match conch::build_runtime(&file) {
+            Ok(runtime) => {
+                let names: Vec<&str> = runtime.tools().iter().map(|t| t.name()).collect();
+                println!("ok: {} (tools: {})", runtime.source_name(), names.join(", "));
+                runtime.shutdown().await;
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("error[{}]: {e}", e.code());
+                Ok(ExitCode::from(1))
+            }
+        },
+        Command::Plugins => {
+            conch::link_all();
+            for p in conch::plugins()? {
+                let provides = p.provides.map(|s| s.as_str()).unwrap_or("-");
+                let requires: Vec<&str> = p.requires.iter().map(|s| s.as_str()).collect();
+                println!(
+                    "{}\tprovides: {provides}\trequires: {}\t{}",
+                    p.name,
+                    requires.join(","),
+                    p.description
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { iterations } => {
+            let runtime =
+                conch::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let report = bench::run(&runtime, iterations.max(1)).await;
+            runtime.shutdown().await;
+            print!("{}", report?);
+            Ok(ExitCode::SUCCESS)
+        }
+        command => {
+            let runtime =
+                conch::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let sink = Arc::new(CollectingSink::default());
+            let owner = Owner::new("cli", Arc::clone(&sink) as Arc<dyn conch_seams::NoticeSink>);
+            let code = match command {
+                Command::Tools => {
+                    let tools: Vec<serde_json::Value> = runtime
+                        .tools()
+                        .iter()
+                        .map(|t| {
+                            serde_json::json!({
+                                "name": t.name(),
+                                "description": t.description(),
+                                "input_schema": t.input_schema(),
+                            })
+                        })
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&tools)?);
+                    ExitCode::SUCCESS
+                }
+                Command::Call { tool, args, json } => {
+                    let args: serde_json::Value = serde_json::from_str(&args)
+                        .context("the arguments must be a JSON object")?;
+                    owner.set_busy(true);
+                    let r = runtime.call(&owner, &tool, args).await;
+                    owner.set_busy(false);
+                    if json {
+                        print_line(&result_json(&r))?;
+                    }
+                    match r {
+                        Ok(o) => {
+                            if !json {
+                                // Print the text exactly, ending with one newline.
+                                if o.text.ends_with('\n') {
+                                    print!("{}", o.text);
+                                } else {
+                                    println!("{}", o.text);
+                                }
+                            }
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            if !json {
+                                eprintln!("error[{}]: {e}", e.code());
+                            }
+                            ExitCode::from(1)
+                        }
+                    }
+                }
+                Command::Batch => {
+                    batch(&runtime, &owner, &sink).await?;
+                    ExitCode::SUCCESS
+                }
+                Command::Check { .. } | Command::Plugins | Command::Bench { .. } => {
+                    ExitCode::SUCCESS
+                }
+            };
+            // Owner disposal cancels and awaits its jobs before the providers shut down.
+            owner.dispose().await;
+            runtime.shutdown().await;
+            Ok(code)
+        }
+    }
+}
+
+async fn batch(
+    runtime: &conch_registry::Runtime,
+    owner: &Arc<Owner>,
+    sink: &CollectingSink,
+) -> anyhow::Result<()> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
+    // stdin is blocking; read it on a thread so tool calls keep running on the runtime.
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            if tx.blocking_send(line).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(line) = rx.recv().await {
+        let line = line.context("reading stdin")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r = match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(v) => match (v.get("tool").and_then(|t| t.as_str()), v.as_object()) {
+                (Some(tool), Some(obj)) if obj.keys().all(|k| k == "tool" || k == "args") => {
+                    owner.set_busy(true);
+                    let r = runtime
+                        .call(
+                            owner,
+                            tool,
+                            v.get("args").cloned().unwrap_or(serde_json::Value::Null),
+                        )
+                        .await;
+                    owner.set_busy(false);
+                    r
+                }
+                _ => Err(Error::new(
+                    ErrorCode::InvalidArgument,
+                    "each line must be an object {\"tool\": NAME, \"args\": {...}} with no other keys",
+                )),
+            },
+            Err(e) => Err(Error::new(ErrorCode::InvalidArgument, format!("line is not JSON: {e}"))),
+        };
+        let mut out = result_json(&r);
+        let notices: Vec<serde_json::Value> = sink
+            .take()
+            .into_iter()
+            .map(|(route, n)| {
+                let route = match route {
+                    NoticeRoute::Inject => "inject",
+                    NoticeRoute::Followup => "followup",
+                };
+                serde_json::json!({ "route": route, "source_id": n.source_id, "text": n.text })
+            })
+            .collect();
+        if !notices.is_empty() {
+            out["notices"] = serde_json::Value::Array(notices);
+        }
+        print_line(&out)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! The `conch` binary driven as a user would: call, batch, tools, check, env scrub.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn conch() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_conch"));
+    c.env_remove("CONCH_HOME");
+    c
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn run_batch(lines: &[&str]) -> Vec<serde_json::Value> {
+    let mut child =
+        conch().arg("batch").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    {
+        let mut stdin = child.stdin.take().unwrap();
+        for l in lines {
+            writeln!(stdin, "{l}").unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "batch exits 0");
+    text(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn call_bash_prints_the_tool_result() {
+    let out = conch().args(["call", "bash", r#"{"command":"echo hello"}"#]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(text(&out), "hello\n");
+}
+
+#[test]
+fn call_with_bad_arguments_exits_non_zero_with_a_typed_error() {
+    let out = conch().args(["call", "bash", r#"{"comand":"echo"}"#]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error[invalid_argument]"), "{err}");
+    assert!(err.contains("comand"), "{err}");
+}
+
+#[test]
+fn tools_lists_names_and_schemas() {
+    let out = conch().arg("tools").output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> =
+        v.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["bash", "job_output", "job_list", "job_kill"]);
+    assert_eq!(v[0]["input_schema"]["properties"]["command"]["type"], "string");
+    assert!(v[0]["input_schema"]["required"].as_array().unwrap().iter().any(|r| r == "command"));
+}
+
+#[test]
+fn batch_runs_calls_in_one_runtime_as_one_owner() {
+    let results = run_batch(&[
+        r#"{"tool":"bash","args":{"command":"echo bg; exit 2","run_in_background":true}}"#,
+        r#"{"tool":"job_output","args":{"job_id":"bash-1","wait":true,"timeout_ms":30000}}"#,
+        r#"{"tool":"job_list","args":{}}"#,
+        "not json",
+        r#"{"tool":"nope","args":{}}"#,
+    ]);
+    assert_eq!(results.len(), 5);
+    assert_eq!(results[0]["structured"]["job_id"], "bash-1");
+    assert_eq!(results[1]["structured"]["status"], "completed");
+    assert_eq!(results[1]["structured"]["output"], "bg\n");
+    assert_eq!(results[1]["structured"]["detail"], "exit code: 2");
+    assert!(results[2]["text"].as_str().unwrap().contains("bash-1"));
+    assert_eq!(results[3]["error"]["code"], "invalid_argument");
+    assert_eq!(results[4]["error"]["code"], "not_found");
+}
+
+#[test]
+fn check_accepts_good_and_rejects_bad_compositions() {
+    let out = conch().args(["check", "standard"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "plugins:\n  subprocess-local: {}\n  bash-local: { timeout_ms: soon }\n")
+        .unwrap();
+    let out = conch().args(["check", bad.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml") && err.contains("timeout_ms"), "{err}");
+    assert!(err.starts_with("error[invalid_composition]"), "{err}");
+}
+
+#[test]
+fn env_overrides_reach_plugin_config() {
+    let out = conch()
+        .env("CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS", "250")
+        .args(["call", "bash", r#"{"command":"sleep 100"}"#])
+        .output()
+        .unwrap();
+    assert!(text(&out).contains("[timed out after 250ms]"), "{}", text(&out));
+    let out = conch()
+        .env("CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MSS", "250")
+        .args(["check", "standard"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "an unknown key from the environment is rejected too");
+}
+
+#[test]
+fn ambient_credentials_and_managed_names_never_reach_commands() {
+    let out = conch()
+        .env("AWS_SECRET_ACCESS_KEY", "leak1")
+        .env("github_token", "leak2")
+        .env("DB_PASSWORD", "leak3")
+        .env("CONCH_SESSION_ID", "leak4")
+        .env("CONCH_HOME", "/tmp/conch-cli-home")
+        .env("PLAIN_VALUE", "kept")
+        .args(["call", "bash", r#"{"command":"env"}"#])
+        .output()
+        .unwrap();
+    let env = text(&out);
+    for leak in ["leak1", "leak2", "leak3", "leak4"] {
+        assert!(!env.contains(leak), "{leak} leaked:\n{env}");
+    }
+    assert!(env.contains("PLAIN_VALUE=kept"));
+    assert!(env.contains("CONCH_SESSION_ID=cli"), "the managed snapshot is injected");
+    assert!(env.contains("CONCH_HOME=/tmp/conch-cli-home"));
+    assert!(env.contains("TERM=dumb"));
+}

@@ -1,0 +1,106 @@
+//! Conformance suites written once against the seams and run for every provider
+//! (object_store style). Each case is a `pub async fn` taking the seam as `&dyn`; the
+//! `*_suite!` macros instantiate one `#[tokio::test]` per case. Not API-stable.
+//!
+//! Cases panic with descriptive messages; they never sleep to synchronise and use generous
+//! timeouts so a loaded 2-core machine does not make them flaky.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+pub mod shell;
+pub mod subprocess;
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Generous bound for anything that should happen "soon".
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Awaits `f` or panics naming `what` after [`PATIENCE`].
+pub async fn within<F: Future>(what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {PATIENCE:?} waiting for: {what}"),
+    }
+}
+
+/// True when `/proc/<pid>` is gone or a zombie.
+pub fn pid_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => {
+            stat.rfind(')').map(|i| stat[i + 1..].trim_start().starts_with('Z')).unwrap_or(true)
+        }
+    }
+}
+
+/// Instantiates the subprocess suite: `subprocess_suite!(|| Arc<dyn Subprocess>)`.
+#[macro_export]
+macro_rules! subprocess_suite {
+    ($make:expr) => {
+        $crate::subprocess_suite!(@cases $make;
+            spawn_captures_stdout,
+            nonzero_exit_is_data_not_error,
+            death_by_signal_is_reported,
+            missing_executable_is_spawn_failure,
+            missing_cwd_is_spawn_failure,
+            empty_argv_is_invalid,
+            argv_is_not_shell_interpreted,
+            cwd_is_respected,
+            env_overlay_sets_and_unsets,
+            ambient_managed_env_is_scrubbed,
+            merged_stderr_keeps_arrival_order,
+            separate_stderr_is_collected_apart,
+            stdin_bytes_reach_the_child,
+            stdin_pipe_is_writable_and_closable,
+            offset_reads_are_caller_owned,
+            stale_offset_read_is_lossy_tail,
+            kill_terminates_group_when_children_ignore_sigterm,
+            cancel_token_kills_the_tree,
+            shutdown_reaps_everything_live,
+            which_resolves_on_path,
+            spawn_terminal_is_honest_about_support
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let provider = ($make)();
+                $crate::subprocess::$case(provider.as_ref()).await;
+            }
+        )*
+    };
+}
+
+/// Instantiates the shell suite: `shell_suite!(|| Arc<dyn ShellExecutor>)`.
+#[macro_export]
+macro_rules! shell_suite {
+    ($make:expr) => {
+        $crate::shell_suite!(@cases $make;
+            run_returns_output_and_zero_exit,
+            nonzero_exit_is_a_result,
+            terminal_overrides_are_applied,
+            managed_env_wins_over_caller_env,
+            timeout_kills_and_reports_timed_out,
+            abort_kills_and_reports_aborted,
+            already_aborted_request_does_not_run,
+            resolve_fills_defaults_and_caps_timeout,
+            resolve_rejects_missing_workdir_and_empty_command,
+            workdir_is_used,
+            long_output_keeps_tail_and_complete_spill,
+            background_reads_are_incremental_and_consuming,
+            background_ignores_timeout,
+            background_kill_settles_as_killed
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let provider = ($make)();
+                $crate::shell::$case(provider.as_ref()).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,179 @@
+//! Cases for the `ShellExecutor` seam.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use conch_seams::{ErrorCode, ShellExecRequest, ShellExecutor, ShellProcessStatus};
+use tokio_util::sync::CancellationToken;
+
+use crate::within;
+
+async fn run(p: &dyn ShellExecutor, req: ShellExecRequest) -> conch_seams::ShellRunResult {
+    let spec = p.resolve(req).expect("resolve");
+    within("foreground run", p.run(spec)).await.expect("run succeeds for a real command")
+}
+
+pub async fn run_returns_output_and_zero_exit(p: &dyn ShellExecutor) {
+    let r = run(p, ShellExecRequest::new("echo hello; echo oops >&2")).await;
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.output.text, "hello\noops\n", "stdout and stderr are merged in order");
+    assert!(!r.timed_out && !r.aborted);
+    assert_eq!(r.output.total_bytes, 11);
+    assert_eq!(r.output.omitted_bytes, 0);
+}
+
+pub async fn nonzero_exit_is_a_result(p: &dyn ShellExecutor) {
+    let r = run(p, ShellExecRequest::new("echo partial; exit 7")).await;
+    assert_eq!(r.exit_code, Some(7));
+    assert_eq!(r.output.text, "partial\n");
+    let r = run(p, ShellExecRequest::new("conch-no-such-command-xyz")).await;
+    assert_eq!(
+        r.exit_code,
+        Some(127),
+        "command not found is the shell's answer, not an infrastructure error"
+    );
+}
+
+pub async fn terminal_overrides_are_applied(p: &dyn ShellExecutor) {
+    if p.dialect() != "bash" {
+        println!("SKIP terminal_overrides_are_applied: requires bash dialect");
+        return;
+    }
+    let r = run(p, ShellExecRequest::new("echo $NO_COLOR $TERM $PAGER $GIT_PAGER")).await;
+    assert_eq!(r.output.text, "1 dumb cat cat\n");
+}
+
+pub async fn managed_env_wins_over_caller_env(p: &dyn ShellExecutor) {
+    let mut req = ShellExecRequest::new("echo $CONCH_SESSION_ID $TERM $OTHER");
+    req.env.insert("CONCH_SESSION_ID".into(), Some("spoofed".into()));
+    req.env.insert("TERM".into(), Some("xterm".into()));
+    req.env.insert("OTHER".into(), Some("caller".into()));
+    let mut managed = BTreeMap::new();
+    managed.insert("CONCH_SESSION_ID".to_string(), "trusted".to_string());
+    let r = run(p, req.with_managed_env(managed)).await;
+    assert_eq!(
+        r.output.text, "trusted xterm caller\n",
+        "managed beats caller, caller beats overrides"
+    );
+}
+
+pub async fn timeout_kills_and_reports_timed_out(p: &dyn ShellExecutor) {
+    let r = run(p, ShellExecRequest::new("echo started; sleep 1000").with_timeout_ms(300)).await;
+    assert!(r.timed_out, "timeout was the first cause");
+    assert!(!r.aborted, "timed_out and aborted are exclusive");
+    assert_eq!(r.timeout_ms, 300);
+    assert!(r.signal.is_some(), "the tree was killed by a signal");
+    assert_eq!(r.output.text, "started\n", "partial output is kept");
+}
+
+pub async fn abort_kills_and_reports_aborted(p: &dyn ShellExecutor) {
+    let cancel = CancellationToken::new();
+    let spec = p
+        .resolve(ShellExecRequest::new("echo go; sleep 1000").with_cancel(cancel.clone()))
+        .unwrap();
+    let run = p.run(spec);
+    let trigger = async {
+        // Give the spawn a head start so the usual path (kill a live tree) is exercised; an
+        // abort that lands before the spawn is reported the same way.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        cancel.cancel();
+    };
+    let (r, ()) = within("aborted run", async { tokio::join!(run, trigger) }).await;
+    let r = r.unwrap();
+    assert!(r.aborted, "abort was the first cause");
+    assert!(!r.timed_out);
+    assert_ne!(r.exit_code, Some(0), "sleep 1000 did not finish normally");
+}
+
+pub async fn already_aborted_request_does_not_run(p: &dyn ShellExecutor) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let cmd = format!("touch {}", marker.display());
+    let r = run(p, ShellExecRequest::new(cmd).with_cancel(cancel)).await;
+    assert!(r.aborted);
+    assert!(!marker.exists(), "an already-aborted request must not start the command");
+}
+
+pub async fn resolve_fills_defaults_and_caps_timeout(p: &dyn ShellExecutor) {
+    let spec = p.resolve(ShellExecRequest::new("true")).unwrap();
+    assert_eq!(spec.timeout, Duration::from_secs(120), "default timeout");
+    assert_eq!(spec.output_max_bytes, 64_000, "default output bytes");
+    assert_eq!(spec.spill_cap, 64 * 1024 * 1024, "default spill cap");
+    assert_eq!(spec.grace, Duration::from_secs(3), "default grace");
+    let spec = p.resolve(ShellExecRequest::new("true").with_timeout_ms(10_000_000)).unwrap();
+    assert_eq!(spec.timeout, Duration::from_secs(600), "timeout is capped");
+    let err = p.resolve(ShellExecRequest::new("true").with_timeout_ms(0)).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+}
+
+pub async fn resolve_rejects_missing_workdir_and_empty_command(p: &dyn ShellExecutor) {
+    let err =
+        p.resolve(ShellExecRequest::new("true").with_workdir("/nonexistent/conch-wd")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(err.to_string().contains("/nonexistent/conch-wd"), "{err}");
+    let err = p.resolve(ShellExecRequest::new("   ")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+}
+
+pub async fn workdir_is_used(p: &dyn ShellExecutor) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(p, ShellExecRequest::new("pwd -P").with_workdir(dir.path())).await;
+    assert_eq!(r.output.text.trim_end(), dir.path().canonicalize().unwrap().display().to_string());
+}
+
+pub async fn long_output_keeps_tail_and_complete_spill(p: &dyn ShellExecutor) {
+    let req = ShellExecRequest::new("head -c 200000 /dev/zero | tr '\\0' a; echo; echo TAIL")
+        .with_output_max_bytes(1000);
+    let r = run(p, req).await;
+    assert_eq!(r.output.total_bytes, 200_006);
+    assert!(r.output.text.ends_with("a\nTAIL\n"), "the tail is retained");
+    assert_eq!(r.output.omitted_bytes, 200_006 - 1000);
+    let spill = r.output.spill_path.expect("complete spill published");
+    assert_eq!(std::fs::metadata(&spill).unwrap().len(), 200_006);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&spill).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+pub async fn background_reads_are_incremental_and_consuming(p: &dyn ShellExecutor) {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let cmd =
+        format!("echo first; while [ ! -e {} ]; do sleep 0.01; done; echo second", gate.display());
+    let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
+    let mut seen = String::new();
+    within("first line", async {
+        while !seen.contains("first") {
+            seen.push_str(&proc.read_output().text);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(seen, "first\n");
+    assert_eq!(proc.status(), ShellProcessStatus::Running);
+    assert_eq!(proc.read_output().text, "", "a consuming read never re-delivers");
+    std::fs::write(&gate, b"").unwrap();
+    within("background exit", proc.wait()).await;
+    assert_eq!(proc.read_output().text, "second\n");
+    assert_eq!(proc.status(), ShellProcessStatus::Completed);
+    assert_eq!(proc.exit_code(), Some(0));
+    assert_eq!(proc.snapshot().text, "first\nsecond\n", "snapshot is non-consuming");
+}
+
+pub async fn background_ignores_timeout(p: &dyn ShellExecutor) {
+    let spec =
+        p.resolve(ShellExecRequest::new("sleep 0.6; echo done").with_timeout_ms(50)).unwrap();
+    let proc = p.start(spec).await;
+    within("background exit", proc.wait()).await;
+    assert_eq!(proc.status(), ShellProcessStatus::Completed);
+    assert_eq!(proc.read_output().text, "done\n");
+}
+
+pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) {
+    let proc = p.start(p.resolve(ShellExecRequest::new("sleep 1000")).unwrap()).await;
+    assert!(proc.kill(), "kill of a running process is accepted");
+    within("killed background exit", proc.wait()).await;
+    assert_eq!(proc.status(), ShellProcessStatus::Killed);
+    assert!(!proc.kill(), "kill after settlement reports false");
+}

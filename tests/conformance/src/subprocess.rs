@@ -1,0 +1,271 @@
+//! Cases for the `Subprocess` seam.
+
+use std::time::Duration;
+
+use conch_seams::{
+    ErrorCode, OutputSpec, SpawnSpec, StdinSpec, StreamId, Subprocess, TerminalSpawnSpec,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{pid_gone, within};
+
+fn argv(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_string()).collect()
+}
+
+fn collect() -> OutputSpec {
+    OutputSpec::Collect { max_bytes: 1 << 20, spill_cap: 1 << 24 }
+}
+
+fn tmp() -> std::path::PathBuf {
+    std::env::temp_dir()
+}
+
+async fn stdout_of(p: &dyn Subprocess, spec: SpawnSpec) -> (String, conch_seams::ExitStatus) {
+    let proc = p.spawn(spec).await.expect("spawn");
+    let status = within("process exit", proc.wait()).await;
+    let r = proc.read(StreamId::Stdout, 0, 1 << 20).expect("stdout is collected");
+    (String::from_utf8(r.data).expect("utf8"), status)
+}
+
+pub async fn spawn_captures_stdout(p: &dyn Subprocess) {
+    let (out, status) =
+        stdout_of(p, SpawnSpec::new(argv(&["echo", "hello"]), tmp()).with_stdout(collect())).await;
+    assert_eq!(out, "hello\n");
+    assert_eq!(status.code, Some(0), "echo exits 0");
+    assert!(status.signal.is_none());
+}
+
+pub async fn nonzero_exit_is_data_not_error(p: &dyn Subprocess) {
+    let (_, status) =
+        stdout_of(p, SpawnSpec::new(argv(&["sh", "-c", "exit 3"]), tmp()).with_stdout(collect()))
+            .await;
+    assert_eq!(status.code, Some(3), "exit code is reported as data");
+}
+
+pub async fn death_by_signal_is_reported(p: &dyn Subprocess) {
+    let (_, status) = stdout_of(
+        p,
+        SpawnSpec::new(argv(&["sh", "-c", "kill -9 $$"]), tmp()).with_stdout(collect()),
+    )
+    .await;
+    assert_eq!(status.code, None);
+    assert_eq!(status.signal.as_deref(), Some("SIGKILL"));
+}
+
+pub async fn missing_executable_is_spawn_failure(p: &dyn Subprocess) {
+    let err = p
+        .spawn(SpawnSpec::new(argv(&["/nonexistent/conch-no-such-binary"]), tmp()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
+    assert!(err.to_string().contains("conch-no-such-binary"), "message names the program: {err}");
+}
+
+pub async fn missing_cwd_is_spawn_failure(p: &dyn Subprocess) {
+    let err = p.spawn(SpawnSpec::new(argv(&["true"]), "/nonexistent/conch-dir")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
+    assert!(err.to_string().contains("/nonexistent/conch-dir"), "{err}");
+}
+
+pub async fn empty_argv_is_invalid(p: &dyn Subprocess) {
+    let err = p.spawn(SpawnSpec::new(Vec::new(), tmp())).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+}
+
+pub async fn argv_is_not_shell_interpreted(p: &dyn Subprocess) {
+    let (out, _) = stdout_of(
+        p,
+        SpawnSpec::new(argv(&["echo", "$HOME; ls | wc", "*"]), tmp()).with_stdout(collect()),
+    )
+    .await;
+    assert_eq!(out, "$HOME; ls | wc *\n");
+}
+
+pub async fn cwd_is_respected(p: &dyn Subprocess) {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) =
+        stdout_of(p, SpawnSpec::new(argv(&["pwd", "-P"]), dir.path()).with_stdout(collect())).await;
+    assert_eq!(out.trim_end(), dir.path().canonicalize().unwrap().display().to_string());
+}
+
+pub async fn env_overlay_sets_and_unsets(p: &dyn Subprocess) {
+    let spec = SpawnSpec::new(
+        argv(&["sh", "-c", "echo ${CONCH_CONF_A-unset} ${HOME-unset} ${MY_API_TOKEN-unset}"]),
+        tmp(),
+    )
+    .with_stdout(collect())
+    .with_env("CONCH_CONF_A", Some("a".into()))
+    .with_env("HOME", None)
+    .with_env("MY_API_TOKEN", Some("forwarded".into()));
+    let (out, _) = stdout_of(p, spec).await;
+    assert_eq!(out, "a unset forwarded\n", "overlay applies after the scrub and can unset");
+}
+
+pub async fn ambient_managed_env_is_scrubbed(p: &dyn Subprocess) {
+    // Whatever the test runner's environment holds, no CONCH_* or credential-shaped name
+    // may reach the child unless the overlay puts it there.
+    let (out, _) = stdout_of(p, SpawnSpec::new(argv(&["env"]), tmp()).with_stdout(collect())).await;
+    for line in out.lines() {
+        let name = line.split('=').next().unwrap_or("").to_ascii_uppercase();
+        assert!(!name.starts_with("CONCH_"), "managed name leaked: {line}");
+        for pat in ["KEY", "PASSWORD", "SECRET", "TOKEN"] {
+            assert!(!name.contains(pat), "credential-shaped name leaked: {name}");
+        }
+    }
+    assert!(out.lines().any(|l| l.starts_with("PATH=")), "ordinary values such as PATH are kept");
+}
+
+pub async fn merged_stderr_keeps_arrival_order(p: &dyn Subprocess) {
+    let spec = SpawnSpec::new(argv(&["sh", "-c", "echo a; echo b >&2; echo c; echo d >&2"]), tmp())
+        .with_stdout(collect())
+        .with_stderr(OutputSpec::MergeIntoStdout);
+    let (out, _) = stdout_of(p, spec).await;
+    assert_eq!(out, "a\nb\nc\nd\n");
+}
+
+pub async fn separate_stderr_is_collected_apart(p: &dyn Subprocess) {
+    let spec = SpawnSpec::new(argv(&["sh", "-c", "echo out; echo err >&2"]), tmp())
+        .with_stdout(collect())
+        .with_stderr(collect());
+    let proc = p.spawn(spec).await.unwrap();
+    within("exit", proc.wait()).await;
+    assert_eq!(proc.read(StreamId::Stdout, 0, 100).unwrap().data, b"out\n");
+    assert_eq!(proc.read(StreamId::Stderr, 0, 100).unwrap().data, b"err\n");
+    let s = proc.collected(StreamId::Stderr).unwrap();
+    assert_eq!(s.total_bytes, 4);
+}
+
+pub async fn stdin_bytes_reach_the_child(p: &dyn Subprocess) {
+    let spec = SpawnSpec::new(argv(&["cat"]), tmp())
+        .with_stdin(StdinSpec::Bytes(b"xyz".to_vec()))
+        .with_stdout(collect());
+    let (out, status) = stdout_of(p, spec).await;
+    assert_eq!(out, "xyz");
+    assert!(status.success());
+}
+
+pub async fn stdin_pipe_is_writable_and_closable(p: &dyn Subprocess) {
+    let spec =
+        SpawnSpec::new(argv(&["cat"]), tmp()).with_stdin(StdinSpec::Pipe).with_stdout(collect());
+    let proc = p.spawn(spec).await.unwrap();
+    proc.write_stdin(b"one ").await.unwrap();
+    proc.write_stdin(b"two").await.unwrap();
+    proc.close_stdin();
+    within("cat to exit after EOF", proc.wait()).await;
+    assert_eq!(proc.read(StreamId::Stdout, 0, 100).unwrap().data, b"one two");
+}
+
+pub async fn offset_reads_are_caller_owned(p: &dyn Subprocess) {
+    let spec =
+        SpawnSpec::new(argv(&["sh", "-c", "printf 0123456789"]), tmp()).with_stdout(collect());
+    let proc = p.spawn(spec).await.unwrap();
+    within("exit", proc.wait()).await;
+    let a = proc.read(StreamId::Stdout, 0, 4).unwrap();
+    assert_eq!(
+        (a.data.as_slice(), a.start_offset, a.next_offset, a.lossy),
+        (&b"0123"[..], 0, 4, false)
+    );
+    let b = proc.read(StreamId::Stdout, a.next_offset, 100).unwrap();
+    assert_eq!(b.data, b"456789");
+    // A second reader from 0 is not affected by the first one's progress.
+    let again = proc.read(StreamId::Stdout, 0, 100).unwrap();
+    assert_eq!(again.data, b"0123456789");
+    let end = proc.read(StreamId::Stdout, 10, 100).unwrap();
+    assert!(end.data.is_empty() && end.next_offset == 10 && end.sealed);
+    assert!(proc.read(StreamId::Stderr, 0, 1).is_err(), "an uncollected stream is an error");
+}
+
+pub async fn stale_offset_read_is_lossy_tail(p: &dyn Subprocess) {
+    let spec = SpawnSpec::new(
+        argv(&["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x; printf END"]),
+        tmp(),
+    )
+    .with_stdout(OutputSpec::Collect { max_bytes: 1000, spill_cap: 1 << 20 });
+    let proc = p.spawn(spec).await.unwrap();
+    within("exit", proc.wait()).await;
+    let r = proc.read(StreamId::Stdout, 0, 1 << 20).unwrap();
+    assert!(r.lossy, "offset 0 fell out of the 1000-byte window");
+    assert_eq!(r.start_offset, 100_003 - 1000);
+    assert_eq!(r.data.len(), 1000);
+    assert!(r.data.ends_with(b"END"));
+    let spill = r.spill_path.expect("a complete spill is published");
+    assert_eq!(std::fs::metadata(spill).unwrap().len(), 100_003);
+}
+
+fn grandchild_pids(out: &str) -> Vec<i32> {
+    out.split_whitespace().filter_map(|w| w.parse().ok()).collect()
+}
+
+pub async fn kill_terminates_group_when_children_ignore_sigterm(p: &dyn Subprocess) {
+    let script = "trap '' TERM; (trap '' TERM; exec sleep 1000) & (trap '' TERM; while :; do sleep 1; done) & echo $!; echo ready; wait";
+    let spec = SpawnSpec::new(argv(&["bash", "-c", script]), tmp())
+        .with_stdout(collect())
+        .with_grace(Duration::from_millis(300));
+    let proc = p.spawn(spec).await.unwrap();
+    // Wait (on output, not time) until the children exist.
+    let out = within("the script to report readiness", async {
+        loop {
+            let r = proc.read(StreamId::Stdout, 0, 4096).unwrap();
+            let s = String::from_utf8_lossy(&r.data).into_owned();
+            if s.contains("ready") {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let pids = grandchild_pids(&out);
+    assert!(!pids.is_empty(), "script printed a child pid: {out}");
+    proc.kill();
+    let status = within("killed process to exit", proc.wait()).await;
+    assert_eq!(status.signal.as_deref(), Some("SIGKILL"), "TERM was trapped, so KILL ended it");
+    within("the whole group to be gone", proc.wait_group_gone()).await;
+    for pid in pids {
+        within("grandchild to disappear", async {
+            while !pid_gone(pid) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+}
+
+pub async fn cancel_token_kills_the_tree(p: &dyn Subprocess) {
+    let cancel = CancellationToken::new();
+    let spec = SpawnSpec::new(argv(&["sleep", "1000"]), tmp()).with_cancel(cancel.clone());
+    let proc = p.spawn(spec).await.unwrap();
+    cancel.cancel();
+    let status = within("cancelled process to exit", proc.wait()).await;
+    assert_eq!(status.signal.as_deref(), Some("SIGTERM"));
+}
+
+pub async fn shutdown_reaps_everything_live(p: &dyn Subprocess) {
+    let mut pids = Vec::new();
+    let mut procs = Vec::new();
+    for _ in 0..3 {
+        let proc = p.spawn(SpawnSpec::new(argv(&["sleep", "1000"]), tmp())).await.unwrap();
+        pids.push(proc.pid().unwrap() as i32);
+        procs.push(proc);
+    }
+    within("shutdown", p.shutdown()).await;
+    for (proc, pid) in procs.iter().zip(pids) {
+        assert!(proc.try_status().is_some(), "process {pid} settled after shutdown");
+        assert!(pid_gone(pid), "process {pid} is gone after shutdown");
+    }
+}
+
+pub async fn which_resolves_on_path(p: &dyn Subprocess) {
+    let sh = p.which("sh").await.expect("sh is on PATH");
+    assert!(sh.is_absolute());
+    assert!(p.which("conch-no-such-program-xyz").await.is_none());
+}
+
+pub async fn spawn_terminal_is_honest_about_support(p: &dyn Subprocess) {
+    if p.capabilities().terminals {
+        println!("SKIP spawn_terminal_is_honest_about_support: provider supports terminals");
+        return;
+    }
+    let err = p.spawn_terminal(TerminalSpawnSpec::new(argv(&["bash"]), tmp())).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unsupported, "{err}");
+}

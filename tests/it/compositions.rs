@@ -1,0 +1,152 @@
+//! Every shipped composition resolves; every resolution error is clear and typed.
+
+use conch_config::Composition;
+use conch_env::ShellEnv;
+use conch_registry::{RegistryError, Runtime};
+use conch_seams::ErrorCode;
+
+fn build(yaml: &str) -> Result<Runtime, RegistryError> {
+    conch::link_all();
+    let c = Composition::from_yaml("comp.yaml", yaml)?;
+    Runtime::build(&c, ShellEnv::new("/tmp/conch-test-home".into()))
+}
+
+fn err(yaml: &str) -> RegistryError {
+    build(yaml).expect_err("composition must be rejected")
+}
+
+#[test]
+fn registered_plugins_are_exactly_the_expected_set() {
+    conch::link_all();
+    let names: Vec<&str> = conch::plugins().unwrap().iter().map(|p| p.name).collect();
+    assert_eq!(
+        names,
+        [
+            "bash-local",
+            "jobs",
+            "subprocess-local",
+            "test-second-subprocess",
+            "tool-bash",
+            "tool-jobs"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn every_shipped_composition_builds() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compositions");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let c = Composition::from_yaml(
+            &path.display().to_string(),
+            &std::fs::read_to_string(&path).unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let rt = Runtime::build(&c, ShellEnv::new("/tmp/conch-test-home".into()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!rt.tools().is_empty(), "{} exposes tools", path.display());
+        rt.shutdown().await;
+        seen += 1;
+    }
+    assert!(seen >= 1, "found compositions in {}", dir.display());
+}
+
+#[tokio::test]
+async fn standard_has_bash_and_job_tools_in_dependency_order() {
+    let rt = crate::standard();
+    let names: Vec<&str> = rt.tools().iter().map(|t| t.name()).collect();
+    assert_eq!(names, ["bash", "job_output", "job_list", "job_kill"]);
+    let plan =
+        conch_registry::plan(&Composition::from_yaml("s", conch::EMBEDDED[0].1).unwrap()).unwrap();
+    let order = plan.names();
+    let pos = |n: &str| order.iter().position(|x| *x == n).unwrap();
+    assert!(pos("subprocess-local") < pos("bash-local"));
+    assert!(pos("bash-local") < pos("tool-bash"));
+    assert!(pos("jobs") < pos("tool-jobs"));
+    rt.shutdown().await;
+}
+
+#[test]
+fn unknown_plugin_is_named_with_a_suggestion() {
+    let e = err("plugins:\n  subprocess-local: {}\n  bash-locl: {}\n");
+    assert_eq!(e.code(), ErrorCode::ProviderNotFound);
+    let msg = e.to_string();
+    assert!(msg.contains("comp.yaml"), "{msg}");
+    assert!(msg.contains("`bash-locl`"), "{msg}");
+    assert!(msg.contains("did you mean `bash-local`"), "{msg}");
+    assert!(msg.contains("available: bash-local, jobs"), "{msg}");
+}
+
+// A second real subprocess provider, registered only in this test binary, so a composition
+// can name two providers of one seam.
+fn build_second(
+    _: &conch_registry::BuildContext<'_>,
+) -> conch_seams::Result<conch_registry::PluginOutput> {
+    Ok(conch_registry::PluginOutput::seam(conch_registry::SeamHandle::Subprocess(
+        std::sync::Arc::new(conch_provider_local::LocalSubprocess::default()),
+    )))
+}
+
+conch_registry::register_plugin!(conch_registry::PluginEntry {
+    name: "test-second-subprocess",
+    provides: Some(conch_registry::SeamId::Subprocess),
+    requires: &[],
+    description: "test-only second subprocess provider",
+    build: build_second,
+});
+
+#[test]
+fn two_providers_of_one_seam_are_both_named() {
+    let e = err("plugins:\n  subprocess-local: {}\n  test-second-subprocess: {}\n");
+    assert_eq!(e.code(), ErrorCode::DuplicateProvider);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("`subprocess-local`") && msg.contains("`test-second-subprocess`"),
+        "{msg}"
+    );
+    assert!(msg.contains("subprocess seam"), "{msg}");
+}
+
+#[test]
+fn duplicate_yaml_key_is_rejected() {
+    let e = err("plugins:\n  jobs: {}\n  jobs: {}\n");
+    assert_eq!(e.code(), ErrorCode::InvalidComposition);
+    assert!(e.to_string().contains("duplicate"), "{e}");
+}
+
+#[test]
+fn missing_required_seam_names_the_requirer() {
+    let e = err("plugins:\n  bash-local: {}\n  tool-bash: {}\n");
+    assert_eq!(e.code(), ErrorCode::SeamUnbound);
+    let msg = e.to_string();
+    assert!(msg.contains("`bash-local` requires the subprocess seam"), "{msg}");
+    assert!(msg.contains("subprocess-local"), "suggests the provider: {msg}");
+}
+
+#[test]
+fn bad_config_value_names_file_plugin_and_key() {
+    let e = err("plugins:\n  subprocess-local: {}\n  bash-local: { timeout_ms: soon }\n");
+    assert_eq!(e.code(), ErrorCode::InvalidComposition);
+    let msg = e.to_string();
+    assert!(msg.contains("comp.yaml"), "{msg}");
+    assert!(msg.contains("bash-local"), "{msg}");
+    assert!(msg.contains("timeout_ms"), "{msg}");
+}
+
+#[test]
+fn unknown_config_field_is_rejected() {
+    let e = err("plugins:\n  subprocess-local: {}\n  bash-local: { timeout: 5 }\n");
+    assert_eq!(e.code(), ErrorCode::InvalidComposition);
+    assert!(e.to_string().contains("timeout"), "{e}");
+}
+
+#[test]
+fn out_of_range_config_value_names_the_key() {
+    let e = err("plugins:\n  subprocess-local: {}\n  bash-local: { timeout_ms: 700000 }\n");
+    assert_eq!(e.code(), ErrorCode::InvalidComposition);
+    assert!(e.to_string().contains("max_timeout_ms"), "{e}");
+}

@@ -1,0 +1,31 @@
+//! Integration tests: conformance suites per provider, registry/composition resolution, and
+//! the model-facing tools over real processes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod compositions;
+mod conformance;
+mod tools;
+
+use std::sync::Arc;
+
+use conch_env::ShellEnv;
+use conch_registry::Runtime;
+use conch_seams::{CollectingSink, NoticeSink, Owner};
+
+/// Builds a runtime from YAML with a private CONCH_HOME.
+pub(crate) fn runtime(yaml: &str) -> Runtime {
+    conch::build_runtime_from_yaml("test.yaml", yaml, ShellEnv::new("/tmp/conch-test-home".into()))
+        .unwrap_or_else(|e| panic!("composition builds: {e}"))
+}
+
+/// The embedded standard composition.
+pub(crate) fn standard() -> Runtime {
+    runtime(conch::EMBEDDED.iter().find(|(n, _)| *n == "standard").unwrap().1)
+}
+
+/// A fresh owner with a collecting sink.
+pub(crate) fn owner(session: &str) -> (Arc<Owner>, Arc<CollectingSink>) {
+    let sink = Arc::new(CollectingSink::default());
+    (Owner::new(session, Arc::clone(&sink) as Arc<dyn NoticeSink>), sink)
+}

@@ -1,0 +1,235 @@
+//! The model-facing tools over the standard composition, with real processes.
+
+use std::time::Duration;
+
+use conch_seams::{ErrorCode, NoticeRoute};
+use serde_json::json;
+
+use crate::{owner, standard};
+
+async fn call(
+    rt: &conch_registry::Runtime,
+    o: &std::sync::Arc<conch_seams::Owner>,
+    tool: &str,
+    args: serde_json::Value,
+) -> conch_seams::ToolOutput {
+    rt.call(o, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
+}
+
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    conch_conformance::within(what, async {
+        while !f() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bash_returns_plain_output_for_success() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let out = call(&rt, &o, "bash", json!({"command": "echo hello"})).await;
+    assert_eq!(out.text, "hello\n");
+    assert_eq!(out.structured.unwrap()["exit_code"], 0);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn bash_marks_nonzero_exit_timeout_and_signal() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let out = call(&rt, &o, "bash", json!({"command": "echo x; exit 3"})).await;
+    assert_eq!(out.text, "x\n[exit code: 3]");
+    let out =
+        call(&rt, &o, "bash", json!({"command": "echo begun; sleep 100", "timeout_ms": 300})).await;
+    assert_eq!(out.text, "begun\n[timed out after 300ms]\n[killed by signal: SIGTERM]");
+    let out = call(&rt, &o, "bash", json!({"command": "kill -9 $$"})).await;
+    assert_eq!(out.text, "[killed by signal: SIGKILL]");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn bash_truncates_to_the_tail_and_names_the_full_output() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let out = call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await;
+    let first = out.text.lines().next().unwrap();
+    let path = first
+        .strip_prefix("[output truncated; full output: ")
+        .and_then(|s| s.strip_suffix(']'))
+        .expect(first);
+    let full = std::fs::read_to_string(path).unwrap();
+    assert_eq!(full.lines().count(), 100_000);
+    assert!(out.text.ends_with("99999\n100000\n"));
+    assert!(out.text.len() <= 64_000 + first.len() + 1);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn bash_is_a_fresh_shell_with_workdir_and_managed_env() {
+    let rt = standard();
+    let (o, _) = owner("sess-7");
+    call(&rt, &o, "bash", json!({"command": "cd /; export FOO=1"})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let wd = dir.path().canonicalize().unwrap();
+    let out =
+        call(&rt, &o, "bash", json!({"command": "echo ${FOO-unset}; pwd -P", "workdir": wd})).await;
+    assert_eq!(out.text, format!("unset\n{}\n", wd.display()));
+    let out = call(
+        &rt,
+        &o,
+        "bash",
+        json!({"command": "echo $CONCH_SESSION_ID $CONCH_SHELL $CONCH_HOME"}),
+    )
+    .await;
+    assert_eq!(out.text, "sess-7 1 /tmp/conch-test-home\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_arguments_are_invalid_argument_errors_naming_the_field() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let e = rt.call(&o, "bash", json!({"command": 5})).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    let e = rt.call(&o, "bash", json!({"command": "true", "cwd": "/"})).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    assert!(e.to_string().contains("cwd"), "{e}");
+    let e = rt
+        .call(&o, "bash", json!({"command": "true", "workdir": "/nonexistent/x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    let e = rt.call(&o, "no_such_tool", json!({})).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NotFound);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn background_job_output_is_a_consuming_delta_and_wait_returns_final() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let out = call(
+        &rt,
+        &o,
+        "bash",
+        json!({"command": "echo one; echo two; exit 4", "run_in_background": true}),
+    )
+    .await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("bash-"), "{id}");
+    let out =
+        call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 30000})).await;
+    let s = out.structured.unwrap();
+    assert_eq!(s["status"], "completed");
+    assert_eq!(s["detail"], "exit code: 4");
+    assert_eq!(s["output"], "one\ntwo\n");
+    let again = call(&rt, &o, "job_output", json!({"job_id": id})).await;
+    assert_eq!(again.structured.unwrap()["output"], "", "output is consumed once");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn wait_deadline_returns_running_and_kill_then_settles_killed() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let out =
+        call(&rt, &o, "bash", json!({"command": "echo up; sleep 1000", "run_in_background": true}))
+            .await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let out =
+        call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 200})).await;
+    assert_eq!(out.structured.unwrap()["status"], "running", "a wait that runs out does not kill");
+    let out = call(&rt, &o, "job_kill", json!({"job_id": id})).await;
+    let s = out.structured.unwrap();
+    assert_eq!(s["cancel_requested"], true);
+    let out =
+        call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 30000})).await;
+    let s = out.structured.unwrap();
+    assert_eq!(s["status"], "killed");
+    let list = call(&rt, &o, "job_list", json!({})).await;
+    assert!(list.text.contains(&id) && list.text.contains("killed"), "{}", list.text);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn jobs_are_fenced_by_exact_owner() {
+    let rt = standard();
+    let (a, _) = owner("same-session");
+    let (b, _) = owner("same-session");
+    let out =
+        call(&rt, &a, "bash", json!({"command": "sleep 1000", "run_in_background": true})).await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    for tool in ["job_output", "job_kill"] {
+        let e = rt.call(&b, tool, json!({"job_id": id})).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::ForeignOwner, "{tool}: {e}");
+    }
+    let e = rt.call(&a, "job_output", json!({"job_id": "bash-999"})).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NotFound);
+    assert_eq!(call(&rt, &b, "job_list", json!({})).await.text, "no jobs");
+    a.dispose().await;
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn per_owner_cap_rejects_the_eleventh_job() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    for _ in 0..10 {
+        call(&rt, &o, "bash", json!({"command": "sleep 1000", "run_in_background": true})).await;
+    }
+    let e = rt
+        .call(&o, "bash", json!({"command": "sleep 1000", "run_in_background": true}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::LimitExceeded, "{e}");
+    conch_conformance::within("owner disposal", o.dispose()).await;
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn completion_notice_follows_up_an_idle_owner() {
+    let rt = standard();
+    let (o, sink) = owner("s");
+    let out = call(&rt, &o, "bash", json!({"command": "true", "run_in_background": true})).await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let mut got = Vec::new();
+    eventually("a completion notice", || {
+        got.extend(sink.take());
+        !got.is_empty()
+    })
+    .await;
+    assert_eq!(got[0].0, NoticeRoute::Followup);
+    assert_eq!(got[0].1.source_id, id);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn owner_disposal_kills_and_awaits_its_jobs_then_deletes_records() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let out = call(
+        &rt,
+        &o,
+        "bash",
+        json!({"command": "echo $$; exec sleep 1000", "run_in_background": true}),
+    )
+    .await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let mut text = String::new();
+    eventually("the job's pid", || {
+        text.push_str(&job_text(&rt, &o, &id));
+        text.contains('\n')
+    })
+    .await;
+    let pid: i32 = text.trim().parse().unwrap();
+    conch_conformance::within("owner disposal", o.dispose()).await;
+    assert!(conch_conformance::pid_gone(pid), "the job's process is gone once disposal returns");
+    rt.shutdown().await;
+}
+
+fn job_text(rt: &conch_registry::Runtime, o: &conch_seams::Owner, id: &str) -> String {
+    let jobs = rt.seams().jobs.clone().unwrap();
+    jobs.read_output(o, id).map(|(_, r)| r.text).unwrap_or_default()
+}
