@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use async_trait::async_trait;
-use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin};
+use conch_registry::{
+    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+};
 use conch_seams::{
-    Error, ErrorCode, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
-    TerminalSpawnSpec,
+    Error, ErrorCode, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities,
+    TerminalProcess, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -53,12 +55,18 @@ impl LocalSubprocess {
 /// Resolves `program` on `path_var` the way execvp would.
 pub fn resolve_on_path(program: &str, path_var: Option<&str>) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let is_exec = |p: &Path| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let is_exec = |p: &Path| {
+        p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    };
     if program.contains('/') {
         let p = PathBuf::from(program);
         return is_exec(&p).then_some(p);
     }
-    path_var?.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(program)).find(|p| is_exec(p))
+    path_var?
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(program))
+        .find(|p| is_exec(p))
 }
 
 #[async_trait]
