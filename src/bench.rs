@@ -71,3 +71,119 @@ pub(crate) async fn run(runtime: &Runtime, iterations: usize) -> anyhow::Result<
     writeln!(s, "overhead (median): {:.3} ms", ms(t.median) - ms(r.median))?;
     Ok(s)
 }
+
+async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<Stats>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f().await?;
+        v.push(t.elapsed());
+    }
+    Ok(stats(v))
+}
+
+fn row(s: &mut String, name: &str, st: &Stats) -> std::fmt::Result {
+    writeln!(s, "{:<34} {:>10.3} {:>10.3} {:>10.3}", name, ms(st.min), ms(st.median), ms(st.p95))
+}
+
+/// The terminal benchmark: raw PTY roundtrip, terminal_send roundtrip, persistent bash call,
+/// and time-to-stdin_read for `read -p`.
+///
+/// # Errors
+/// When a runtime cannot be built or a measured call fails.
+pub(crate) async fn run_terminal(iterations: usize) -> anyhow::Result<String> {
+    use conch_seams::TerminalSpawnSpec;
+    let terminal = conch::build_runtime("terminal").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let minimal = conch::build_runtime("minimal").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let owner = Owner::new("bench", Arc::new(CollectingSink::default()) as Arc<dyn NoticeSink>);
+
+    // Raw PTY: `cat` on a PTY through the subprocess seam; write a line, wait for it back.
+    let sub =
+        terminal.seams().subprocess.clone().ok_or_else(|| anyhow::anyhow!("no subprocess seam"))?;
+    let cat = sub
+        .spawn_terminal(TerminalSpawnSpec::new(vec!["cat".into()], std::env::temp_dir()))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let raw = timed(iterations, || {
+        let cat = Arc::clone(&cat);
+        async move {
+            cat.write(b"x\r").await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut seen = Vec::new();
+            // The tty echoes the line and cat prints it again: two x's mean the roundtrip is done.
+            while seen.iter().filter(|b| **b == b'x').count() < 2 {
+                match cat.read_chunk().await {
+                    Some(c) => seen.extend(c),
+                    None => anyhow::bail!("cat exited"),
+                }
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let _ = cat.signal_group(cat.pid().unwrap_or(0) as i32, 9);
+    cat.wait().await;
+
+    let open = terminal
+        .call(&owner, "terminal_open", serde_json::json!({}))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let id = open
+        .structured
+        .as_ref()
+        .and_then(|s| s["session_id"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let send = |text: &'static str| {
+        let (terminal, owner, id) = (&terminal, &owner, id.clone());
+        async move {
+            let r = terminal
+                .call(owner, "terminal_send", serde_json::json!({"session_id": id, "text": text}))
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let reason = r
+                .structured
+                .as_ref()
+                .and_then(|s| s["wait_reason"].as_str())
+                .unwrap_or("")
+                .to_string();
+            anyhow::ensure!(reason == "stdin_read", "unexpected wait_reason {reason}");
+            Ok(())
+        }
+    };
+    let term = timed(iterations, || send("echo x")).await?;
+    let mut read_p = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        send("read -p 'value? ' v").await?;
+        read_p.push(t.elapsed());
+        send("y").await?;
+    }
+    let read_p = stats(read_p);
+    let persistent = timed(iterations, || {
+        let (minimal, owner) = (&minimal, &owner);
+        async move {
+            let out = minimal
+                .call(owner, "bash", serde_json::json!({"command": "echo x"}))
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            anyhow::ensure!(out.text == "x\n", "unexpected output {:?}", out.text);
+            Ok(())
+        }
+    })
+    .await?;
+    owner.dispose().await;
+    terminal.shutdown().await;
+    minimal.shutdown().await;
+    let mut s = String::new();
+    writeln!(s, "iterations: {iterations}")?;
+    writeln!(s, "{:<34} {:>10} {:>10} {:>10}", "measurement", "min ms", "median ms", "p95 ms")?;
+    row(&mut s, "raw PTY echo x roundtrip (cat)", &raw)?;
+    row(&mut s, "terminal_send `echo x`", &term)?;
+    row(&mut s, "persistent bash `echo x`", &persistent)?;
+    row(&mut s, "time to stdin_read (`read -p`)", &read_p)?;
+    Ok(s)
+}

@@ -9,6 +9,8 @@ use conch_registry::{RegistryError, Runtime};
 use conch_jobs as _;
 use conch_provider_bash as _;
 use conch_provider_local as _;
+use conch_provider_terminal_bash as _;
+use conch_terminals as _;
 use conch_tools as _;
 
 pub use conch_config::{DEFAULT_COMPOSITION, EMBEDDED};
@@ -20,6 +22,8 @@ pub fn link_all() {
     conch_provider_bash::register();
     conch_tools::register();
     conch_jobs::register();
+    conch_provider_terminal_bash::register();
+    conch_terminals::register();
 }
 
 /// Loads a composition by embedded name or path and builds it with the process's CONCH_HOME.

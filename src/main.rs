@@ -46,8 +46,12 @@ enum Command {
     },
     /// List registered plugins.
     Plugins,
-    /// Benchmark one-shot bash tool latency against raw `bash -c true` spawn latency.
+    /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`) or `terminal` (raw PTY vs
+    /// terminal_send vs persistent bash, and time to stdin_read).
     Bench {
+        /// Which benchmark.
+        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal"])]
+        suite: String,
         /// Iterations per measurement.
         #[arg(long, default_value_t = 50)]
         iterations: usize,
@@ -114,11 +118,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { iterations } => {
-            let runtime =
-                conch::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let report = bench::run(&runtime, iterations.max(1)).await;
-            runtime.shutdown().await;
+        Command::Bench { suite, iterations } => {
+            let report = if suite == "terminal" {
+                bench::run_terminal(iterations.max(1)).await
+            } else {
+                let runtime =
+                    conch::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+                let report = bench::run(&runtime, iterations.max(1)).await;
+                runtime.shutdown().await;
+                report
+            };
             print!("{}", report?);
             Ok(ExitCode::SUCCESS)
         }

@@ -12,8 +12,11 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 /// Compositions built into the binary, by name.
-pub const EMBEDDED: &[(&str, &str)] =
-    &[("standard", include_str!("../../compositions/standard.yaml"))];
+pub const EMBEDDED: &[(&str, &str)] = &[
+    ("standard", include_str!("../../compositions/standard.yaml")),
+    ("terminal", include_str!("../../compositions/terminal.yaml")),
+    ("minimal", include_str!("../../compositions/minimal.yaml")),
+];
 
 /// The composition used when none is named.
 pub const DEFAULT_COMPOSITION: &str = "standard";

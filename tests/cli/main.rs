@@ -16,8 +16,16 @@ fn text(o: &Output) -> String {
 }
 
 fn run_batch(lines: &[&str]) -> Vec<serde_json::Value> {
-    let mut child =
-        conch().arg("batch").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    run_batch_in("standard", lines)
+}
+
+fn run_batch_in(composition: &str, lines: &[&str]) -> Vec<serde_json::Value> {
+    let mut child = conch()
+        .args(["--composition", composition, "batch"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     {
         let mut stdin = child.stdin.take().unwrap();
         for l in lines {
@@ -127,4 +135,62 @@ fn ambient_credentials_and_managed_names_never_reach_commands() {
     assert!(env.contains("CONCH_SESSION_ID=cli"), "the managed snapshot is injected");
     assert!(env.contains("CONCH_HOME=/tmp/conch-cli-home"));
     assert!(env.contains("TERM=dumb"));
+}
+
+#[test]
+fn terminal_batch_reaches_stdin_read_keeps_state_and_interrupts() {
+    let results = run_batch_in(
+        "terminal",
+        &[
+            r#"{"tool":"terminal_open","args":{"name":"main"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"cd /tmp; export CLI_V=kept"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"python3 -c 'input(\"name? \")'"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"conch"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"read -p 'go? ' x"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"y"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"echo $CLI_V $(pwd)"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"sleep 1000","run_in_background":true}}"#,
+            r#"{"tool":"job_kill","args":{"job_id":"pty-send-1"}}"#,
+            r#"{"tool":"job_output","args":{"job_id":"pty-send-1","wait":true,"timeout_ms":30000}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"echo alive"}}"#,
+            r#"{"tool":"terminal_list","args":{}}"#,
+            r#"{"tool":"terminal_close","args":{"session_id":"pty-1"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"echo gone"}}"#,
+        ],
+    );
+    assert_eq!(results.len(), 14, "{results:#?}");
+    assert_eq!(results[0]["structured"]["session_id"], "pty-1", "{:?}", results[0]);
+    assert_eq!(results[0]["structured"]["name"], "main");
+    for i in [1, 2, 3, 4, 5, 6, 10] {
+        assert_eq!(
+            results[i]["structured"]["wait_reason"], "stdin_read",
+            "call {i}: {:?}",
+            results[i]
+        );
+    }
+    assert!(results[2]["structured"]["output"].as_str().unwrap().contains("name? "));
+    assert!(results[6]["structured"]["output"].as_str().unwrap().contains("kept /tmp"));
+    assert_eq!(results[7]["structured"]["job_id"], "pty-send-1");
+    assert_eq!(results[9]["structured"]["status"], "killed", "{:?}", results[9]);
+    assert!(results[10]["structured"]["output"].as_str().unwrap().contains("alive"));
+    assert!(
+        results[11]["text"].as_str().unwrap_or_default().contains("pty-1")
+            || results[11]["structured"].to_string().contains("pty-1"),
+        "{:?}",
+        results[11]
+    );
+    assert_eq!(results[12]["ok"], true, "{:?}", results[12]);
+    assert_eq!(results[13]["error"]["code"], "not_found", "{:?}", results[13]);
+}
+
+#[test]
+fn minimal_composition_is_a_persistent_bash() {
+    let results = run_batch_in(
+        "minimal",
+        &[
+            r#"{"tool":"bash","args":{"command":"cd /tmp && export PV=1"}}"#,
+            r#"{"tool":"bash","args":{"command":"echo $PV; pwd"}}"#,
+        ],
+    );
+    assert_eq!(results[1]["text"], "1\n/tmp\n", "{results:?}");
 }

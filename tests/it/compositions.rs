@@ -25,9 +25,13 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "bash-local",
             "jobs",
             "subprocess-local",
+            "terminal-bash",
+            "terminals",
             "test-second-subprocess",
             "tool-bash",
-            "tool-jobs"
+            "tool-bash-persistent",
+            "tool-jobs",
+            "tool-terminal"
         ]
     );
 }

@@ -48,3 +48,22 @@ mod bash_local_specific {
         assert_eq!(err.code(), conch_seams::ErrorCode::SpawnFailed);
     }
 }
+
+mod terminal_bash {
+    use std::sync::Arc;
+
+    use conch_provider_local::{LocalConfig, LocalSubprocess};
+    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+
+    fn make() -> Arc<TerminalBash> {
+        let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
+        let config = TerminalBashConfig {
+            idle_silence_ms: 1000,
+            dispose_grace_ms: 500,
+            ..TerminalBashConfig::default()
+        };
+        Arc::new(TerminalBash::new(config, sub).unwrap())
+    }
+
+    conch_conformance::terminal_suite!(make);
+}

@@ -5,6 +5,7 @@
 
 mod compositions;
 mod conformance;
+mod terminals;
 mod tools;
 
 use std::sync::Arc;

@@ -9,6 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 
+/// The error-context key under which a cancelled send carries its partial output.
+pub const SEND_OUTPUT_CONTEXT: &str = "output";
+
 /// Why a send returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitReason {
@@ -101,7 +104,8 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     /// Writes `text` (plus Enter when `submit`) and waits for readiness.
     ///
     /// # Errors
-    /// `io` when the PTY is gone.
+    /// `io` when the PTY is gone; `cancelled` when `cancel` fired (the foreground group got
+    /// SIGINT), with the output produced so far as the [`SEND_OUTPUT_CONTEXT`] context entry.
     async fn send(&self, text: &str, submit: bool, cancel: CancellationToken)
     -> Result<SendSettle>;
     /// Reads a page of scrollback, `offset` lines back from the newest.

@@ -4,10 +4,14 @@
 mod args;
 mod bash;
 mod jobs;
+mod persistent;
+mod terminal;
 
 pub use args::{parse_args, schema_of};
 pub use bash::{BashTool, BashToolConfig, render_run};
 pub use jobs::{JobKillTool, JobListTool, JobOutputTool};
+pub use persistent::{PersistentBashConfig, PersistentBashTool};
+pub use terminal::TerminalToolsConfig;
 
 /// Link hook for binaries (forces this crate's plugin registrations to be kept).
 pub fn register() {}

@@ -1,9 +1,12 @@
 //! `subprocess-local`: the local execution world. Spawns argv with tokio::process in its own
 //! process group, collects streams with the shared retention rules, and kills trees
-//! (TERM → grace → KILL) with a /proc group-liveness proof.
+//! (TERM → grace → KILL) with a /proc group-liveness proof. Terminals run on portable-pty
+//! PTYs with an exact Linux stdin-wait probe for readiness.
 
 mod kill;
+pub mod probe;
 mod process;
+mod pty;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -13,13 +16,14 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    Error, ErrorCode, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities,
-    TerminalProcess, TerminalSpawnSpec,
+    Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
+    TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
 pub use kill::{group_alive, kill_tree};
 pub use process::LocalProcess;
+pub use pty::LocalTerminal;
 
 /// Plugin name.
 pub const NAME: &str = "subprocess-local";
@@ -37,12 +41,19 @@ pub struct LocalConfig {
 pub struct LocalSubprocess {
     config: LocalConfig,
     live: Mutex<Vec<Weak<process::Inner>>>,
+    terminals: Mutex<Vec<Weak<pty::TermInner>>>,
 }
 
 impl LocalSubprocess {
     /// A provider with the given config.
     pub fn new(config: LocalConfig) -> Self {
-        Self { config, live: Mutex::new(Vec::new()) }
+        Self { config, live: Mutex::new(Vec::new()), terminals: Mutex::new(Vec::new()) }
+    }
+
+    fn track_terminal(&self, inner: &Arc<pty::TermInner>) {
+        let mut live = self.terminals.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(inner));
     }
 
     fn track(&self, inner: &Arc<process::Inner>) {
@@ -78,6 +89,7 @@ impl Subprocess for LocalSubprocess {
     fn capabilities(&self) -> SubprocessCapabilities {
         let mut c = SubprocessCapabilities::default();
         c.group_liveness = true;
+        c.terminals = true;
         c
     }
 
@@ -92,10 +104,10 @@ impl Subprocess for LocalSubprocess {
         Ok(Arc::new(p))
     }
 
-    async fn spawn_terminal(&self, _spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
-        Err(Error::new(ErrorCode::Unsupported, "subprocess-local does not spawn terminals yet")
-            .with_provider(NAME)
-            .with_operation("spawn_terminal"))
+    async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
+        let t = pty::spawn(spec)?;
+        self.track_terminal(&t.inner);
+        Ok(Arc::new(t))
     }
 
     async fn shutdown(&self) {
@@ -108,10 +120,21 @@ impl Subprocess for LocalSubprocess {
         for inner in &live {
             inner.request_kill();
         }
-        for inner in live {
-            inner.wait_settled().await;
-            inner.wait_group_gone().await;
-        }
+        // Terminals are tracked while their reaper runs, so even dropped handles are found.
+        let terminals: Vec<Arc<pty::TermInner>> = {
+            let mut t = self.terminals.lock().unwrap_or_else(|e| e.into_inner());
+            let v = t.iter().filter_map(Weak::upgrade).collect();
+            t.clear();
+            v
+        };
+        let hangups = futures::future::join_all(terminals.iter().map(|t| t.shutdown()));
+        let processes = async {
+            for inner in live {
+                inner.wait_settled().await;
+                inner.wait_group_gone().await;
+            }
+        };
+        futures::join!(hangups, processes);
     }
 }
 

@@ -114,7 +114,7 @@ fn pump(
     })
 }
 
-fn to_exit(status: std::process::ExitStatus) -> ExitStatus {
+pub(crate) fn to_exit(status: std::process::ExitStatus) -> ExitStatus {
     ExitStatus { code: status.code(), signal: status.signal().map(signal_name) }
 }
 

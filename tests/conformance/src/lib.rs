@@ -9,6 +9,7 @@
 
 pub mod shell;
 pub mod subprocess;
+pub mod terminal;
 
 use std::future::Future;
 use std::time::Duration;
@@ -100,6 +101,38 @@ macro_rules! shell_suite {
             async fn $case() {
                 let provider = ($make)();
                 $crate::shell::$case(provider.as_ref()).await;
+            }
+        )*
+    };
+}
+
+/// Instantiates the terminal backend suite: `terminal_suite!(|| Arc<dyn TerminalBackend>)`.
+/// The factory's backend should use an idle window of at most a few seconds.
+#[macro_export]
+macro_rules! terminal_suite {
+    ($make:expr) => {
+        $crate::terminal_suite!(@cases $make;
+            echo_returns_at_the_prompt_as_stdin_read,
+            prompt_marker_never_reaches_output,
+            state_persists_across_sends,
+            open_honours_cwd_and_rejects_a_missing_one,
+            a_program_reading_stdin_is_stdin_read,
+            a_silent_program_is_inferred_idle_not_stdin_read,
+            a_cancelled_send_interrupts_the_foreground,
+            exit_is_session_exit_with_the_code,
+            sigkill_at_the_shell_is_rejected,
+            close_leaves_no_descendant_even_one_ignoring_term,
+            scrollback_pages_backward,
+            utf8_output_arrives_intact,
+            a_cancelled_open_is_rolled_back
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let backend = ($make)();
+                $crate::terminal::$case(backend.as_ref()).await;
             }
         )*
     };

@@ -1,0 +1,507 @@
+//! The six terminal tools over the `Terminals` service, and background sends as `pty-send` jobs.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use conch_output::truncate_utf8;
+use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
+use conch_seams::{
+    Error, ErrorCode, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
+    OpenRequest, Result, SendSettle, SessionStatus, TerminalInfo, Terminals, Tool, ToolContext,
+    ToolOutput,
+};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::{parse_args, schema_of};
+
+/// tool-terminal config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TerminalToolsConfig {
+    /// Offer `run_in_background` on terminal_send.
+    pub enable_run_in_background: bool,
+    /// Cap on every rendered result, in bytes (at least 64).
+    pub max_result_bytes: usize,
+}
+
+impl Default for TerminalToolsConfig {
+    fn default() -> Self {
+        Self { enable_run_in_background: true, max_result_bytes: 262_144 }
+    }
+}
+
+/// Caps `body` so that `body + suffix` fits in `max` bytes, on a code-point boundary.
+pub(crate) fn cap_result(body: &str, suffix: &str, max: usize) -> String {
+    if body.len() + suffix.len() <= max {
+        return format!("{body}{suffix}");
+    }
+    let note = "\n[result truncated]";
+    let room = max.saturating_sub(suffix.len() + note.len());
+    format!("{}{note}{suffix}", truncate_utf8(body, room))
+}
+
+fn status_json(s: &SessionStatus) -> serde_json::Value {
+    match s {
+        SessionStatus::Running => serde_json::json!({ "state": "running" }),
+        SessionStatus::Exited { code, signal } => {
+            serde_json::json!({ "state": "exited", "code": code, "signal": signal })
+        }
+    }
+}
+
+fn status_text(s: &SessionStatus) -> String {
+    match s {
+        SessionStatus::Running => "running".into(),
+        SessionStatus::Exited { code: Some(c), .. } => format!("exited with code {c}"),
+        SessionStatus::Exited { signal: Some(sig), .. } => format!("exited by signal {sig}"),
+        SessionStatus::Exited { .. } => "exited".into(),
+    }
+}
+
+fn info_json(i: &TerminalInfo) -> serde_json::Value {
+    serde_json::json!({
+        "session_id": i.id,
+        "name": i.name,
+        "type": i.type_name,
+        "status": status_json(&i.status),
+    })
+}
+
+/// Renders a settled send.
+fn render_send(id: &str, s: &SendSettle, max: usize) -> ToolOutput {
+    let suffix = format!(
+        "\n[wait_reason: {}; session: {}]",
+        s.wait_reason.as_str(),
+        status_text(&s.session_status)
+    );
+    let text = cap_result(&s.delta, &suffix, max);
+    let output_len = text.len() - suffix.len();
+    ToolOutput {
+        structured: Some(serde_json::json!({
+            "session_id": id,
+            "output": &text[..output_len],
+            "wait_reason": s.wait_reason.as_str(),
+            "session_status": status_json(&s.session_status),
+        })),
+        text,
+    }
+}
+
+fn capped_json(value: serde_json::Value, max: usize) -> ToolOutput {
+    let text = value.to_string();
+    if text.len() <= max {
+        return ToolOutput { text, structured: Some(value) };
+    }
+    ToolOutput::text(cap_result(&text, "", max))
+}
+
+/// Shared state of the six tools.
+#[derive(Debug)]
+struct Ctx {
+    terminals: Arc<dyn Terminals>,
+    jobs: Option<Arc<dyn Jobs>>,
+    config: TerminalToolsConfig,
+}
+
+macro_rules! tool {
+    ($ty:ident, $name:literal, $args:ty, $desc:literal) => {
+        #[derive(Debug)]
+        struct $ty(Arc<Ctx>);
+
+        #[async_trait]
+        impl Tool for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn description(&self) -> &'static str {
+                $desc
+            }
+
+            fn input_schema(&self) -> serde_json::Value {
+                schema_of::<$args>()
+            }
+
+            async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
+                let args: $args = parse_args($name, args)?;
+                self.run(ctx, args).await
+            }
+        }
+    };
+}
+
+/// Arguments of `terminal_open`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct OpenArgs {
+    /// Backend type (default `bash`).
+    #[serde(default, rename = "type")]
+    type_name: Option<String>,
+    /// Optional name, unique among your sessions.
+    #[serde(default)]
+    name: Option<String>,
+    /// Working directory.
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+tool!(
+    OpenTool,
+    "terminal_open",
+    OpenArgs,
+    "Open a persistent terminal session (bash on a PTY). State (cwd, variables, running \
+     programs) persists across terminal_send calls. Prefer the one-shot bash tool when no \
+     interaction is needed. Close the session with terminal_close when done."
+);
+
+impl OpenTool {
+    async fn run(&self, ctx: &ToolContext, a: OpenArgs) -> Result<ToolOutput> {
+        let mut req = OpenRequest::default();
+        req.type_name = a.type_name;
+        req.name = a.name;
+        req.cwd = a.cwd.map(PathBuf::from);
+        let info = self.0.terminals.open(&ctx.owner, req, ctx.cancel.clone()).await?;
+        let v = serde_json::json!({
+            "session_id": info.id, "name": info.name, "type": info.type_name, "motd": info.motd,
+        });
+        Ok(capped_json(v, self.0.config.max_result_bytes))
+    }
+}
+
+/// Arguments of `terminal_send`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SendArgs {
+    /// The session id from terminal_open.
+    session_id: String,
+    /// Text to type (UTF-8).
+    text: String,
+    /// Press Enter after the text (default true).
+    #[serde(default)]
+    submit: Option<bool>,
+    /// Return at once with a job id; read the result with job_output.
+    #[serde(default)]
+    run_in_background: Option<bool>,
+}
+
+tool!(
+    SendTool,
+    "terminal_send",
+    SendArgs,
+    "Type text into a terminal session (Enter is pressed unless submit is false) and wait \
+     until it is reasonable to look again. wait_reason says why it returned: stdin_read (a \
+     prompt or a program is waiting for input), inferred_idle (output went quiet; the \
+     program may still be running), timeout, or session_exit. It never means the command \
+     finished unless the prompt returned."
+);
+
+struct SendOutput {
+    result: Mutex<Option<(String, bool)>>,
+}
+
+impl JobOutput for SendOutput {
+    fn read(&self) -> JobRead {
+        let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_mut() {
+            Some((text, consumed)) if !*consumed => {
+                *consumed = true;
+                JobRead { text: text.clone(), lossy: false, spill_path: None }
+            }
+            _ => JobRead::default(),
+        }
+    }
+
+    fn snapshot(&self) -> JobRead {
+        let g = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        JobRead {
+            text: g.as_ref().map(|(t, _)| t.clone()).unwrap_or_default(),
+            lossy: false,
+            spill_path: None,
+        }
+    }
+}
+
+impl SendTool {
+    async fn run(&self, ctx: &ToolContext, a: SendArgs) -> Result<ToolOutput> {
+        let submit = a.submit.unwrap_or(true);
+        let max = self.0.config.max_result_bytes;
+        if !a.run_in_background.unwrap_or(false) {
+            let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
+            let settle = slot.send(a.text, submit, ctx.cancel.clone()).await?;
+            return Ok(render_send(&a.session_id, &settle, max));
+        }
+        if !self.0.config.enable_run_in_background {
+            return Err(Error::invalid("run_in_background is disabled in this composition"));
+        }
+        let Some(jobs) = &self.0.jobs else {
+            return Err(Error::new(
+                ErrorCode::Unsupported,
+                "run_in_background needs the jobs plugin",
+            ));
+        };
+        // The exclusive send slot is taken before the job id exists, so no other send can
+        // slip in between publication and the write.
+        let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
+        let mut start = JobStart::new("pty-send", format!("{}: {}", a.session_id, a.text));
+        start.output_cap = max;
+        let id = a.session_id.clone();
+        let text = a.text;
+        let info = jobs
+            .start(
+                &ctx.owner,
+                start,
+                Box::new(move || {
+                    Box::pin(async move {
+                        let cancel = CancellationToken::new();
+                        let output = Arc::new(SendOutput { result: Mutex::new(None) });
+                        let out2 = Arc::clone(&output);
+                        let c2 = cancel.clone();
+                        let task = tokio::spawn(async move {
+                            let r = slot.send(text, submit, c2).await;
+                            let (rendered, settlement) = match r {
+                                Ok(s) => (
+                                    render_send(&id, &s, max).text,
+                                    JobSettlement {
+                                        status: JobStatus::Completed,
+                                        detail: Some(format!(
+                                            "wait_reason: {}",
+                                            s.wait_reason.as_str()
+                                        )),
+                                    },
+                                ),
+                                Err(e) if e.code() == ErrorCode::Cancelled => (
+                                    e.to_string(),
+                                    JobSettlement {
+                                        status: JobStatus::Killed,
+                                        detail: Some("SIGINT delivered".into()),
+                                    },
+                                ),
+                                Err(e) => (
+                                    e.to_string(),
+                                    JobSettlement {
+                                        status: JobStatus::Failed,
+                                        detail: Some(e.code().to_string()),
+                                    },
+                                ),
+                            };
+                            *out2.result.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some((rendered, false));
+                            settlement
+                        });
+                        Ok(JobHooks {
+                            cancel: Box::new(move || {
+                                cancel.cancel();
+                                Ok(())
+                            }),
+                            done: Box::pin(async move {
+                                task.await.unwrap_or(JobSettlement {
+                                    status: JobStatus::Failed,
+                                    detail: Some("send task panicked".into()),
+                                })
+                            }),
+                            output: Some(output),
+                        })
+                    })
+                }),
+            )
+            .await?;
+        Ok(ToolOutput::structured(
+            serde_json::json!({ "job_id": info.id, "session_id": a.session_id }),
+        ))
+    }
+}
+
+/// Arguments of `terminal_read`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    /// The session id.
+    session_id: String,
+    /// How many lines back from the newest the page ends (default 0).
+    #[serde(default)]
+    offset_lines: Option<usize>,
+    /// Lines per page (default 200).
+    #[serde(default)]
+    max_lines: Option<usize>,
+}
+
+tool!(
+    ReadTool,
+    "terminal_read",
+    ReadArgs,
+    "Read retained scrollback of a terminal session, paging backward from the newest line. \
+     truncated means older output was dropped from retention or the page was cut."
+);
+
+impl ReadTool {
+    async fn run(&self, ctx: &ToolContext, a: ReadArgs) -> Result<ToolOutput> {
+        let p = self.0.terminals.read(
+            &ctx.owner,
+            &a.session_id,
+            a.offset_lines.unwrap_or(0),
+            a.max_lines.unwrap_or(200),
+        )?;
+        let suffix = format!(
+            "\n[lines {}..{} of {}{}]",
+            p.line_begin,
+            p.line_end,
+            p.total_lines,
+            if p.truncated { "; truncated" } else { "" }
+        );
+        let text = cap_result(&p.text, &suffix, self.0.config.max_result_bytes);
+        let body = &text[..text.len() - suffix.len()];
+        Ok(ToolOutput {
+            structured: Some(serde_json::json!({
+                "text": body, "total_lines": p.total_lines, "line_begin": p.line_begin,
+                "line_end": p.line_end, "truncated": p.truncated || body.len() < p.text.len(),
+            })),
+            text,
+        })
+    }
+}
+
+/// Signals the model may send.
+#[derive(Debug, Deserialize, JsonSchema, Clone, Copy)]
+enum SignalName {
+    /// Interrupt.
+    #[serde(rename = "SIGINT")]
+    Int,
+    /// Terminate.
+    #[serde(rename = "SIGTERM")]
+    Term,
+    /// Kill (rejected when the shell itself is in the foreground).
+    #[serde(rename = "SIGKILL")]
+    Kill,
+    /// Stop (suspend).
+    #[serde(rename = "SIGTSTP")]
+    Tstp,
+    /// Hang up.
+    #[serde(rename = "SIGHUP")]
+    Hup,
+}
+
+/// Arguments of `terminal_signal`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SignalArgs {
+    /// The session id.
+    session_id: String,
+    /// The signal for the terminal's current foreground process group.
+    signal: SignalName,
+}
+
+tool!(
+    SignalTool,
+    "terminal_signal",
+    SignalArgs,
+    "Send a signal to the foreground process group of a terminal session (for example SIGINT \
+     to interrupt a running command). SIGKILL at the shell itself is rejected: use terminal_close."
+);
+
+impl SignalTool {
+    async fn run(&self, ctx: &ToolContext, a: SignalArgs) -> Result<ToolOutput> {
+        let (num, name) = match a.signal {
+            SignalName::Int => (2, "SIGINT"),
+            SignalName::Term => (15, "SIGTERM"),
+            SignalName::Kill => (9, "SIGKILL"),
+            SignalName::Tstp => (20, "SIGTSTP"),
+            SignalName::Hup => (1, "SIGHUP"),
+        };
+        let pgid = self.0.terminals.signal(&ctx.owner, &a.session_id, num)?;
+        Ok(capped_json(
+            serde_json::json!({ "delivered": true, "signal": name, "target_pgid": pgid }),
+            self.0.config.max_result_bytes,
+        ))
+    }
+}
+
+/// Arguments naming one session.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SessionArgs {
+    /// The session id.
+    session_id: String,
+}
+
+tool!(
+    CloseTool,
+    "terminal_close",
+    SessionArgs,
+    "Close a terminal session: stops every process it started and returns once they are gone."
+);
+
+impl CloseTool {
+    async fn run(&self, ctx: &ToolContext, a: SessionArgs) -> Result<ToolOutput> {
+        let r = self.0.terminals.close(&ctx.owner, &a.session_id).await?;
+        Ok(capped_json(
+            serde_json::json!({
+                "session_id": a.session_id, "closed": true,
+                "root_exit": status_json(&r.root_exit), "survivors": r.survivors,
+            }),
+            self.0.config.max_result_bytes,
+        ))
+    }
+}
+
+/// Arguments of `terminal_list` (none).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListArgs {}
+
+tool!(ListTool, "terminal_list", ListArgs, "List your open terminal sessions.");
+
+impl ListTool {
+    async fn run(&self, ctx: &ToolContext, _: ListArgs) -> Result<ToolOutput> {
+        let list: Vec<serde_json::Value> =
+            self.0.terminals.list(&ctx.owner).iter().map(info_json).collect();
+        Ok(capped_json(serde_json::json!({ "sessions": list }), self.0.config.max_result_bytes))
+    }
+}
+
+fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    let config: TerminalToolsConfig = ctx.config()?;
+    if config.max_result_bytes < 64 {
+        return Err(Error::new(
+            ErrorCode::InvalidComposition,
+            format!(
+                "{}: plugin `tool-terminal`: key `max_result_bytes`: must be at least 64",
+                ctx.source_name()
+            ),
+        ));
+    }
+    let shared = Arc::new(Ctx { terminals: ctx.terminals()?, jobs: ctx.jobs().ok(), config });
+    Ok(PluginOutput::tools(vec![
+        Arc::new(OpenTool(Arc::clone(&shared))),
+        Arc::new(SendTool(Arc::clone(&shared))),
+        Arc::new(ReadTool(Arc::clone(&shared))),
+        Arc::new(SignalTool(Arc::clone(&shared))),
+        Arc::new(ListTool(Arc::clone(&shared))),
+        Arc::new(CloseTool(shared)),
+    ]))
+}
+
+register_plugin!(PluginEntry {
+    name: "tool-terminal",
+    provides: None,
+    requires: &[SeamId::Terminals],
+    description: "terminal_open/send/read/signal/list/close over the terminals service",
+    build,
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_result_respects_the_byte_cap_on_char_boundaries() {
+        let body = "é".repeat(100);
+        let out = cap_result(&body, "\n[x]", 64);
+        assert!(out.len() <= 64, "{}", out.len());
+        assert!(out.ends_with("\n[x]"));
+        assert!(out.contains("[result truncated]"));
+        assert_eq!(cap_result("ok", "!", 64), "ok!");
+    }
+}

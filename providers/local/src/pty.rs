@@ -1,0 +1,408 @@
+//! One process on a local PTY: a reader thread, a reaper thread, group signals, shutdown.
+//!
+//! portable-pty's reader, writer and `wait` are all blocking, so each gets a dedicated
+//! thread or `spawn_blocking` and talks to async callers over tokio channels.
+
+use std::fmt;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conch_seams::{
+    Error, ErrorCode, ExitStatus, Result, TerminalProcess, TerminalSize, TerminalSpawnSpec,
+};
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
+use tokio::sync::{mpsc, watch};
+
+use crate::probe::{self, StdinMatch};
+use crate::{NAME, resolve_on_path};
+
+/// Operation name in spawn errors.
+const OP: &str = "spawn_terminal";
+/// Chunks buffered between the reader thread and `read_chunk`; past it the reader
+/// blocks, the PTY fills, and the child is back-pressured instead of memory growing.
+const CHUNK_QUEUE: usize = 64;
+/// Size of one blocking read from the master.
+const READ_BUF: usize = 64 * 1024;
+/// How long a hung-up terminal gets to exit by itself before it is killed.
+const HANGUP_GRACE: Duration = Duration::from_secs(1);
+/// How long shutdown keeps proving the session is gone after SIGKILL.
+const KILL_LIMIT: Duration = Duration::from_secs(5);
+/// Re-probe interval while waiting for a killed session to empty.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(10);
+
+type SharedWriter = Arc<Mutex<Option<Box<dyn Write + Send>>>>;
+
+/// Shared state of one terminal. The reaper thread holds a strong reference until the
+/// leader is reaped, so a live terminal stays reachable for `shutdown` even after every
+/// caller handle is dropped.
+pub(crate) struct TermInner {
+    pid: u32,
+    /// `MasterPty` is `Send` but not `Sync`.
+    master: Mutex<Box<dyn MasterPty + Send>>,
+    writer: SharedWriter,
+    output: tokio::sync::Mutex<mpsc::Receiver<Vec<u8>>>,
+    status: watch::Sender<Option<ExitStatus>>,
+    tty: Option<PathBuf>,
+}
+
+impl fmt::Debug for TermInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TermInner")
+            .field("pid", &self.pid)
+            .field("tty", &self.tty)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves the fd itself intact; keep using it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl TermInner {
+    /// The session id, which is also the leader's pgid (the child ran `setsid`).
+    fn sid(&self) -> i32 {
+        i32::try_from(self.pid).unwrap_or(i32::MAX)
+    }
+
+    fn foreground_pgid(&self) -> Option<i32> {
+        lock(&self.master).process_group_leader()
+    }
+
+    async fn wait_exit(&self, limit: Duration) -> Option<ExitStatus> {
+        let mut rx = self.status.subscribe();
+        let waited = tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(s)) => s.clone(),
+            _ => None,
+        }
+    }
+
+    async fn wait_status(&self) -> ExitStatus {
+        let mut rx = self.status.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(s) => s.clone().unwrap_or_default(),
+            Err(_) => ExitStatus::default(),
+        }
+    }
+
+    /// Hangs up the terminal's groups, gives them [`HANGUP_GRACE`], then SIGKILLs every
+    /// live member of the session until none is left and the leader is reaped (bounded by
+    /// [`KILL_LIMIT`]).
+    pub(crate) async fn shutdown(&self) {
+        let sid = self.sid();
+        // Only signal the leader's group by id while the leader is unreaped: its pid (and
+        // so the group id) cannot be recycled before the reaper thread collects it.
+        if self.status.borrow().is_none() {
+            let fg = self.foreground_pgid().filter(|g| *g != sid);
+            for group in std::iter::once(sid).chain(fg) {
+                let pg = Pid::from_raw(group);
+                let _ = killpg(pg, Signal::SIGHUP);
+                // Stopped members cannot act on HUP until continued.
+                let _ = killpg(pg, Signal::SIGCONT);
+            }
+            let _ = self.wait_exit(HANGUP_GRACE).await;
+        }
+        let deadline = tokio::time::Instant::now() + KILL_LIMIT;
+        loop {
+            // Jobs in other groups of the session, and HUP ignorers, end here. Members are
+            // re-scanned each round because a dying shell may still fork.
+            let members = probe::session_members(sid);
+            for pid in &members {
+                let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+            }
+            let reaped = self.status.borrow().is_some();
+            if (members.is_empty() && reaped) || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(SWEEP_INTERVAL).await;
+        }
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let _ = self.wait_exit(remaining).await;
+    }
+}
+
+/// A process on a local PTY.
+#[derive(Debug)]
+pub struct LocalTerminal {
+    pub(crate) inner: Arc<TermInner>,
+}
+
+fn spawn_failed(message: String) -> Error {
+    Error::new(ErrorCode::SpawnFailed, message).with_provider(NAME).with_operation(OP)
+}
+
+fn pty_error(what: &str, e: impl fmt::Display) -> Error {
+    Error::new(ErrorCode::Io, format!("{what}: {e:#}")).with_provider(NAME)
+}
+
+/// How the reaper collects the leader.
+enum Reap {
+    /// portable-pty's Unix child is a std child, whose status keeps the raw signal number.
+    Std(Box<std::process::Child>),
+    /// Any other child type: its status only carries a description of the signal.
+    Pty(Box<dyn portable_pty::Child>),
+}
+
+impl Reap {
+    fn wait(self) -> ExitStatus {
+        match self {
+            Reap::Std(mut c) => c.wait().map(crate::process::to_exit).unwrap_or_default(),
+            Reap::Pty(mut c) => match c.wait() {
+                Ok(s) => match s.signal() {
+                    Some(sig) => ExitStatus { code: None, signal: Some(sig.to_owned()) },
+                    None => ExitStatus { code: i32::try_from(s.exit_code()).ok(), signal: None },
+                },
+                Err(_) => ExitStatus::default(),
+            },
+        }
+    }
+
+    fn kill_now(&mut self) {
+        // Used only when setup fails after the child exists: no zombie, no orphan.
+        let pid = match self {
+            Reap::Std(c) => Some(c.id()),
+            Reap::Pty(c) => c.process_id(),
+        };
+        if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Checks argv[0] the way the PTY crate will resolve it, so a miss is a `SpawnFailed`
+/// naming the program rather than an opaque crate error.
+fn check_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Result<()> {
+    let found = if program.contains('/') {
+        // portable-pty resolves relative paths against the child's cwd, not ours.
+        let full = cwd.join(program);
+        full.to_str().and_then(|p| resolve_on_path(p, None))
+    } else {
+        resolve_on_path(program, path_var)
+    };
+    match found {
+        Some(_) => Ok(()),
+        None => Err(spawn_failed(format!("command not found: `{program}`"))),
+    }
+}
+
+fn pump(mut reader: Box<dyn Read + Send>, tx: mpsc::Sender<Vec<u8>>) {
+    let mut buf = vec![0u8; READ_BUF];
+    loop {
+        match reader.read(&mut buf) {
+            // portable-pty maps the master's EIO (every slave fd closed) to Ok(0).
+            Ok(0) => break,
+            Ok(n) => {
+                if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                    // Nobody can read any more; stop holding the master open.
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // EIO also means the last slave fd closed: EOF.
+            Err(_) => break,
+        }
+    }
+}
+
+/// Spawns `spec` on a new PTY.
+pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
+    let Some(program) = spec.argv.first() else {
+        return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation(OP));
+    };
+    // portable-pty silently replaces a missing cwd with $HOME, so validate it here.
+    if !spec.cwd.is_dir() {
+        return Err(spawn_failed(format!(
+            "working directory `{}` does not exist",
+            spec.cwd.display()
+        )));
+    }
+    let env = conch_env::child_env(&spec.env);
+    check_program(program, &spec.cwd, env.get("PATH").map(String::as_str))?;
+
+    let mut cmd = CommandBuilder::new(program);
+    cmd.args(&spec.argv[1..]);
+    // The builder snapshots our environment; the child gets exactly the scrubbed map.
+    cmd.env_clear();
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    cmd.cwd(&spec.cwd);
+
+    let pair = native_pty_system()
+        .openpty(PtySize {
+            rows: spec.size.rows,
+            cols: spec.size.cols,
+            pixel_width: 0,
+            pixel_height: 0,
+        })
+        .map_err(|e| spawn_failed(format!("cannot open a pty: {e:#}")))?;
+    // Everything fallible on the master happens before the child exists.
+    let reader = pair
+        .master
+        .try_clone_reader()
+        .map_err(|e| spawn_failed(format!("cannot clone the pty reader: {e:#}")))?;
+    let writer = pair
+        .master
+        .take_writer()
+        .map_err(|e| spawn_failed(format!("cannot take the pty writer: {e:#}")))?;
+    let tty = pair.master.tty_name();
+
+    let spawned = pair.slave.spawn_command(cmd);
+    // The parent's slave fd would keep the master from ever seeing EOF.
+    drop(pair.slave);
+    let child = spawned.map_err(|e| spawn_failed(format!("cannot execute `{program}`: {e:#}")))?;
+    let Some(pid) = child.process_id() else {
+        return Err(spawn_failed(format!("`{program}` started without a pid")));
+    };
+    // Downcasting needs the bare trait object (impl_downcast covers only `dyn Child`).
+    let bare: Box<dyn portable_pty::Child> = child;
+    let mut reap = match bare.downcast::<std::process::Child>() {
+        Ok(c) => Reap::Std(c),
+        Err(other) => Reap::Pty(other),
+    };
+
+    let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
+    let inner = Arc::new(TermInner {
+        pid,
+        master: Mutex::new(pair.master),
+        writer: Arc::new(Mutex::new(Some(writer))),
+        output: tokio::sync::Mutex::new(rx),
+        status: watch::Sender::new(None),
+        tty,
+    });
+
+    if let Err(e) =
+        std::thread::Builder::new().name("conch-pty-read".into()).spawn(move || pump(reader, tx))
+    {
+        reap.kill_now();
+        let _ = reap.wait();
+        return Err(spawn_failed(format!("cannot start the pty reader: {e}")));
+    }
+    let me = Arc::clone(&inner);
+    // A thread that fails to start drops its closure; keeping `reap` in a shared slot
+    // lets us still kill and reap the child inline instead of leaving a zombie.
+    let reaper = Arc::new(Mutex::new(Some(reap)));
+    let for_thread = Arc::clone(&reaper);
+    let started = std::thread::Builder::new().name("conch-pty-wait".into()).spawn(move || {
+        if let Some(r) = lock(&for_thread).take() {
+            let status = r.wait();
+            me.status.send_replace(Some(status));
+        }
+    });
+    if let Err(e) = started {
+        if let Some(mut r) = lock(&reaper).take() {
+            r.kill_now();
+            let status = r.wait();
+            inner.status.send_replace(Some(status));
+        }
+        return Err(spawn_failed(format!("cannot start the pty reaper: {e}")));
+    }
+    Ok(LocalTerminal { inner })
+}
+
+#[async_trait]
+impl TerminalProcess for LocalTerminal {
+    fn pid(&self) -> Option<u32> {
+        Some(self.inner.pid)
+    }
+
+    async fn read_chunk(&self) -> Option<Vec<u8>> {
+        self.inner.output.lock().await.recv().await
+    }
+
+    async fn write(&self, data: &[u8]) -> Result<()> {
+        let writer = Arc::clone(&self.inner.writer);
+        let data = data.to_vec();
+        // A child that is not reading fills the PTY and blocks the write; keep that off
+        // the async workers.
+        let done = tokio::task::spawn_blocking(move || {
+            let mut guard = lock(&writer);
+            let Some(w) = guard.as_mut() else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the terminal writer is closed",
+                ));
+            };
+            w.write_all(&data)?;
+            w.flush()
+        })
+        .await;
+        match done {
+            Ok(r) => r.map_err(|e| Error::io("write to the terminal", e).with_provider(NAME)),
+            Err(e) => Err(pty_error("write to the terminal", e)),
+        }
+    }
+
+    fn foreground_pgid(&self) -> Option<i32> {
+        self.inner.foreground_pgid()
+    }
+
+    fn stdin_wait_probe(&self) -> bool {
+        let Some(pgid) = self.foreground_pgid() else { return false };
+        match &self.inner.tty {
+            Some(tty) => probe::group_waits_on(pgid, StdinMatch::Tty(tty)),
+            None => probe::group_waits_on(pgid, StdinMatch::AnyPts),
+        }
+    }
+
+    fn signal_group(&self, pgid: i32, signal: i32) -> Result<()> {
+        // killpg(0) or a negative id would reach our own group or every process we may
+        // signal; neither is a terminal group.
+        if pgid <= 0 {
+            return Err(Error::invalid(format!("process group {pgid} is not valid"))
+                .with_provider(NAME)
+                .with_operation("signal_group"));
+        }
+        let sig = if signal == 0 {
+            None
+        } else {
+            Some(Signal::try_from(signal).map_err(|_| {
+                Error::invalid(format!("signal {signal} is not valid"))
+                    .with_provider(NAME)
+                    .with_operation("signal_group")
+            })?)
+        };
+        // Only groups of this terminal's session are addressable through it; anything
+        // else (including the daemon's own group) does not exist from here.
+        if !probe::group_in_session(pgid, self.inner.sid()) {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                format!("process group {pgid} is not in this terminal's session"),
+            )
+            .with_provider(NAME)
+            .with_operation("signal_group"));
+        }
+        killpg(Pid::from_raw(pgid), sig).map_err(|e| {
+            let code = match e {
+                Errno::ESRCH => ErrorCode::NotFound,
+                Errno::EPERM => ErrorCode::PermissionDenied,
+                _ => ErrorCode::Io,
+            };
+            Error::new(code, format!("signal process group {pgid}: {e}"))
+                .with_provider(NAME)
+                .with_operation("signal_group")
+        })
+    }
+
+    fn resize(&self, size: TerminalSize) -> Result<()> {
+        lock(&self.inner.master)
+            .resize(PtySize { rows: size.rows, cols: size.cols, pixel_width: 0, pixel_height: 0 })
+            .map_err(|e| pty_error("resize the terminal", e))
+    }
+
+    async fn wait(&self) -> ExitStatus {
+        self.inner.wait_status().await
+    }
+
+    fn try_status(&self) -> Option<ExitStatus> {
+        self.inner.status.borrow().clone()
+    }
+}

@@ -1,0 +1,209 @@
+//! PTY output parser: strips escape sequences, recognises the private prompt marker,
+//! normalises CR/LF, and never splits a UTF-8 code point across reads.
+
+/// One parsed piece of output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// Printable text (newlines normalised to `\n`).
+    Text(String),
+    /// The private prompt marker.
+    Marker,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Normal,
+    Esc,
+    Csi,
+    Osc,
+    OscEsc,
+    Charset,
+}
+
+/// Carry state across reads.
+#[derive(Debug)]
+pub(crate) struct Parser {
+    marker: Vec<u8>,
+    mode: Mode,
+    osc: Vec<u8>,
+    text: Vec<u8>,
+    pending_cr: bool,
+}
+
+/// Length of the longest prefix of `b` that does not end inside a UTF-8 sequence.
+fn complete_utf8_prefix(b: &[u8]) -> usize {
+    let n = b.len();
+    for back in 1..=3.min(n) {
+        let c = b[n - back];
+        if c & 0xC0 == 0x80 {
+            continue;
+        }
+        let need = match c {
+            0xF0..=0xFF => 4,
+            0xE0..=0xEF => 3,
+            0xC0..=0xDF => 2,
+            _ => 1,
+        };
+        return if need > back { n - back } else { n };
+    }
+    n
+}
+
+impl Parser {
+    /// A parser that recognises `OSC <marker_payload> BEL|ST` as the prompt marker.
+    pub(crate) fn new(marker_payload: &str) -> Self {
+        Self {
+            marker: marker_payload.as_bytes().to_vec(),
+            mode: Mode::Normal,
+            osc: Vec::new(),
+            text: Vec::new(),
+            pending_cr: false,
+        }
+    }
+
+    fn flush_text(&mut self, out: &mut Vec<Event>, all: bool) {
+        let cut = if all { self.text.len() } else { complete_utf8_prefix(&self.text) };
+        if cut == 0 {
+            return;
+        }
+        let rest = self.text.split_off(cut);
+        let s = String::from_utf8_lossy(&self.text).into_owned();
+        self.text = rest;
+        match out.last_mut() {
+            Some(Event::Text(t)) => t.push_str(&s),
+            _ => out.push(Event::Text(s)),
+        }
+    }
+
+    fn push_byte(&mut self, b: u8) {
+        if self.pending_cr && b != b'\r' {
+            self.pending_cr = false;
+            if b != b'\n' {
+                // A lone CR (redraw, progress) becomes a line break so nothing is lost.
+                self.text.push(b'\n');
+            }
+        }
+        match b {
+            b'\r' => self.pending_cr = true,
+            b'\n' | b'\t' => self.text.push(b),
+            0x00..=0x1F | 0x7F => {}
+            _ => self.text.push(b),
+        }
+    }
+
+    /// Parses one chunk.
+    pub(crate) fn feed(&mut self, data: &[u8]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for &b in data {
+            match self.mode {
+                Mode::Normal => {
+                    if b == 0x1B {
+                        self.mode = Mode::Esc;
+                    } else {
+                        self.push_byte(b);
+                    }
+                }
+                Mode::Esc => {
+                    self.mode = match b {
+                        b'[' => Mode::Csi,
+                        b']' => {
+                            self.osc.clear();
+                            Mode::Osc
+                        }
+                        b'(' | b')' | b'*' | b'+' => Mode::Charset,
+                        _ => Mode::Normal,
+                    }
+                }
+                Mode::Csi => {
+                    if (0x40..=0x7E).contains(&b) {
+                        self.mode = Mode::Normal;
+                    }
+                }
+                Mode::Charset => self.mode = Mode::Normal,
+                Mode::Osc | Mode::OscEsc => {
+                    let end = match (self.mode, b) {
+                        (_, 0x07) => true,
+                        (Mode::OscEsc, b'\\') => true,
+                        (_, 0x1B) => {
+                            self.mode = Mode::OscEsc;
+                            false
+                        }
+                        _ => {
+                            self.mode = Mode::Osc;
+                            if self.osc.len() < 256 {
+                                self.osc.push(b);
+                            }
+                            false
+                        }
+                    };
+                    if end {
+                        self.mode = Mode::Normal;
+                        if self.osc == self.marker {
+                            self.flush_text(&mut out, true);
+                            out.push(Event::Marker);
+                        }
+                    }
+                }
+            }
+        }
+        self.flush_text(&mut out, false);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(events: &[Event]) -> String {
+        events
+            .iter()
+            .filter_map(|e| if let Event::Text(t) = e { Some(t.as_str()) } else { None })
+            .collect()
+    }
+
+    #[test]
+    fn crlf_split_across_reads_gives_one_newline() {
+        let mut p = Parser::new("7770;n");
+        let mut all = p.feed(b"line one\r");
+        all.extend(p.feed(b"\nline two\r\r\n"));
+        assert_eq!(text(&all), "line one\nline two\n");
+    }
+
+    #[test]
+    fn utf8_is_never_split_across_reads() {
+        let mut p = Parser::new("7770;n");
+        let bytes = "é€😀".as_bytes();
+        let mut got = String::new();
+        for b in bytes {
+            got.push_str(&text(&p.feed(std::slice::from_ref(b))));
+        }
+        assert_eq!(got, "é€😀");
+        assert!(!got.contains('\u{FFFD}'));
+    }
+
+    #[test]
+    fn marker_is_recognised_split_and_stripped() {
+        let mut p = Parser::new("7770;abc");
+        let mut all = p.feed(b"out\r\n\x1b]77");
+        all.extend(p.feed(b"70;abc\x07# "));
+        assert_eq!(all, vec![Event::Text("out\n".into()), Event::Marker, Event::Text("# ".into())]);
+        let all = p.feed(b"\x1b]7770;abc\x1b\\$ ");
+        assert_eq!(all, vec![Event::Marker, Event::Text("$ ".into())]);
+    }
+
+    #[test]
+    fn foreign_osc_csi_and_controls_are_dropped() {
+        let mut p = Parser::new("7770;abc");
+        let all = p.feed(
+            b"\x1b]0;title\x07\x1b[?2004h\x1b[1;31mred\x1b[0m\x08\x07 ok\x1b(B\n\x1b]7770;zzz\x07",
+        );
+        assert_eq!(all, vec![Event::Text("red ok\n".into())]);
+    }
+
+    #[test]
+    fn lone_carriage_return_becomes_a_line_break() {
+        let mut p = Parser::new("x");
+        assert_eq!(text(&p.feed(b"10%\r20%\r\n")), "10%\n20%\n");
+    }
+}

@@ -1,0 +1,201 @@
+//! Terminal backend cases. The factory must build a backend whose idle window
+//! (`idle_silence_ms`) is at most a few seconds and whose send deadline is at least 20 s,
+//! so readiness tiers can be told apart without slowing the suite down.
+
+use std::sync::Arc;
+
+use conch_seams::{
+    ErrorCode, SendSettle, SessionStatus, TerminalBackend, TerminalOpenSpec, TerminalSession,
+    WaitReason,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{pid_gone, within};
+
+async fn open(p: &dyn TerminalBackend) -> Arc<dyn TerminalSession> {
+    within("terminal open", p.open(TerminalOpenSpec::default())).await.expect("open a session")
+}
+
+async fn send(s: &dyn TerminalSession, text: &str) -> SendSettle {
+    within(text, s.send(text, true, CancellationToken::new()))
+        .await
+        .unwrap_or_else(|e| panic!("send {text:?}: {e}"))
+}
+
+async fn close(s: &dyn TerminalSession) {
+    let report = within("terminal close", s.close()).await.expect("close");
+    assert!(report.survivors.is_empty(), "{report:?}");
+}
+
+/// Pulls the last `KEY=<number>` out of output (the echoed command line has `KEY=$!`).
+fn number_after(out: &str, key: &str) -> i32 {
+    out.rsplit(key)
+        .next()
+        .filter(|_| out.contains(key))
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no {key}<n> in {out:?}"))
+}
+
+pub async fn echo_returns_at_the_prompt_as_stdin_read(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    assert_eq!(s.status(), SessionStatus::Running);
+    let r = send(s.as_ref(), "echo conch-$((40+2))").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(r.delta.contains("conch-42"), "{r:?}");
+    assert_eq!(r.session_status, SessionStatus::Running);
+    close(s.as_ref()).await;
+}
+
+pub async fn prompt_marker_never_reaches_output(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    for cmd in ["true", "echo a; echo b", "PS1='custom> '", "echo after"] {
+        let r = send(s.as_ref(), cmd).await;
+        assert_eq!(r.wait_reason, WaitReason::StdinRead, "{cmd}: {r:?}");
+        assert!(!r.delta.contains('\u{1b}') && !r.delta.contains('\u{7}'), "{cmd}: {r:?}");
+    }
+    let page = s.read(0, 100);
+    assert!(!page.text.contains('\u{1b}'), "{page:?}");
+    close(s.as_ref()).await;
+}
+
+pub async fn state_persists_across_sends(p: &dyn TerminalBackend) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(p).await;
+    send(s.as_ref(), &format!("cd '{}'", dir.path().display())).await;
+    send(s.as_ref(), "export CONCH_CONFORMANCE_VAR=persisted").await;
+    let r = send(s.as_ref(), "pwd; echo $CONCH_CONFORMANCE_VAR").await;
+    let real = std::fs::canonicalize(dir.path()).unwrap();
+    assert!(r.delta.contains(&*real.to_string_lossy()), "{r:?}");
+    assert!(r.delta.contains("persisted"), "{r:?}");
+    close(s.as_ref()).await;
+}
+
+pub async fn open_honours_cwd_and_rejects_a_missing_one(p: &dyn TerminalBackend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = TerminalOpenSpec::default();
+    spec.cwd = Some(dir.path().to_path_buf());
+    let s = within("open in cwd", p.open(spec)).await.unwrap();
+    let r = send(s.as_ref(), "pwd").await;
+    let real = std::fs::canonicalize(dir.path()).unwrap();
+    assert!(r.delta.contains(&*real.to_string_lossy()), "{r:?}");
+    close(s.as_ref()).await;
+
+    let mut spec = TerminalOpenSpec::default();
+    spec.cwd = Some(dir.path().join("missing"));
+    let e = within("open in a missing cwd", p.open(spec)).await.unwrap_err();
+    assert!(
+        matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::SpawnFailed),
+        "a missing cwd is refused, never replaced by $HOME: {e}"
+    );
+}
+
+pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let r = send(s.as_ref(), "python3 -c 'print(\"ready\"); input()'").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    let r = send(s.as_ref(), "an answer").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "the prompt came back: {r:?}");
+    let r = send(s.as_ref(), "read -p 'name? ' n").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(r.delta.contains("name? "), "{r:?}");
+    send(s.as_ref(), "conch").await;
+    let r = send(s.as_ref(), "echo \"got $n\"").await;
+    assert!(r.delta.contains("got conch"), "{r:?}");
+    close(s.as_ref()).await;
+}
+
+pub async fn a_silent_program_is_inferred_idle_not_stdin_read(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let r = send(s.as_ref(), "sleep 1000").await;
+    assert_eq!(r.wait_reason, WaitReason::InferredIdle, "sleep never reads stdin: {r:?}");
+    let pgid = s.signal(2).expect("SIGINT the foreground group");
+    assert!(pgid > 0);
+    let r = send(s.as_ref(), "echo usable").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(r.delta.contains("usable"), "{r:?}");
+    close(s.as_ref()).await;
+}
+
+pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    // Whether the cancel lands before or after sleep starts, sleep must not keep running.
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        trigger.cancel();
+    });
+    let e = within("cancelled send", s.send("sleep 1000", true, cancel)).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
+    let r = send(s.as_ref(), "echo back").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(r.delta.contains("back"), "{r:?}");
+    close(s.as_ref()).await;
+}
+
+pub async fn exit_is_session_exit_with_the_code(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let r = send(s.as_ref(), "exit 7").await;
+    assert_eq!(r.wait_reason, WaitReason::SessionExit, "{r:?}");
+    assert_eq!(r.session_status, SessionStatus::Exited { code: Some(7), signal: None });
+    let report = within("close after exit", s.close()).await.unwrap();
+    assert_eq!(report.root_exit, SessionStatus::Exited { code: Some(7), signal: None });
+}
+
+pub async fn sigkill_at_the_shell_is_rejected(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let e = s.signal(9).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert_eq!(send(s.as_ref(), "echo alive").await.wait_reason, WaitReason::StdinRead);
+    close(s.as_ref()).await;
+}
+
+pub async fn close_leaves_no_descendant_even_one_ignoring_term(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let r = send(s.as_ref(), "sleep 1000 & echo BG=$!").await;
+    let bg = number_after(&r.delta, "BG=");
+    let r =
+        send(s.as_ref(), "bash -c 'trap \"\" TERM; sleep 1000 & wait' & echo STUBBORN=$!").await;
+    let stubborn = number_after(&r.delta, "STUBBORN=");
+    let r = send(s.as_ref(), "echo SHELL=$$").await;
+    let shell = number_after(&r.delta, "SHELL=");
+    close(s.as_ref()).await;
+    for pid in [bg, stubborn, shell] {
+        assert!(pid_gone(pid), "pid {pid} survived close");
+    }
+    assert!(matches!(s.status(), SessionStatus::Exited { .. }), "{:?}", s.status());
+}
+
+pub async fn scrollback_pages_backward(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    send(s.as_ref(), "for i in $(seq 1 60); do echo row$i; done").await;
+    let newest = s.read(0, 10);
+    assert_eq!(newest.line_end, newest.total_lines, "{newest:?}");
+    assert!(newest.total_lines >= 60, "{newest:?}");
+    assert_eq!(newest.line_end - newest.line_begin, 10, "{newest:?}");
+    let older = s.read(10, 10);
+    assert_eq!(older.line_end, newest.line_begin, "{older:?}");
+    assert!(older.text.contains("row5"), "{older:?}");
+    let all = s.read(0, 10_000);
+    assert!(all.text.contains("row1\n") && all.text.contains("row60"), "{all:?}");
+    close(s.as_ref()).await;
+}
+
+pub async fn utf8_output_arrives_intact(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let r = send(s.as_ref(), "printf 'h\\303\\251llo w\\303\\266rld \\342\\234\\223\\n'").await;
+    assert!(r.delta.contains("héllo wörld ✓\n"), "{r:?}");
+    assert!(!r.delta.contains('\r'), "CRLF became one newline: {r:?}");
+    close(s.as_ref()).await;
+}
+
+pub async fn a_cancelled_open_is_rolled_back(p: &dyn TerminalBackend) {
+    let mut spec = TerminalOpenSpec::default();
+    spec.cancel = CancellationToken::new();
+    spec.cancel.cancel();
+    let e = within("cancelled open", p.open(spec)).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
+}

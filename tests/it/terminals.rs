@@ -1,0 +1,311 @@
+//! Terminal sessions over real PTYs: readiness tiers, state, signals, teardown, jobs.
+
+use std::sync::Arc;
+
+use conch_registry::Runtime;
+use conch_seams::{ErrorCode, Owner, ToolOutput};
+use serde_json::{Value, json};
+
+use crate::{owner, runtime};
+
+fn terminal_runtime(idle_ms: u64) -> Runtime {
+    runtime(&format!(
+        "plugins:\n  subprocess-local: {{}}\n  terminal-bash: {{ idle_silence_ms: {idle_ms}, dispose_grace_ms: 500 }}\n  terminals: {{}}\n  jobs: {{}}\n  tool-terminal: {{}}\n  tool-jobs: {{}}\n"
+    ))
+}
+
+async fn call(rt: &Runtime, o: &Arc<Owner>, tool: &str, args: Value) -> ToolOutput {
+    rt.call(o, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
+}
+
+async fn open(rt: &Runtime, o: &Arc<Owner>) -> String {
+    let out = call(rt, o, "terminal_open", json!({})).await;
+    out.structured.unwrap()["session_id"].as_str().unwrap().to_string()
+}
+
+async fn send(rt: &Runtime, o: &Arc<Owner>, id: &str, text: &str) -> Value {
+    call(rt, o, "terminal_send", json!({"session_id": id, "text": text})).await.structured.unwrap()
+}
+
+fn pid_gone(pid: i32) -> bool {
+    conch_conformance::pid_gone(pid)
+}
+
+fn first_number(s: &str) -> i32 {
+    s.lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .next()
+        .unwrap_or_else(|| panic!("no pid in {s:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_returns_at_the_prompt_with_stdin_read() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    assert!(id.starts_with("pty-"), "{id}");
+    let r = send(&rt, &o, &id, "echo hello").await;
+    assert_eq!(r["wait_reason"], "stdin_read");
+    assert_eq!(r["session_status"]["state"], "running");
+    assert!(r["output"].as_str().unwrap().contains("hello\n"), "{r}");
+    assert!(!r["output"].as_str().unwrap().contains("7770"), "the prompt marker is stripped: {r}");
+    call(&rt, &o, "terminal_close", json!({"session_id": id})).await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_input_and_read_prompt_are_stdin_read_not_idle() {
+    // A long idle window: reaching stdin_read proves the exact probe (or prompt) fired first.
+    let rt = terminal_runtime(20_000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let r = send(&rt, &o, &id, "python3 -c 'input()'").await;
+    assert_eq!(r["wait_reason"], "stdin_read", "{r}");
+    let r = send(&rt, &o, &id, "").await;
+    assert_eq!(r["wait_reason"], "stdin_read", "python got its line and the prompt came back: {r}");
+    let r = send(&rt, &o, &id, "read -p 'name? ' n").await;
+    assert_eq!(r["wait_reason"], "stdin_read", "{r}");
+    assert!(r["output"].as_str().unwrap().contains("name? "), "{r}");
+    let r = send(&rt, &o, &id, "conch").await;
+    assert_eq!(r["wait_reason"], "stdin_read");
+    let r = send(&rt, &o, &id, "echo \"got $n\"").await;
+    assert!(r["output"].as_str().unwrap().contains("got conch"), "{r}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_command_is_inferred_idle_and_ctrl_c_recovers_the_shell() {
+    let rt = terminal_runtime(500);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let r = send(&rt, &o, &id, "sleep 1000").await;
+    assert_eq!(r["wait_reason"], "inferred_idle", "sleep is not reading stdin: {r}");
+    let s = call(&rt, &o, "terminal_signal", json!({"session_id": id, "signal": "SIGINT"})).await;
+    assert_eq!(s.structured.unwrap()["delivered"], true);
+    let r = send(&rt, &o, &id, "echo back").await;
+    assert_eq!(r["wait_reason"], "stdin_read", "{r}");
+    assert!(r["output"].as_str().unwrap().contains("back\n"), "{r}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cwd_and_exported_variables_persist_across_sends() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    send(&rt, &o, &id, "cd /tmp && export CONCH_T_VAR=kept").await;
+    let r = send(&rt, &o, &id, "echo \"$CONCH_T_VAR $(pwd)\"").await;
+    assert!(r["output"].as_str().unwrap().contains("kept /tmp\n"), "{r}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_gives_session_exit_and_sigkill_at_the_shell_is_rejected() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let e = rt
+        .call(&o, "terminal_signal", json!({"session_id": id, "signal": "SIGKILL"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("terminal_close"), "{e}");
+    let r = send(&rt, &o, &id, "exit 3").await;
+    assert_eq!(r["wait_reason"], "session_exit", "{r}");
+    assert_eq!(r["session_status"]["state"], "exited");
+    assert_eq!(r["session_status"]["code"], 3);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_fenced_by_exact_owner() {
+    let rt = terminal_runtime(3000);
+    let (a, _) = owner("same");
+    let (b, _) = owner("same");
+    let id = open(&rt, &a).await;
+    for (tool, args) in [
+        ("terminal_send", json!({"session_id": id, "text": "echo x"})),
+        ("terminal_read", json!({"session_id": id})),
+        ("terminal_signal", json!({"session_id": id, "signal": "SIGINT"})),
+        ("terminal_close", json!({"session_id": id})),
+    ] {
+        let e = rt.call(&b, tool, args).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::ForeignOwner, "{tool}: {e}");
+    }
+    let list = call(&rt, &b, "terminal_list", json!({})).await;
+    assert_eq!(list.structured.unwrap()["sessions"], json!([]));
+    let list = call(&rt, &a, "terminal_list", json!({})).await;
+    assert_eq!(list.structured.unwrap()["sessions"][0]["session_id"], id.as_str());
+    let e = rt
+        .call(&a, "terminal_send", json!({"session_id": "pty-999", "text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NotFound);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_open_close_cycles_leave_no_processes() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let mut pids = Vec::new();
+    for _ in 0..20 {
+        let id = open(&rt, &o).await;
+        let r = send(&rt, &o, &id, "echo $$; (trap '' TERM; exec sleep 1000) & echo $!").await;
+        let out = r["output"].as_str().unwrap().to_string();
+        let nums: Vec<i32> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        assert_eq!(nums.len(), 2, "shell pid and a TERM-ignoring child: {out:?}");
+        pids.extend(nums);
+        let c = call(&rt, &o, "terminal_close", json!({"session_id": id})).await;
+        assert_eq!(c.structured.unwrap()["survivors"], json!([]));
+    }
+    for pid in pids {
+        assert!(pid_gone(pid), "process {pid} survived terminal_close");
+    }
+    assert_eq!(
+        call(&rt, &o, "terminal_list", json!({})).await.structured.unwrap()["sessions"],
+        json!([])
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_send_is_a_pty_send_job() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let out = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "sleep 0.3; echo done", "run_in_background": true}),
+    )
+    .await;
+    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    assert!(job.starts_with("pty-send-"), "{job}");
+    let e = rt
+        .call(&o, "terminal_send", json!({"session_id": id, "text": "echo no"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::AlreadyExists, "one active send per session: {e}");
+    let r = call(&rt, &o, "job_output", json!({"job_id": job, "wait": true, "timeout_ms": 30000}))
+        .await;
+    let s = r.structured.unwrap();
+    assert_eq!(s["status"], "completed", "{s}");
+    assert!(s["output"].as_str().unwrap().contains("done"), "{s}");
+    // A killed background send interrupts the foreground program with a real SIGINT.
+    let out = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "sleep 1000", "run_in_background": true}),
+    )
+    .await;
+    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    call(&rt, &o, "job_kill", json!({"job_id": job})).await;
+    let r = call(&rt, &o, "job_output", json!({"job_id": job, "wait": true, "timeout_ms": 30000}))
+        .await;
+    assert_eq!(r.structured.unwrap()["status"], "killed");
+    let r = send(&rt, &o, &id, "echo alive").await;
+    assert!(r["output"].as_str().unwrap().contains("alive"), "the shell is usable again: {r}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_read_pages_backward_through_scrollback() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    send(&rt, &o, &id, "seq 1 50").await;
+    let p = call(
+        &rt,
+        &o,
+        "terminal_read",
+        json!({"session_id": id, "max_lines": 5, "offset_lines": 1}),
+    )
+    .await;
+    let p = p.structured.unwrap();
+    let text = p["text"].as_str().unwrap();
+    assert!(text.ends_with("50"), "page ends one line before the prompt line: {text:?}");
+    assert_eq!(text.lines().count(), 5);
+    assert!(p["total_lines"].as_u64().unwrap() >= 51);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_disposal_closes_its_sessions() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let r = send(&rt, &o, &id, "echo $$").await;
+    let pid = first_number(r["output"].as_str().unwrap());
+    conch_conformance::within("owner disposal", o.dispose()).await;
+    assert!(pid_gone(pid), "the shell is gone once disposal returns");
+    rt.shutdown().await;
+}
+
+mod persistent {
+    use super::*;
+
+    fn minimal() -> Runtime {
+        runtime(conch::EMBEDDED.iter().find(|(n, _)| *n == "minimal").unwrap().1)
+    }
+
+    async fn bash(rt: &Runtime, o: &Arc<Owner>, args: Value) -> String {
+        call(rt, o, "bash", args).await.text
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn state_persists_and_only_the_command_output_returns() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        assert_eq!(bash(&rt, &o, json!({"command": "cd /tmp; export PB_X=1"})).await, "");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo \"$PB_X\"; pwd"})).await, "1\n/tmp\n");
+        assert_eq!(
+            bash(&rt, &o, json!({"command": "for i in 1 2; do echo \"'$i'\"; done"})).await,
+            "'1'\n'2'\n"
+        );
+        assert_eq!(
+            bash(&rt, &o, json!({"command": "echo out; false"})).await,
+            "out\n[exit code: 1]"
+        );
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn timeout_resets_the_shell_and_the_next_call_starts_fresh() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        bash(&rt, &o, json!({"command": "export PB_Y=set"})).await;
+        let out =
+            bash(&rt, &o, json!({"command": "echo before; sleep 100", "timeout_ms": 800})).await;
+        assert!(out.starts_with("before\n"), "{out:?}");
+        assert!(out.contains("[timed out after 800ms; the shell was reset]"), "{out:?}");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo \"${PB_Y-unset}\""})).await, "unset\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_interactive_child_returns_partial_output() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let out =
+            bash(&rt, &o, json!({"command": "echo first; read -p 'Name? ' n; echo never"})).await;
+        assert!(out.starts_with("first\nName? "), "{out:?}");
+        assert!(out.contains("waiting for input"), "{out:?}");
+        assert!(!out.contains("never"));
+        assert_eq!(bash(&rt, &o, json!({"command": "echo ok"})).await, "ok\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn owners_get_separate_shells() {
+        let rt = minimal();
+        let (a, _) = owner("a");
+        let (b, _) = owner("b");
+        bash(&rt, &a, json!({"command": "export WHO=a"})).await;
+        assert_eq!(bash(&rt, &b, json!({"command": "echo \"${WHO-none}\""})).await, "none\n");
+        assert_eq!(bash(&rt, &a, json!({"command": "echo $WHO"})).await, "a\n");
+        rt.shutdown().await;
+    }
+}
