@@ -151,6 +151,12 @@ pub(crate) async fn run_terminal(iterations: usize) -> anyhow::Result<String> {
                 .unwrap_or("")
                 .to_string();
             anyhow::ensure!(reason == "stdin_read", "unexpected wait_reason {reason}");
+            // A roundtrip counts only if the command's own output came back with it.
+            let output = r.structured.as_ref().and_then(|s| s["output"].as_str()).unwrap_or("");
+            anyhow::ensure!(
+                text != "echo x" || output.contains("\nx\n"),
+                "echo x returned without its output: {output:?}"
+            );
             Ok(())
         }
     };

@@ -132,6 +132,17 @@ fn owner(id: &str) -> Arc<Owner> {
     Owner::new(id, Arc::new(CollectingSink::default()))
 }
 
+/// Starts a default open on its own task (for setups held by the test backend).
+fn open_in_background(
+    svc: &TerminalService,
+    owner: &Arc<Owner>,
+) -> tokio::task::JoinHandle<Result<TerminalInfo>> {
+    let (svc, owner) = (svc.clone(), Arc::clone(owner));
+    tokio::spawn(
+        async move { svc.open(&owner, OpenRequest::default(), CancellationToken::new()).await },
+    )
+}
+
 fn named(name: &str) -> OpenRequest {
     let mut r = OpenRequest::default();
     r.name = Some(name.into());
@@ -270,12 +281,7 @@ async fn owner_disposal_aborts_unpublished_setup_and_awaits_rollback() {
     let (svc, backend) = service();
     backend.hold_open.store(true, Ordering::Release);
     let a = owner("a");
-    let opening = {
-        let (svc, a) = (svc.clone(), Arc::clone(&a));
-        tokio::spawn(
-            async move { svc.open(&a, OpenRequest::default(), CancellationToken::new()).await },
-        )
-    };
+    let opening = open_in_background(&svc, &a);
     backend.entered.notified().await;
     a.dispose().await;
     // Disposal returned only after the setup rolled back.
@@ -308,12 +314,7 @@ async fn a_setup_that_finishes_after_disposal_began_is_rolled_back() {
     let (svc, backend) = service();
     backend.hold_open.store(true, Ordering::Release);
     let a = owner("a");
-    let opening = {
-        let (svc, a) = (svc.clone(), Arc::clone(&a));
-        tokio::spawn(
-            async move { svc.open(&a, OpenRequest::default(), CancellationToken::new()).await },
-        )
-    };
+    let opening = open_in_background(&svc, &a);
     backend.entered.notified().await;
     // The backend finishes before it notices cancellation; shutdown flips `disposing` first.
     svc.inner.lock().disposing = true;
@@ -332,12 +333,7 @@ async fn shutdown_closes_everything_and_refuses_new_work() {
     svc.open(&a, OpenRequest::default(), CancellationToken::new()).await.unwrap();
     svc.open(&b, OpenRequest::default(), CancellationToken::new()).await.unwrap();
     backend.hold_open.store(true, Ordering::Release);
-    let opening = {
-        let (svc, a) = (svc.clone(), Arc::clone(&a));
-        tokio::spawn(
-            async move { svc.open(&a, OpenRequest::default(), CancellationToken::new()).await },
-        )
-    };
+    let opening = open_in_background(&svc, &a);
     backend.entered.notified().await;
     tokio::time::timeout(Duration::from_secs(30), svc.shutdown()).await.unwrap();
     assert_eq!(backend.counters.closed.load(Ordering::Acquire), 2);

@@ -321,6 +321,15 @@ impl TerminalSession for BashSession {
         submit: bool,
         cancel: CancellationToken,
     ) -> Result<SendSettle> {
+        // A send cancelled before it began types nothing (a background send killed at once).
+        if cancel.is_cancelled() {
+            return Err(Error::new(
+                ErrorCode::Cancelled,
+                "send cancelled before any text was typed",
+            )
+            .with_provider(NAME)
+            .with_context(conch_seams::terminal::SEND_OUTPUT_CONTEXT, String::new()));
+        }
         if self.shared.closing.load(Ordering::Acquire) {
             return Err(Error::new(ErrorCode::NotFound, "session is closing").with_provider(NAME));
         }
