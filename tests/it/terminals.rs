@@ -299,6 +299,18 @@ mod persistent {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shell_exit_is_reported_and_the_next_call_starts_fresh() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        bash(&rt, &o, json!({"command": "export PB_Z=set"})).await;
+        let out = bash(&rt, &o, json!({"command": "echo bye; exit 3"})).await;
+        assert!(out.starts_with("bye\n"), "{out:?}");
+        assert!(out.contains("[shell exited"), "{out:?}");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo \"${PB_Z-unset}\""})).await, "unset\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn owners_get_separate_shells() {
         let rt = minimal();
         let (a, _) = owner("a");
@@ -308,4 +320,74 @@ mod persistent {
         assert_eq!(bash(&rt, &a, json!({"command": "echo $WHO"})).await, "a\n");
         rt.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_background_send_interrupts_even_with_isig_disabled() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    // With ISIG off a typed Ctrl-C is just a byte; only a real SIGINT stops the program.
+    let out = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "stty -isig; echo st''arted; sleep 1000", "run_in_background": true}),
+    )
+    .await;
+    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    // Kill only once the command is running, so the kill is not answered by "nothing typed".
+    conch_conformance::within("the command started", async {
+        loop {
+            let page = call(&rt, &o, "terminal_read", json!({"session_id": id})).await;
+            if page.structured.unwrap()["text"].as_str().unwrap().contains("\nstarted") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    call(&rt, &o, "job_kill", json!({"job_id": job})).await;
+    let r = call(&rt, &o, "job_output", json!({"job_id": job, "wait": true, "timeout_ms": 30000}))
+        .await;
+    assert_eq!(r.structured.unwrap()["status"], "killed");
+    let r = send(&rt, &o, &id, "echo $((6*7))").await;
+    assert_eq!(r["wait_reason"], "stdin_read", "{r}");
+    assert!(r["output"].as_str().unwrap().contains("42\n"), "sleep is gone, bash is back: {r}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_capped_on_code_point_boundaries_and_tiny_caps_are_rejected() {
+    let rt = runtime(
+        "plugins:\n  subprocess-local: {}\n  terminal-bash: {}\n  terminals: {}\n  tool-terminal: { max_result_bytes: 301 }\n",
+    );
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let r = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "printf 'é%.0s' $(seq 1 2000); echo"}),
+    )
+    .await;
+    assert!(r.text.len() <= 301, "{} bytes", r.text.len());
+    assert!(r.text.contains("[result truncated]"), "{}", r.text);
+    assert!(
+        r.text.contains("[wait_reason: stdin_read"),
+        "the status line survives the cap: {}",
+        r.text
+    );
+    let page = call(&rt, &o, "terminal_read", json!({"session_id": id})).await;
+    assert!(page.text.len() <= 301, "{} bytes", page.text.len());
+    rt.shutdown().await;
+
+    let err = conch::build_runtime_from_yaml(
+        "tiny.yaml",
+        "plugins:\n  subprocess-local: {}\n  terminal-bash: {}\n  terminals: {}\n  tool-terminal: { max_result_bytes: 63 }\n",
+        conch_env::ShellEnv::new("/tmp/conch-test-home".into()),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidComposition, "{err}");
+    assert!(err.to_string().contains("max_result_bytes"), "{err}");
 }
