@@ -311,6 +311,39 @@ mod persistent {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_aborted_call_interrupts_resets_and_the_next_call_starts_fresh() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        bash(&rt, &o, json!({"command": "export PB_A=set"})).await;
+        let tool = Arc::clone(rt.tool("bash").unwrap());
+        let ctx = conch_seams::ToolContext::new(Arc::clone(&o));
+        let cancel = ctx.cancel.clone();
+        let running = tokio::spawn(async move {
+            tool.call(&ctx, json!({"command": "echo st''arted; sleep 1000"})).await
+        });
+        // Abort only once the command is running in the owner's session.
+        let terminals = rt.seams().terminals.clone().unwrap();
+        conch_conformance::within("the command started", async {
+            loop {
+                let started = terminals.list(&o).iter().any(|i| {
+                    terminals.read(&o, &i.id, 0, 50).is_ok_and(|p| p.text.contains("\nstarted"))
+                });
+                if started {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        cancel.cancel();
+        let e = conch_conformance::within("the aborted call", running).await.unwrap().unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
+        assert!(terminals.list(&o).is_empty(), "the aborted session was closed");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo \"${PB_A-unset}\""})).await, "unset\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn owners_get_separate_shells() {
         let rt = minimal();
         let (a, _) = owner("a");
