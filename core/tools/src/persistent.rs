@@ -103,6 +103,9 @@ fn extract(acc: &str, nonce: &str) -> (String, Option<i32>) {
     let end = format!("\n{TAG}_END_{nonce}:");
     let body = match acc.find(&start) {
         Some(i) => &acc[i + start.len()..],
+        // The send's delta keeps only its tail, so a long output can lose the start marker;
+        // the end marker (with the status) still delimits the command's output.
+        None if acc.contains(&end) => acc,
         None => return (String::new(), None),
     };
     match body.find(&end) {
@@ -345,6 +348,11 @@ mod tests {
         let acc =
             format!("# {}\n\n{TAG}_START_n1__\nhello\n\n{TAG}_END_n1:3__\n# ", wrap("x", "n1"));
         assert_eq!(extract(&acc, "n1"), ("hello\n".to_string(), Some(3)));
+        let cut = format!("[earlier output omitted]\n99\n100\n\n{TAG}_END_n1:0__\n# ");
+        assert_eq!(
+            extract(&cut, "n1"),
+            ("[earlier output omitted]\n99\n100\n".to_string(), Some(0))
+        );
         let partial = format!("\n{TAG}_START_n1__\nName? ");
         assert_eq!(extract(&partial, "n1"), ("Name? ".to_string(), None));
     }

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use conch_output::truncate_utf8;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
     Error, ErrorCode, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
@@ -34,13 +33,14 @@ impl Default for TerminalToolsConfig {
 }
 
 /// Caps `body` so that `body + suffix` fits in `max` bytes, on a code-point boundary.
+/// The newest output (the tail, where the prompt is) is what survives.
 pub(crate) fn cap_result(body: &str, suffix: &str, max: usize) -> String {
     if body.len() + suffix.len() <= max {
         return format!("{body}{suffix}");
     }
-    let note = "\n[result truncated]";
+    let note = "[result truncated; older output via terminal_read]\n";
     let room = max.saturating_sub(suffix.len() + note.len());
-    format!("{}{note}{suffix}", truncate_utf8(body, room))
+    format!("{note}{}{suffix}", conch_output::tail_utf8(body, room))
 }
 
 fn status_json(s: &SessionStatus) -> serde_json::Value {
@@ -501,7 +501,7 @@ mod tests {
         let out = cap_result(&body, "\n[x]", 64);
         assert!(out.len() <= 64, "{}", out.len());
         assert!(out.ends_with("\n[x]"));
-        assert!(out.contains("[result truncated]"));
+        assert!(out.contains("[result truncated"));
         assert_eq!(cap_result("ok", "!", 64), "ok!");
     }
 }
