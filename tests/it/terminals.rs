@@ -38,6 +38,25 @@ fn first_number(s: &str) -> i32 {
         .unwrap_or_else(|| panic!("no pid in {s:?}"))
 }
 
+/// Waits until one of the owner's sessions shows `needle` in its scrollback (polling: the
+/// scrollback has no change notification).
+async fn await_scrollback(rt: &Runtime, o: &Owner, needle: &str) {
+    let terminals = rt.seams().terminals.clone().unwrap();
+    conch_conformance::within(needle, async {
+        loop {
+            let seen = terminals
+                .list(o)
+                .iter()
+                .any(|i| terminals.read(o, &i.id, 0, 50).is_ok_and(|p| p.text.contains(needle)));
+            if seen {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_returns_at_the_prompt_with_stdin_read() {
     let rt = terminal_runtime(3000);
@@ -322,19 +341,8 @@ mod persistent {
             tool.call(&ctx, json!({"command": "echo st''arted; sleep 1000"})).await
         });
         // Abort only once the command is running in the owner's session.
+        await_scrollback(&rt, &o, "\nstarted").await;
         let terminals = rt.seams().terminals.clone().unwrap();
-        conch_conformance::within("the command started", async {
-            loop {
-                let started = terminals.list(&o).iter().any(|i| {
-                    terminals.read(&o, &i.id, 0, 50).is_ok_and(|p| p.text.contains("\nstarted"))
-                });
-                if started {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        })
-        .await;
         cancel.cancel();
         let e = conch_conformance::within("the aborted call", running).await.unwrap().unwrap_err();
         assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
@@ -370,16 +378,7 @@ async fn killing_a_background_send_interrupts_even_with_isig_disabled() {
     .await;
     let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
     // Kill only once the command is running, so the kill is not answered by "nothing typed".
-    conch_conformance::within("the command started", async {
-        loop {
-            let page = call(&rt, &o, "terminal_read", json!({"session_id": id})).await;
-            if page.structured.unwrap()["text"].as_str().unwrap().contains("\nstarted") {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    await_scrollback(&rt, &o, "\nstarted").await;
     call(&rt, &o, "job_kill", json!({"job_id": job})).await;
     let r = call(&rt, &o, "job_output", json!({"job_id": job, "wait": true, "timeout_ms": 30000}))
         .await;
