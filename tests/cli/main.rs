@@ -194,3 +194,26 @@ fn minimal_composition_is_a_persistent_bash() {
     );
     assert_eq!(results[1]["text"], "1\n/tmp\n", "{results:?}");
 }
+
+#[test]
+fn bash_returns_when_the_shell_exits_and_reports_what_it_stopped() {
+    // The one-shot call must not wait for a background child holding its output.
+    let out = run_batch(&[
+        r#"{"tool":"bash","args":{"command":"sleep 1000 & echo started","timeout_ms":600000}}"#,
+        r#"{"tool":"bash","args":{"command":"sleep 1000 & echo $!","run_in_background":true}}"#,
+        r#"{"tool":"job_output","args":{"job_id":"bash-1","wait":true,"timeout_ms":60000}}"#,
+    ]);
+    let text = out[0]["text"].as_str().unwrap();
+    assert!(text.starts_with("started\n"), "{text}");
+    assert!(text.contains("[stopped 1 background process that outlived"), "{text}");
+    assert!(text.contains("sleep (held the output open)"), "{text}");
+    assert!(text.contains("run_in_background"), "the note says what to do instead: {text}");
+    let left = &out[0]["structured"]["leftovers"];
+    assert_eq!(left.as_array().map(Vec::len), Some(1), "{left}");
+    assert_eq!(left[0]["name"], "sleep");
+    let pid = left[0]["pid"].as_u64().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(stat.is_empty() || stat.contains(") Z"), "sleep {pid} was stopped: {stat}");
+    let job = out[2]["text"].as_str().unwrap();
+    assert!(job.contains("stopped 1 process that outlived the shell"), "{job}");
+}

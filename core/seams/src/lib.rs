@@ -23,9 +23,9 @@ pub use shell::{
     ShellProcessRead, ShellProcessStatus, ShellRunResult,
 };
 pub use subprocess::{
-    CollectedOutput, EnvOverlay, ExitStatus, OutputSpec, Process, SpawnSpec, StdinSpec, StreamId,
-    StreamRead, Subprocess, SubprocessCapabilities, TerminalProcess, TerminalSize,
-    TerminalSpawnSpec,
+    AfterExit, CollectedOutput, EnvOverlay, ExitStatus, Leftover, OutputSpec, Process, SpawnSpec,
+    StdinSpec, StreamId, StreamRead, Subprocess, SubprocessCapabilities, TerminalProcess,
+    TerminalSize, TerminalSpawnSpec,
 };
 pub use terminal::{
     CloseReport, OpenRequest, ScrollbackPage, SendSettle, SendSlot, SessionStatus, TerminalBackend,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::subprocess::{CollectedOutput, EnvOverlay};
+use crate::subprocess::{CollectedOutput, EnvOverlay, Leftover};
 use crate::{Result, SandboxInfo};
 
 /// A raw request; [`ShellExecutor::resolve`] fills defaults and caps.
@@ -116,6 +116,9 @@ pub struct ShellRunResult {
     pub output: CollectedOutput,
     /// Sandbox facts; None for unsandboxed executors.
     pub sandbox: Option<SandboxInfo>,
+    /// Processes the command left running when the shell exited; the executor stopped
+    /// them so nothing outlives a one-shot call unnoticed.
+    pub leftovers: Vec<Leftover>,
 }
 
 /// Background process state.
@@ -175,6 +178,8 @@ pub trait ShellProcess: Send + Sync + fmt::Debug {
     fn kill(&self) -> bool;
     /// Sandbox facts.
     fn sandbox(&self) -> Option<SandboxInfo>;
+    /// Processes left running when the shell exited and stopped (final after `wait`).
+    fn leftovers(&self) -> Vec<Leftover>;
 }
 
 /// What an executor supports.
@@ -191,6 +196,9 @@ pub struct ShellCapabilities {
 /// - `resolve` owns defaults and caps; callers always resolve before run/start.
 /// - `run` errs only for infrastructure failure; `timed_out` and `aborted` are exclusive.
 /// - `start` never fails and applies no timeout.
+/// - A call ends with its shell: processes the command left behind (`cmd &`) get a short
+///   drain, are then stopped, and are reported as leftovers. A background child holding
+///   the output pipe never keeps a call running until its timeout.
 #[async_trait]
 pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
     /// Provider name.

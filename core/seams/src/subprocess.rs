@@ -54,6 +54,38 @@ pub enum StreamId {
     Stderr,
 }
 
+/// What settlement waits for once the direct child has exited.
+///
+/// A child's background descendants inherit its output pipes, so EOF can come long after
+/// the child itself is gone (`sleep 600 & echo started`), or never (`setsid daemon &`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AfterExit {
+    /// Settle when every collected stream reaches EOF, however long that takes. A kill
+    /// still settles: processes holding the pipes are stopped after the group is gone.
+    #[default]
+    WaitForEof,
+    /// Give processes left behind `drain` to finish by themselves, then stop every
+    /// process still in the child's group or still holding one of its output pipes
+    /// (TERM → grace → KILL), seal the streams and settle. Nothing the command left
+    /// attached outlives the call; the stopped processes are reported as leftovers.
+    StopLeftovers {
+        /// How long leftovers may run on after the direct child exits.
+        drain: Duration,
+    },
+}
+
+/// A process that was still running after the direct child exited and was stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leftover {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name (`comm`).
+    pub name: String,
+    /// True when it held one of the collected output pipes (it kept the output open).
+    pub held_output: bool,
+}
+
 /// Everything a spawn needs; the provider guesses nothing.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -74,6 +106,8 @@ pub struct SpawnSpec {
     pub cancel: CancellationToken,
     /// Applied after the scrub.
     pub env: EnvOverlay,
+    /// What settlement waits for after the direct child exits.
+    pub after_exit: AfterExit,
 }
 
 impl SpawnSpec {
@@ -88,7 +122,15 @@ impl SpawnSpec {
             grace: Duration::from_secs(3),
             cancel: CancellationToken::new(),
             env: EnvOverlay::new(),
+            after_exit: AfterExit::WaitForEof,
         }
+    }
+
+    /// Sets what settlement waits for after the direct child exits.
+    #[must_use]
+    pub fn with_after_exit(mut self, after_exit: AfterExit) -> Self {
+        self.after_exit = after_exit;
+        self
     }
 
     /// Sets stdin.
@@ -194,15 +236,22 @@ pub struct SubprocessCapabilities {
 /// A live (or finished) process. Handles are cheap to share behind `Arc`.
 ///
 /// # Contract
-/// - `wait` resolves once the child exited and its collected streams reached EOF.
+/// - `wait_exit` resolves when the direct child exits; `wait` resolves at settlement:
+///   the child exited and its collected streams reached EOF or were sealed as
+///   [`SpawnSpec::after_exit`] says.
 /// - `kill` is idempotent and returns at once; the TERM → grace → KILL escalation runs in
 ///   the background and keeps probing group liveness after the direct child is gone.
+///   After a kill, settlement is bounded even when an escaped process holds a pipe.
 #[async_trait]
 pub trait Process: Send + Sync + fmt::Debug {
     /// OS pid of the direct child (None for providers that do not expose it).
     fn pid(&self) -> Option<u32>;
-    /// Waits for exit (see contract).
+    /// Waits for settlement (see contract).
     async fn wait(&self) -> ExitStatus;
+    /// Waits for the direct child's exit only; streams may still be open.
+    async fn wait_exit(&self) -> ExitStatus;
+    /// Processes stopped because they outlived the direct child (final after `wait`).
+    fn leftovers(&self) -> Vec<Leftover>;
     /// The exit status if already known.
     fn try_status(&self) -> Option<ExitStatus>;
     /// Reads a collected stream from a caller-owned offset, at most `max_bytes`.

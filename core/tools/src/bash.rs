@@ -8,8 +8,8 @@ use conch_env::ShellEnv;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
     Error, ErrorCode, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
-    Result, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus, ShellRunResult,
-    Tool, ToolContext, ToolOutput,
+    Leftover, Result, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
+    ShellRunResult, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -71,6 +71,26 @@ impl BashTool {
     }
 }
 
+/// `123 sleep (held the output), 130 python3`, at most eight named.
+fn leftover_list(leftovers: &[Leftover]) -> String {
+    let mut names: Vec<String> = leftovers
+        .iter()
+        .take(8)
+        .map(|l| {
+            let held = if l.held_output { " (held the output open)" } else { "" };
+            format!("{} {}{held}", l.pid, l.name)
+        })
+        .collect();
+    if leftovers.len() > 8 {
+        names.push(format!("and {} more", leftovers.len() - 8));
+    }
+    names.join(", ")
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "es" }
+}
+
 /// Renders a foreground result the way the model sees it.
 pub fn render_run(r: &ShellRunResult) -> String {
     let mut out = String::new();
@@ -87,6 +107,15 @@ pub fn render_run(r: &ShellRunResult) -> String {
     let mut markers = Vec::new();
     if r.timed_out {
         markers.push(format!("[timed out after {}ms]", r.timeout_ms));
+    }
+    if !r.leftovers.is_empty() {
+        let n = r.leftovers.len();
+        markers.push(format!(
+            "[stopped {n} background process{} that outlived the command's shell: {}; use \
+             run_in_background for processes that must keep running]",
+            plural(n),
+            leftover_list(&r.leftovers)
+        ));
     }
     if let Some(sig) = &r.signal {
         markers.push(format!("[killed by signal: {sig}]"));
@@ -125,6 +154,24 @@ impl JobOutput for ProcessOutput {
 }
 
 fn settlement(p: &dyn ShellProcess) -> JobSettlement {
+    let mut s = base_settlement(p);
+    let left = p.leftovers();
+    if !left.is_empty() {
+        let n = left.len();
+        let note = format!(
+            "stopped {n} process{} that outlived the shell: {}",
+            plural(n),
+            leftover_list(&left)
+        );
+        s.detail = Some(match s.detail {
+            Some(d) => format!("{d}; {note}"),
+            None => note,
+        });
+    }
+    s
+}
+
+fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
     match p.status() {
         ShellProcessStatus::Killed => JobSettlement {
             status: JobStatus::Killed,
@@ -153,7 +200,8 @@ impl Tool for BashTool {
     fn description(&self) -> &'static str {
         "Run a command with bash -c in a fresh shell. No state (cwd, variables, functions) persists \
          between calls: pass workdir instead of cd. A non-zero exit is shown as [exit code: N]. Long \
-         output keeps its tail and names the file holding the full output. run_in_background: true \
+         output keeps its tail and names the file holding the full output. The call ends with its \
+         shell: processes left running with `&` are stopped and listed. run_in_background: true \
          returns a job id at once; read it with job_output and stop it with job_kill."
     }
 
@@ -191,6 +239,9 @@ impl Tool for BashTool {
                     "total_bytes": result.output.total_bytes,
                     "omitted_bytes": result.output.omitted_bytes,
                     "spill_path": result.output.spill_path,
+                    "leftovers": result.leftovers.iter().map(|l| serde_json::json!({
+                        "pid": l.pid, "name": l.name, "held_output": l.held_output,
+                    })).collect::<Vec<_>>(),
                 })),
             });
         }

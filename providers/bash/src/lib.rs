@@ -11,9 +11,10 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CollectedOutput, Error, ErrorCode, OutputSpec, Process, Result, SandboxInfo, ShellCapabilities,
-    ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead,
-    ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
+    AfterExit, CollectedOutput, Error, ErrorCode, Leftover, OutputSpec, Process, Result,
+    SandboxInfo, ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
+    ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId,
+    Subprocess,
 };
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -42,6 +43,9 @@ pub struct BashLocalConfig {
     pub max_spill_bytes: u64,
     /// TERM → KILL grace.
     pub grace_ms: u64,
+    /// How long processes the command left behind (`cmd &`) may run on after bash exits
+    /// before they are stopped and reported.
+    pub drain_ms: u64,
     /// The bash executable.
     pub bash: String,
 }
@@ -55,6 +59,7 @@ impl Default for BashLocalConfig {
             max_output_bytes: 64_000,
             max_spill_bytes: 64 * 1024 * 1024,
             grace_ms: 3_000,
+            drain_ms: 250,
             bash: "bash".into(),
         }
     }
@@ -83,6 +88,9 @@ impl BashLocalConfig {
         }
         if self.max_spill_bytes < self.max_output_bytes as u64 {
             return bad("max_spill_bytes", "must be at least max_output_bytes");
+        }
+        if self.drain_ms > 60_000 {
+            return bad("drain_ms", "must be at most 60000");
         }
         if self.bash.is_empty() {
             return bad("bash", "must name an executable");
@@ -123,6 +131,9 @@ impl BashLocal {
             .with_stderr(OutputSpec::MergeIntoStdout)
             .with_grace(spec.grace)
             .with_cancel(kill)
+            .with_after_exit(AfterExit::StopLeftovers {
+                drain: Duration::from_millis(self.config.drain_ms),
+            })
     }
 }
 
@@ -208,20 +219,30 @@ impl ShellExecutor for BashLocal {
                 timeout_ms: spec.timeout.as_millis() as u64,
                 output: CollectedOutput::default(),
                 sandbox: None,
+                leftovers: Vec::new(),
             });
         }
         let process = self.subprocess.spawn(sspec).await?;
         // One fused deadline: whichever of exit, timeout and abort fires first is the cause.
+        // Only bash's own exit counts: output held open by its leftovers must not hold the
+        // call until the timeout.
         let cause = tokio::select! {
             biased;
-            _ = process.wait() => Cause::Exit,
+            _ = process.wait_exit() => Cause::Exit,
             () = tokio::time::sleep(spec.timeout) => Cause::Timeout,
             () = spec.cancel.cancelled() => Cause::Abort,
         };
         if cause != Cause::Exit {
             kill.cancel();
         }
-        let status = process.wait().await;
+        // Settlement drains and stops leftovers; an abort meanwhile cuts the drain short.
+        let status = tokio::select! {
+            s = process.wait() => s,
+            () = spec.cancel.cancelled(), if cause == Cause::Exit => {
+                kill.cancel();
+                process.wait().await
+            }
+        };
         Ok(ShellRunResult {
             exit_code: status.code,
             signal: status.signal,
@@ -230,6 +251,7 @@ impl ShellExecutor for BashLocal {
             timeout_ms: spec.timeout.as_millis() as u64,
             output: process.collected(StreamId::Stdout).unwrap_or_default(),
             sandbox: None,
+            leftovers: process.leftovers(),
         })
     }
 
@@ -375,6 +397,10 @@ impl ShellProcess for Background {
     fn sandbox(&self) -> Option<SandboxInfo> {
         None
     }
+
+    fn leftovers(&self) -> Vec<Leftover> {
+        self.process.leftovers()
+    }
 }
 
 /// A background start whose spawn failed: already settled as killed, error in the output.
@@ -418,6 +444,10 @@ impl ShellProcess for FailedStart {
 
     fn sandbox(&self) -> Option<SandboxInfo> {
         None
+    }
+
+    fn leftovers(&self) -> Vec<Leftover> {
+        Vec::new()
     }
 }
 

@@ -13,6 +13,10 @@ const AFTER_KILL_LIMIT: Duration = Duration::from_secs(30);
 /// True while any non-zombie process has process group `pgid`. Zombies have no
 /// executable work left, so they count as gone; this matters where nobody reaps orphans.
 pub fn group_alive(pgid: i32) -> bool {
+    // No member at all (not even a zombie): skip the /proc scan.
+    if killpg(Pid::from_raw(pgid), None) == Err(nix::errno::Errno::ESRCH) {
+        return false;
+    }
     let Ok(dir) = std::fs::read_dir("/proc") else {
         // Without /proc fall back to the kernel's view (zombies count as alive there).
         return killpg(Pid::from_raw(pgid), None).is_ok();

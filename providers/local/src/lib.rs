@@ -4,6 +4,7 @@
 //! PTYs with an exact Linux stdin-wait probe for readiness.
 
 mod kill;
+mod leftovers;
 pub mod probe;
 mod process;
 mod pty;

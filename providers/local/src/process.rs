@@ -4,20 +4,28 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_output::{Collector, CollectorConfig};
 use conch_seams::{
-    CollectedOutput, Error, ErrorCode, ExitStatus, OutputSpec, Process, Result, SpawnSpec,
-    StdinSpec, StreamId, StreamRead, signal_name,
+    AfterExit, CollectedOutput, Error, ErrorCode, ExitStatus, Leftover, OutputSpec, Process,
+    Result, SpawnSpec, StdinSpec, StreamId, StreamRead, signal_name,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use crate::NAME;
+use crate::{NAME, leftovers};
+
+/// After a kill proved the group gone, how long pipes may stay open before their holders
+/// (escaped via setsid) are looked for and stopped.
+const KILLED_DRAIN: Duration = Duration::from_millis(100);
+/// After leftovers were stopped, how long the pumps may take to see EOF before the streams
+/// are sealed anyway (a holder we cannot see, e.g. another user's process).
+const SEAL_LIMIT: Duration = Duration::from_secs(1);
 
 /// Shared state of one process.
 #[derive(Debug)]
@@ -33,6 +41,11 @@ pub(crate) struct Inner {
     settled: watch::Sender<Option<ExitStatus>>,
     kill_started: AtomicBool,
     group_gone: watch::Sender<bool>,
+    /// Inodes of the collected output pipes, to find processes still holding them.
+    pipe_inodes: Vec<u64>,
+    leftovers: Mutex<Vec<Leftover>>,
+    /// Pumps still reading (each decrements at EOF).
+    open_pumps: watch::Sender<usize>,
 }
 
 impl Inner {
@@ -52,14 +65,75 @@ impl Inner {
     }
 
     pub(crate) async fn wait_settled(&self) -> ExitStatus {
-        let mut rx = self.settled.subscribe();
-        loop {
-            if let Some(s) = rx.borrow_and_update().clone() {
-                return s;
+        wait_status(&self.settled).await
+    }
+
+    pub(crate) async fn wait_exited(&self) -> ExitStatus {
+        wait_status(&self.exited).await
+    }
+
+    /// Stops what is left in the group or on the pipes and records it.
+    async fn stop_leftovers(&self, pipes_open: bool) {
+        let inodes: &[u64] = if pipes_open { &self.pipe_inodes } else { &[] };
+        let stopped = leftovers::stop(self.pid as i32, inodes, self.grace).await;
+        if !stopped.is_empty() {
+            self.leftovers.lock().unwrap_or_else(|e| e.into_inner()).extend(stopped);
+        }
+    }
+
+    /// The part of settlement after the direct child exited: streams reach EOF, or the
+    /// processes keeping them open are stopped as `after_exit` and kills require.
+    async fn settle_streams(&self, after_exit: AfterExit, pumps: Vec<JoinHandle<()>>) {
+        let pgid = self.pid as i32;
+        match after_exit {
+            AfterExit::StopLeftovers { drain } => {
+                let deadline = tokio::time::Instant::now() + drain;
+                // Leftovers get `drain` to finish; a kill request ends the drain early.
+                let mut gone = self.group_gone.subscribe();
+                let finished = async {
+                    let _ = drain_pumps(&self.open_pumps, None).await;
+                    // The pipes are closed; wait for the rest of the group, if any.
+                    while crate::group_alive(pgid) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                };
+                let killed = async {
+                    let _ = gone.wait_for(|g| *g).await;
+                };
+                tokio::select! {
+                    () = finished => {}
+                    () = killed => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+                // Closed pipes have no holders: only an open one is worth an fd scan.
+                let pipes_open = *self.open_pumps.borrow() > 0;
+                if pipes_open || crate::group_alive(pgid) {
+                    self.stop_leftovers(pipes_open).await;
+                }
             }
-            if rx.changed().await.is_err() {
-                return ExitStatus::default();
+            _ => {
+                let mut gone = self.group_gone.subscribe();
+                tokio::select! {
+                    _ = drain_pumps(&self.open_pumps, None) => return,
+                    _ = gone.wait_for(|g| *g) => {}
+                }
+                // Killed and the group is gone, but something outside it holds a pipe.
+                if drain_pumps(&self.open_pumps, Some(KILLED_DRAIN)).await {
+                    return;
+                }
+                self.stop_leftovers(true).await;
             }
+        }
+        if !drain_pumps(&self.open_pumps, Some(SEAL_LIMIT)).await {
+            for p in &pumps {
+                p.abort();
+            }
+        }
+        for p in pumps {
+            let _ = p.await;
+        }
+        for sink in [&self.stdout, &self.stderr].into_iter().flatten() {
+            sink.seal();
         }
     }
 
@@ -101,7 +175,9 @@ fn spawn_failed(message: String) -> Error {
 fn pump(
     mut reader: impl AsyncRead + Unpin + Send + 'static,
     sink: Arc<Collector>,
-) -> tokio::task::JoinHandle<()> {
+    open: watch::Sender<usize>,
+) -> JoinHandle<()> {
+    open.send_modify(|n| *n += 1);
     tokio::spawn(async move {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -111,7 +187,32 @@ fn pump(
             }
         }
         sink.seal();
+        open.send_modify(|n| *n -= 1);
     })
+}
+
+/// Waits until `tx` holds a status.
+async fn wait_status(tx: &watch::Sender<Option<ExitStatus>>) -> ExitStatus {
+    let mut rx = tx.subscribe();
+    match rx.wait_for(Option::is_some).await {
+        Ok(s) => s.clone().unwrap_or_default(),
+        Err(_) => ExitStatus::default(),
+    }
+}
+
+/// Waits until no pump is still reading (at most `limit`); true when all reached EOF.
+async fn drain_pumps(open: &watch::Sender<usize>, limit: Option<Duration>) -> bool {
+    let mut rx = open.subscribe();
+    let all = async {
+        let _ = rx.wait_for(|n| *n == 0).await;
+    };
+    match limit {
+        None => {
+            all.await;
+            true
+        }
+        Some(l) => tokio::time::timeout(l, all).await.is_ok(),
+    }
 }
 
 pub(crate) fn to_exit(status: std::process::ExitStatus) -> ExitStatus {
@@ -174,19 +275,24 @@ pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalPr
     let pid = child.id().unwrap_or(0);
 
     let mut pumps = Vec::new();
+    let open_pumps = watch::Sender::new(0usize);
+    let mut pipe_inodes = Vec::new();
     if let Some(r) = merged_reader {
+        pipe_inodes.extend(leftovers::pipe_inode(&r));
         let fd = OwnedFd::from(r);
         let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
             .map_err(|e| Error::io("register output pipe", e))?;
         if let Some(sink) = &stdout_sink {
-            pumps.push(pump(rx, Arc::clone(sink)));
+            pumps.push(pump(rx, Arc::clone(sink), open_pumps.clone()));
         }
     } else {
         if let (Some(out), Some(sink)) = (child.stdout.take(), &stdout_sink) {
-            pumps.push(pump(out, Arc::clone(sink)));
+            pipe_inodes.extend(leftovers::pipe_inode(&out));
+            pumps.push(pump(out, Arc::clone(sink), open_pumps.clone()));
         }
         if let (Some(err), Some(sink)) = (child.stderr.take(), &stderr_sink) {
-            pumps.push(pump(err, Arc::clone(sink)));
+            pipe_inodes.extend(leftovers::pipe_inode(&err));
+            pumps.push(pump(err, Arc::clone(sink), open_pumps.clone()));
         }
     }
     let mut stdin = child.stdin.take();
@@ -210,10 +316,14 @@ pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalPr
         settled: watch::Sender::new(None),
         kill_started: AtomicBool::new(false),
         group_gone: watch::Sender::new(false),
+        pipe_inodes,
+        leftovers: Mutex::new(Vec::new()),
+        open_pumps,
     });
 
     let me = Arc::clone(&inner);
     let cancel = spec.cancel.clone();
+    let after_exit = spec.after_exit;
     tokio::spawn(async move {
         let status = tokio::select! {
             s = child.wait() => s,
@@ -224,9 +334,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalPr
         };
         let status = status.map(to_exit).unwrap_or_default();
         me.exited.send_replace(Some(status.clone()));
-        for p in pumps {
-            let _ = p.await;
-        }
+        me.settle_streams(after_exit, pumps).await;
         me.settled.send_replace(Some(status));
     });
     // Cancellation after exit (while streams still drain) must still reach the group.
@@ -259,6 +367,14 @@ impl Process for LocalProcess {
 
     async fn wait(&self) -> ExitStatus {
         self.inner.wait_settled().await
+    }
+
+    async fn wait_exit(&self) -> ExitStatus {
+        self.inner.wait_exited().await
+    }
+
+    fn leftovers(&self) -> Vec<Leftover> {
+        self.inner.leftovers.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn try_status(&self) -> Option<ExitStatus> {

@@ -18,6 +18,26 @@ use crate::{NAME, TerminalBashConfig, proctree};
 
 /// Consecutive positive probe samples required before trusting Tier 1.
 const STABLE_SAMPLES: u32 = 3;
+/// How long a send right after terminal_signal waits for the signalled command's own prompt,
+/// so that prompt is not taken as the send's result.
+const SIGNAL_SETTLE: Duration = Duration::from_millis(1_000);
+
+/// Waits for a state change or one poll interval; false once `deadline` has passed.
+async fn pause(
+    notified: tokio::sync::futures::Notified<'_>,
+    poll: Duration,
+    deadline: Instant,
+) -> bool {
+    let now = Instant::now();
+    if now >= deadline {
+        return false;
+    }
+    tokio::select! {
+        () = notified => {}
+        () = tokio::time::sleep(poll.min(deadline - now)) => {}
+    }
+    true
+}
 
 #[derive(Debug)]
 struct State {
@@ -31,6 +51,8 @@ struct State {
     prompts: u64,
     marker_armed: bool,
     eof: bool,
+    /// Prompt count and time of the last signal delivered while bash was not at its prompt.
+    signalled: Option<(u64, Instant)>,
 }
 
 /// Shared between the session handle and its output pump.
@@ -116,6 +138,7 @@ pub(crate) fn start(
             prompts: 0,
             marker_armed: false,
             eof: false,
+            signalled: None,
         }),
         config,
         changed: Notify::new(),
@@ -194,6 +217,29 @@ pub(crate) struct BashSession {
 }
 
 impl BashSession {
+    /// After a signal to a foreground command, waits (bounded) until the command's own
+    /// prompt arrived with bash back in the foreground. A command that survives the signal
+    /// (it trapped it) costs one bounded wait.
+    async fn settle_signal(&self, cancel: &CancellationToken) {
+        let sh = &self.shared;
+        let Some((before, at)) = sh.lock().signalled.take() else { return };
+        let deadline = at + SIGNAL_SETTLE;
+        let poll = Duration::from_millis(sh.config.poll_interval_ms);
+        loop {
+            let notified = sh.changed.notified();
+            let (prompts, eof) = {
+                let st = sh.lock();
+                (st.prompts, st.eof)
+            };
+            if (prompts > before && sh.shell_owns_foreground()) || eof || cancel.is_cancelled() {
+                return;
+            }
+            if !pause(notified, poll, deadline).await {
+                return;
+            }
+        }
+    }
+
     async fn readiness(
         &self,
         start_prompts: u64,
@@ -282,13 +328,8 @@ impl BashSession {
                 let _ = sh.process.signal_group(pg, nix::sys::signal::Signal::SIGINT as i32);
                 signalled.push(pg);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if !pause(notified, poll, deadline).await {
                 return;
-            }
-            tokio::select! {
-                () = notified => {}
-                () = tokio::time::sleep(poll.min(deadline - now)) => {}
             }
         }
     }
@@ -333,6 +374,7 @@ impl TerminalSession for BashSession {
         if self.shared.closing.load(Ordering::Acquire) {
             return Err(Error::new(ErrorCode::NotFound, "session is closing").with_provider(NAME));
         }
+        self.settle_signal(&cancel).await;
         let start_prompts = {
             let mut st = self.shared.lock();
             st.op = Some(String::new());
@@ -391,6 +433,10 @@ impl TerminalSession for BashSession {
             .with_provider(NAME));
         }
         self.shared.process.signal_group(pg, signal)?;
+        if pg != self.shared.shell_pid() {
+            let mut st = self.shared.lock();
+            st.signalled = Some((st.prompts, Instant::now()));
+        }
         Ok(pg)
     }
 

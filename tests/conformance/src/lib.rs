@@ -60,7 +60,14 @@ macro_rules! subprocess_suite {
             cancel_token_kills_the_tree,
             shutdown_reaps_everything_live,
             which_resolves_on_path,
-            spawn_terminal_is_honest_about_support
+            spawn_terminal_is_honest_about_support,
+            wait_for_eof_waits_for_descendants_holding_the_output,
+            stop_leftovers_stops_a_background_child_holding_the_output,
+            stop_leftovers_stops_group_members_that_redirected_output,
+            stop_leftovers_reaches_a_pipe_holder_outside_the_group,
+            stop_leftovers_escalates_to_kill_for_term_trappers,
+            output_written_within_the_drain_is_kept,
+            kill_settles_even_when_an_escaped_process_holds_the_output
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -92,7 +99,11 @@ macro_rules! shell_suite {
             long_output_keeps_tail_and_complete_spill,
             background_reads_are_incremental_and_consuming,
             background_ignores_timeout,
-            background_kill_settles_as_killed
+            background_kill_settles_as_killed,
+            a_background_child_holding_the_output_does_not_hold_the_call,
+            a_clean_command_reports_no_leftovers,
+            the_timeout_holds_despite_an_escaped_pipe_holder,
+            a_background_job_ends_with_its_shell
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

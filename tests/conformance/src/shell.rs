@@ -6,7 +6,7 @@ use std::time::Duration;
 use conch_seams::{ErrorCode, ShellExecRequest, ShellExecutor, ShellProcessStatus};
 use tokio_util::sync::CancellationToken;
 
-use crate::within;
+use crate::{pid_gone, within};
 
 async fn run(p: &dyn ShellExecutor, req: ShellExecRequest) -> conch_seams::ShellRunResult {
     let spec = p.resolve(req).expect("resolve");
@@ -176,4 +176,76 @@ pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) {
     within("killed background exit", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Killed);
     assert!(!proc.kill(), "kill after settlement reports false");
+}
+
+fn bash_only(p: &dyn ShellExecutor, case: &str) -> bool {
+    let ok = p.dialect() == "bash";
+    if !ok {
+        println!("SKIP {case}: the script is bash");
+    }
+    ok
+}
+
+fn first_pid(out: &str) -> i32 {
+    out.split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("the command printed a pid: {out:?}"))
+}
+
+async fn await_gone(what: &str, pid: i32) {
+    within(what, async {
+        while !pid_gone(pid) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+pub async fn a_background_child_holding_the_output_does_not_hold_the_call(p: &dyn ShellExecutor) {
+    if !bash_only(p, "a_background_child_holding_the_output_does_not_hold_the_call") {
+        return;
+    }
+    // The timeout is far beyond `within`'s patience: returning at all proves the call
+    // ended with bash rather than with the pipe.
+    let r = run(p, ShellExecRequest::new("sleep 1000 & echo $!").with_timeout_ms(600_000)).await;
+    assert!(!r.timed_out && !r.aborted, "{r:?}");
+    assert_eq!(r.exit_code, Some(0), "bash's own exit status: {r:?}");
+    let pid = first_pid(&r.output.text);
+    let left = r.leftovers.iter().find(|l| l.pid as i32 == pid);
+    assert!(left.is_some_and(|l| l.held_output), "sleep {pid} is reported: {:?}", r.leftovers);
+    await_gone("the leftover sleep to be stopped", pid).await;
+}
+
+pub async fn a_clean_command_reports_no_leftovers(p: &dyn ShellExecutor) {
+    let r = run(p, ShellExecRequest::new("echo one; echo two")).await;
+    assert!(r.leftovers.is_empty(), "{:?}", r.leftovers);
+}
+
+pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecutor) {
+    let case = "the_timeout_holds_despite_an_escaped_pipe_holder";
+    if !bash_only(p, case) {
+        return;
+    }
+    if run(p, ShellExecRequest::new("command -v setsid")).await.exit_code.is_none_or(|c| c != 0) {
+        println!("SKIP {case}: needs the setsid utility");
+        return;
+    }
+    let cmd = "setsid sleep 1000 & echo $!; sleep 1000";
+    let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(500)).await;
+    assert!(r.timed_out, "{r:?}");
+    let pid = first_pid(&r.output.text);
+    assert!(r.leftovers.iter().any(|l| l.pid as i32 == pid), "{:?}", r.leftovers);
+    await_gone("the escaped holder to be stopped", pid).await;
+}
+
+pub async fn a_background_job_ends_with_its_shell(p: &dyn ShellExecutor) {
+    if !bash_only(p, "a_background_job_ends_with_its_shell") {
+        return;
+    }
+    let proc = p.start(p.resolve(ShellExecRequest::new("sleep 1000 & echo $!")).unwrap()).await;
+    within("the background shell to settle", proc.wait()).await;
+    assert_eq!(proc.status(), ShellProcessStatus::Completed);
+    let pid = first_pid(&proc.snapshot().text);
+    assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
+    await_gone("the job's leftover to be stopped", pid).await;
 }

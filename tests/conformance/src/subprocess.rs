@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use conch_seams::{
-    ErrorCode, OutputSpec, SpawnSpec, StdinSpec, StreamId, Subprocess, TerminalSpawnSpec,
+    AfterExit, ErrorCode, OutputSpec, Process, SpawnSpec, StdinSpec, StreamId, Subprocess,
+    TerminalSpawnSpec,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -268,4 +269,149 @@ pub async fn spawn_terminal_is_honest_about_support(p: &dyn Subprocess) {
     }
     let err = p.spawn_terminal(TerminalSpawnSpec::new(argv(&["bash"]), tmp())).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unsupported, "{err}");
+}
+
+/// Waits until `pid` is gone (or a zombie nobody reaps).
+async fn await_gone(what: &str, pid: i32) {
+    within(what, async {
+        while !pid_gone(pid) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// Reads stdout until it contains `needle`.
+async fn await_output(proc: &dyn Process, needle: &str) -> String {
+    within(&format!("output containing {needle:?}"), async {
+        loop {
+            let r = proc.read(StreamId::Stdout, 0, 1 << 16).unwrap();
+            let s = String::from_utf8_lossy(&r.data).into_owned();
+            if s.contains(needle) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+fn first_pid(out: &str) -> i32 {
+    out.split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("the script printed a pid: {out:?}"))
+}
+
+fn stop_leftovers(drain_ms: u64) -> AfterExit {
+    AfterExit::StopLeftovers { drain: Duration::from_millis(drain_ms) }
+}
+
+fn merged(script: &str) -> SpawnSpec {
+    SpawnSpec::new(argv(&["sh", "-c", script]), tmp())
+        .with_stdout(collect())
+        .with_stderr(OutputSpec::MergeIntoStdout)
+        .with_grace(Duration::from_millis(500))
+}
+
+async fn has_setsid(p: &dyn Subprocess, case: &str) -> bool {
+    let found = p.which("setsid").await.is_some();
+    if !found {
+        println!("SKIP {case}: needs the setsid utility");
+    }
+    found
+}
+
+pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subprocess) {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script =
+        format!("(while [ ! -e '{}' ]; do sleep 0.02; done; echo late) & echo early", go.display());
+    let proc = p.spawn(merged(&script)).await.unwrap();
+    let status = within("the direct child to exit", proc.wait_exit()).await;
+    assert_eq!(status.code, Some(0));
+    assert!(proc.try_status().is_none(), "not settled while a descendant holds stdout");
+    std::fs::write(&go, b"").unwrap();
+    within("settlement once the descendant finished", proc.wait()).await;
+    let out = proc.collected(StreamId::Stdout).unwrap();
+    assert_eq!(out.text, "early\nlate\n", "the descendant's output is part of the stream");
+    assert!(proc.leftovers().is_empty(), "nothing was stopped: {:?}", proc.leftovers());
+}
+
+pub async fn stop_leftovers_stops_a_background_child_holding_the_output(p: &dyn Subprocess) {
+    let proc =
+        p.spawn(merged("sleep 1000 & echo $!").with_after_exit(stop_leftovers(100))).await.unwrap();
+    let status = within("settlement despite the held pipe", proc.wait()).await;
+    assert_eq!(status.code, Some(0), "the direct child's status is reported");
+    let out = proc.collected(StreamId::Stdout).unwrap();
+    let pid = first_pid(&out.text);
+    let left = proc.leftovers();
+    let entry = left.iter().find(|l| l.pid as i32 == pid);
+    let entry = entry.unwrap_or_else(|| panic!("sleep {pid} is reported: {left:?}"));
+    assert!(entry.held_output, "it held the output open: {entry:?}");
+    assert_eq!(entry.name, "sleep");
+    await_gone("the stopped leftover to be gone", pid).await;
+}
+
+pub async fn stop_leftovers_stops_group_members_that_redirected_output(p: &dyn Subprocess) {
+    let proc = p
+        .spawn(merged("sleep 1000 >/dev/null 2>&1 & echo $!").with_after_exit(stop_leftovers(100)))
+        .await
+        .unwrap();
+    within("settlement", proc.wait()).await;
+    let pid = first_pid(&proc.collected(StreamId::Stdout).unwrap().text);
+    let left = proc.leftovers();
+    let entry = left.iter().find(|l| l.pid as i32 == pid);
+    let entry = entry.unwrap_or_else(|| panic!("sleep {pid} is reported: {left:?}"));
+    assert!(!entry.held_output, "its output went to /dev/null: {entry:?}");
+    await_gone("the group member to be gone", pid).await;
+}
+
+pub async fn stop_leftovers_reaches_a_pipe_holder_outside_the_group(p: &dyn Subprocess) {
+    let case = "stop_leftovers_reaches_a_pipe_holder_outside_the_group";
+    if !has_setsid(p, case).await {
+        return;
+    }
+    let proc = p
+        .spawn(merged("setsid sleep 1000 & echo $!").with_after_exit(stop_leftovers(100)))
+        .await
+        .unwrap();
+    within("settlement despite an escaped holder", proc.wait()).await;
+    let left = proc.leftovers();
+    assert!(left.iter().any(|l| l.held_output && l.name == "sleep"), "{left:?}");
+    for l in &left {
+        await_gone("every reported leftover to be gone", l.pid as i32).await;
+    }
+}
+
+pub async fn stop_leftovers_escalates_to_kill_for_term_trappers(p: &dyn Subprocess) {
+    let script = "(trap '' TERM; while :; do sleep 1; done) & echo $!";
+    let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(100))).await.unwrap();
+    within("settlement after KILL", proc.wait()).await;
+    let pid = first_pid(&proc.collected(StreamId::Stdout).unwrap().text);
+    assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
+    await_gone("the TERM-trapping leftover to be gone", pid).await;
+}
+
+pub async fn output_written_within_the_drain_is_kept(p: &dyn Subprocess) {
+    let script = "(sleep 0.2; echo late) & echo early";
+    let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(20_000))).await.unwrap();
+    within("settlement", proc.wait()).await;
+    assert_eq!(proc.collected(StreamId::Stdout).unwrap().text, "early\nlate\n");
+    assert!(proc.leftovers().is_empty(), "it finished by itself: {:?}", proc.leftovers());
+}
+
+pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(p: &dyn Subprocess) {
+    let case = "kill_settles_even_when_an_escaped_process_holds_the_output";
+    if !has_setsid(p, case).await {
+        return;
+    }
+    // Default after_exit (wait for EOF): a kill must still settle.
+    let proc =
+        p.spawn(merged("setsid sleep 1000 & echo $!; echo ready; sleep 1000")).await.unwrap();
+    let out = await_output(proc.as_ref(), "ready").await;
+    let pid = first_pid(&out);
+    proc.kill();
+    within("settlement after the kill", proc.wait()).await;
+    assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
+    await_gone("the escaped holder to be gone", pid).await;
 }
