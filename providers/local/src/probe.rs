@@ -1,10 +1,13 @@
 //! Tier 1 readiness: the exact Linux stdin-wait probe.
 //!
 //! A foreground group "waits on stdin" only when some task of some member is positively
-//! seen blocked in a syscall that waits for input on fd 0: `read`/`readv` of fd 0,
+//! seen blocked in a syscall that waits for input on the terminal: `read`/`readv` of it,
 //! `poll`/`ppoll` or `select`/`pselect6` whose fd arrays (read from the target's memory)
-//! ask for input on fd 0, or an `epoll_wait` family call whose interest list holds fd 0.
-//! Anything unreadable or unrecognised is a miss, never a guess.
+//! ask for input on it, or an `epoll_wait` family call whose interest list holds it. With a
+//! terminal match, any fd that is the pty slave counts, and so does `/dev/tty` when the
+//! task's controlling terminal is that pty (less, ssh and sudo prompt there); with
+//! [`StdinMatch::Any`] only fd 0 does. Anything unreadable or unrecognised is a miss, never
+//! a guess.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
@@ -17,10 +20,10 @@ const EPOLL_INPUT: u32 = 0x1 | 0x40;
 /// Upper bound on a pollfd array we are willing to copy out of a target.
 const MAX_POLL_FDS: u64 = 4096;
 
-/// Which file fd 0 of a waiting task must be for the wait to count.
+/// Which file a waited-on fd must be for the wait to count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StdinMatch<'a> {
-    /// Any file: a wait on fd 0 counts whatever fd 0 is (useful with piped stdin).
+    /// fd 0, whatever it is (useful with piped stdin); other fds never count.
     Any,
     /// Any pseudo-terminal slave (`/dev/pts/*` character device).
     AnyPts,
@@ -72,8 +75,8 @@ pub fn group_waits_on_stdin(pgid: i32) -> bool {
     group_waits_on(pgid, StdinMatch::Any)
 }
 
-/// True when any task of any process in group `pgid` is blocked waiting for input on
-/// fd 0 and fd 0 matches `stdin`.
+/// True when any task of any process in group `pgid` is blocked waiting for input on an fd
+/// that matches `stdin` (see [`StdinMatch`]).
 pub fn group_waits_on(pgid: i32, stdin: StdinMatch<'_>) -> bool {
     if pgid <= 0 {
         return false;
@@ -156,20 +159,65 @@ fn parse_syscall(line: &str) -> Option<Blocked> {
 fn task_waits_on(task: &Path, stdin: StdinMatch<'_>) -> bool {
     // Only a sleeping task can be parked in a wait; R, D, T, Z, ... are not waiting for us.
     let Ok(stat) = std::fs::read_to_string(task.join("stat")) else { return false };
-    if stat_fields(&stat).and_then(|f| f.first().copied()) != Some("S") {
+    let fields = stat_fields(&stat);
+    if fields.as_ref().and_then(|f| f.first().copied()) != Some("S") {
         return false;
     }
+    // Field 7 (tty_nr) is the controlling terminal, which `/dev/tty` stands for.
+    let ctty: Option<u64> = fields.as_ref().and_then(|f| f.get(4)).and_then(|v| v.parse().ok());
     let Ok(line) = std::fs::read_to_string(task.join("syscall")) else { return false };
     let Some(call) = parse_syscall(&line) else { return false };
     let Some(kind) = wait_kind(call.nr) else { return false };
-    let waits = match kind {
-        WaitKind::Read => call.args[0] == 0,
+    let terminal = Terminal { task, stdin, ctty };
+    match kind {
+        WaitKind::Read => i32::try_from(call.args[0]).is_ok_and(|fd| terminal.is(fd)),
         // A task's mem is its address space, which is where its syscall arguments point.
-        WaitKind::Poll => poll_wants_fd0(&task.join("mem"), call.args[0], call.args[1]),
-        WaitKind::Select => select_wants_fd0(&task.join("mem"), call.args[0], call.args[1]),
-        WaitKind::Epoll => epoll_wants_fd0(task, call.args[0]),
-    };
-    waits && fd0_matches(task, stdin)
+        WaitKind::Poll => poll_wants(&terminal, call.args[0], call.args[1]),
+        WaitKind::Select => select_wants(&terminal, call.args[0], call.args[1]),
+        WaitKind::Epoll => epoll_wants(&terminal, call.args[0]),
+    }
+}
+
+/// Device number of `/dev/tty` (major 5, minor 0).
+const DEV_TTY: u64 = 0x500;
+
+/// Decides whether one of a task's fds is the terminal being probed.
+struct Terminal<'a> {
+    task: &'a Path,
+    stdin: StdinMatch<'a>,
+    ctty: Option<u64>,
+}
+
+impl Terminal<'_> {
+    /// With `Any`, only fd 0 counts (piped stdin); with a terminal match, any fd that is
+    /// the terminal does, including `/dev/tty` opened by programs such as less or ssh.
+    fn is(&self, fd: i32) -> bool {
+        if fd < 0 {
+            return false;
+        }
+        let path = self.task.join(format!("fd/{fd}"));
+        let Ok(meta) = std::fs::metadata(&path) else { return false };
+        let via_dev_tty = |want: Option<u64>| {
+            meta.rdev() == DEV_TTY && self.ctty.is_some_and(|c| c != 0 && Some(c) == want)
+        };
+        match self.stdin {
+            StdinMatch::Any => fd == 0,
+            StdinMatch::AnyPts => {
+                meta.file_type().is_char_device()
+                    && (std::fs::read_link(&path).is_ok_and(|t| t.starts_with("/dev/pts/"))
+                        || via_dev_tty(self.ctty))
+            }
+            StdinMatch::Tty(tty) => {
+                let Ok(want) = std::fs::metadata(tty) else { return false };
+                meta.file_type().is_char_device()
+                    && (meta.rdev() == want.rdev() || via_dev_tty(Some(want.rdev())))
+            }
+        }
+    }
+
+    fn mem(&self) -> std::path::PathBuf {
+        self.task.join("mem")
+    }
 }
 
 fn read_target(mem: &Path, addr: u64, len: usize) -> Option<Vec<u8>> {
@@ -179,38 +227,54 @@ fn read_target(mem: &Path, addr: u64, len: usize) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// `poll(fds, nfds, ...)` / `ppoll(fds, nfds, ...)`: does some entry ask for input on fd 0?
-fn poll_wants_fd0(mem: &Path, fds: u64, nfds: u64) -> bool {
+/// `poll(fds, nfds, ...)` / `ppoll(fds, nfds, ...)`: does some entry ask for input on the
+/// terminal?
+fn poll_wants(terminal: &Terminal<'_>, fds: u64, nfds: u64) -> bool {
     if fds == 0 || nfds == 0 || nfds > MAX_POLL_FDS {
         return false;
     }
     // struct pollfd { int fd; short events; short revents; } is 8 bytes everywhere.
     let Ok(len) = usize::try_from(nfds * 8) else { return false };
-    let Some(buf) = read_target(mem, fds, len) else { return false };
+    let Some(buf) = read_target(&terminal.mem(), fds, len) else { return false };
     buf.chunks_exact(8).any(|e| {
         let fd = i32::from_ne_bytes([e[0], e[1], e[2], e[3]]);
         let events = i16::from_ne_bytes([e[4], e[5]]);
-        fd == 0 && events & POLL_INPUT != 0
+        events & POLL_INPUT != 0 && terminal.is(fd)
     })
 }
 
-/// `select(nfds, readfds, ...)` / `pselect6(...)`: is fd 0 in the read set?
-fn select_wants_fd0(mem: &Path, nfds: u64, readfds: u64) -> bool {
+/// `select(nfds, readfds, ...)` / `pselect6(...)`: is the terminal in the read set?
+fn select_wants(terminal: &Terminal<'_>, nfds: u64, readfds: u64) -> bool {
     // nfds is an int; a negative value shows up sign-extended and fails the range check.
-    if nfds == 0 || nfds > 1024 * 1024 || readfds == 0 {
+    if nfds == 0 || nfds > 64 * 1024 || readfds == 0 {
         return false;
     }
-    // fd_set is an array of unsigned long; fd 0 is the lowest bit of the first word.
-    const WORD: usize = std::mem::size_of::<libc::c_ulong>();
-    let Some(buf) = read_target(mem, readfds, WORD) else { return false };
-    let mut word = [0u8; 8];
-    word[..WORD].copy_from_slice(&buf);
-    let value = if WORD == 8 {
-        u64::from_ne_bytes(word)
-    } else {
-        u64::from(u32::from_ne_bytes([word[0], word[1], word[2], word[3]]))
-    };
-    value & 1 != 0
+    // fd_set is a bit array of unsigned longs: bit n of the set is fd n.
+    const WORD: u64 = std::mem::size_of::<libc::c_ulong>() as u64;
+    let bytes = nfds.div_ceil(WORD * 8) * WORD;
+    let Ok(len) = usize::try_from(bytes) else { return false };
+    let Some(buf) = read_target(&terminal.mem(), readfds, len) else { return false };
+    // Little- and big-endian words differ in byte order; decode per word.
+    let mut fd: u64 = 0;
+    for chunk in buf.chunks_exact(WORD as usize) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        let value = if WORD == 8 {
+            u64::from_ne_bytes(w)
+        } else {
+            u64::from(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+        };
+        for bit in 0..WORD * 8 {
+            if fd + bit >= nfds {
+                return false;
+            }
+            if value & (1 << bit) != 0 && i32::try_from(fd + bit).is_ok_and(|n| terminal.is(n)) {
+                return true;
+            }
+        }
+        fd += WORD * 8;
+    }
+    false
 }
 
 /// One `tfd:` line of an epoll fdinfo.
@@ -243,41 +307,25 @@ fn parse_epoll_fdinfo(text: &str) -> Vec<EpollEntry> {
         .collect()
 }
 
-/// `epoll_wait(epfd, ...)` family: does the interest list hold fd 0 for input?
-fn epoll_wants_fd0(task: &Path, epfd: u64) -> bool {
+/// `epoll_wait(epfd, ...)` family: does the interest list hold the terminal for input?
+fn epoll_wants(terminal: &Terminal<'_>, epfd: u64) -> bool {
     let Ok(epfd) = i32::try_from(epfd) else { return false };
-    let Ok(text) = std::fs::read_to_string(task.join(format!("fdinfo/{epfd}"))) else {
+    let Ok(text) = std::fs::read_to_string(terminal.task.join(format!("fdinfo/{epfd}"))) else {
         return false;
     };
-    // The entry is keyed by the fd number at registration; when the kernel tells us the
-    // inode, insist it is still the file behind fd 0 (fd 0 could have been replaced).
-    let fd0_ino = std::fs::metadata(task.join("fd/0")).ok().map(|m| m.ino());
     parse_epoll_fdinfo(&text).into_iter().any(|e| {
-        e.tfd == 0
-            && e.events & EPOLL_INPUT != 0
-            && match (e.ino, fd0_ino) {
+        // The entry is keyed by the fd number at registration; when the kernel tells us the
+        // inode, insist it is still the file behind that fd (it could have been replaced).
+        let now =
+            std::fs::metadata(terminal.task.join(format!("fd/{}", e.tfd))).ok().map(|m| m.ino());
+        e.events & EPOLL_INPUT != 0
+            && match (e.ino, now) {
                 (Some(a), Some(b)) => a == b,
                 (Some(_), None) => false,
                 (None, _) => true,
             }
+            && terminal.is(e.tfd)
     })
-}
-
-fn fd0_matches(task: &Path, stdin: StdinMatch<'_>) -> bool {
-    let fd0 = task.join("fd/0");
-    match stdin {
-        StdinMatch::Any => true,
-        StdinMatch::AnyPts => {
-            let is_char = std::fs::metadata(&fd0).is_ok_and(|m| m.file_type().is_char_device());
-            is_char && std::fs::read_link(&fd0).is_ok_and(|t| t.starts_with("/dev/pts/"))
-        }
-        StdinMatch::Tty(tty) => {
-            let (Ok(a), Ok(b)) = (std::fs::metadata(&fd0), std::fs::metadata(tty)) else {
-                return false;
-            };
-            a.file_type().is_char_device() && a.rdev() == b.rdev()
-        }
-    }
 }
 
 #[cfg(test)]

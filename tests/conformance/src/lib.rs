@@ -128,6 +128,7 @@ macro_rules! terminal_suite {
             state_persists_across_sends,
             open_honours_cwd_and_rejects_a_missing_one,
             a_program_reading_stdin_is_stdin_read,
+            a_program_reading_dev_tty_is_stdin_read,
             a_silent_program_is_inferred_idle_not_stdin_read,
             a_cancelled_send_interrupts_the_foreground,
             exit_is_session_exit_with_the_code,

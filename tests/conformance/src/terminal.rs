@@ -107,6 +107,18 @@ pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) {
     close(s.as_ref()).await;
 }
 
+pub async fn a_program_reading_dev_tty_is_stdin_read(p: &dyn TerminalBackend) {
+    // Stdin is /dev/null; the program asks the terminal itself, as less, ssh and sudo do.
+    let s = open(p).await;
+    let cmd = "bash -c 'exec 3</dev/tty; read -r -u 3 x; echo \"tty said $x\"' </dev/null";
+    let r = send(s.as_ref(), cmd).await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "a read of /dev/tty is a stdin wait: {r:?}");
+    let r = send(s.as_ref(), "hello").await;
+    assert!(r.delta.contains("tty said hello"), "{r:?}");
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    close(s.as_ref()).await;
+}
+
 pub async fn a_silent_program_is_inferred_idle_not_stdin_read(p: &dyn TerminalBackend) {
     let s = open(p).await;
     let r = send(s.as_ref(), "sleep 1000").await;
