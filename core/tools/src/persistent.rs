@@ -58,17 +58,6 @@ pub struct PersistentBashTool {
 
 const TAG: &str = "__CONCH_PB";
 
-fn nonce() -> String {
-    let mut b = [0u8; 8];
-    let _ = getrandom::fill(&mut b);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let x = u64::from_le_bytes(b) ^ (t as u64);
-    format!("{x:016x}")
-}
-
 fn b64(data: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
@@ -192,7 +181,7 @@ impl Tool for PersistentBashTool {
             *session = Some(info.id);
         }
         let id = session.clone().unwrap_or_default();
-        let nonce = nonce();
+        let nonce = conch_seams::terminal::marker_nonce();
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let mut acc = String::new();
         let mut first = true;

@@ -126,19 +126,6 @@ impl TerminalBash {
     }
 }
 
-fn nonce() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        // Uniqueness, not secrecy, is what matters here; fall back to time and pid.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = ((t as u64) ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 #[async_trait]
 impl TerminalBackend for TerminalBash {
     fn type_name(&self) -> &'static str {
@@ -154,7 +141,7 @@ impl TerminalBackend for TerminalBash {
             return Err(Error::invalid(format!("cwd `{}` is not a directory", cwd.display()))
                 .with_provider(NAME));
         }
-        let payload = format!("{MARKER_OSC};{}", nonce());
+        let payload = format!("{MARKER_OSC};{}", conch_seams::terminal::marker_nonce());
         // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before every
         // prompt so a user's PS1 change cannot break readiness.
         let ps1 = format!("\\[\\e]{payload}\\a\\]\\$ ");
