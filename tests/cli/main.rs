@@ -217,3 +217,31 @@ fn bash_returns_when_the_shell_exits_and_reports_what_it_stopped() {
     let job = out[2]["text"].as_str().unwrap();
     assert!(job.contains("stopped 1 process that outlived the shell"), "{job}");
 }
+
+#[test]
+fn terminal_and_persistent_shells_get_the_managed_env_and_not_ambient_secrets() {
+    let run = |composition: &str, lines: &[&str]| {
+        let mut child = conch()
+            .env("CONCH_SESSION_ID", "leak4")
+            .env("DB_PASSWORD", "leak3")
+            .args(["--composition", composition, "batch"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            let mut stdin = child.stdin.take().unwrap();
+            for l in lines {
+                writeln!(stdin, "{l}").unwrap();
+            }
+        }
+        text(&child.wait_with_output().unwrap())
+    };
+    let cmd = "echo \"sid=$CONCH_SESSION_ID shell=$CONCH_SHELL pw=${DB_PASSWORD:-none}\"";
+    let send = serde_json::json!({"tool":"terminal_send","args":{"session_id":"pty-1","text":cmd}});
+    let out = run("terminal", &[r#"{"tool":"terminal_open","args":{}}"#, &send.to_string()]);
+    assert!(out.contains("sid=cli shell=1 pw=none"), "{out}");
+    let call = serde_json::json!({"tool":"bash","args":{"command":cmd}});
+    let out = run("minimal", &[&call.to_string()]);
+    assert!(out.contains("sid=cli shell=1 pw=none"), "{out}");
+}

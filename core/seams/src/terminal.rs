@@ -85,6 +85,8 @@ pub struct TerminalOpenSpec {
     pub cwd: Option<PathBuf>,
     /// Aborts unpublished setup.
     pub cancel: CancellationToken,
+    /// Trusted managed CONCH_* snapshot for the shell; applied last, so it wins.
+    pub managed_env: std::collections::BTreeMap<String, String>,
 }
 
 /// The result of a close.
@@ -146,6 +148,8 @@ pub struct OpenRequest {
     pub name: Option<String>,
     /// Working directory.
     pub cwd: Option<PathBuf>,
+    /// Trusted managed CONCH_* snapshot (the same one one-shot commands get).
+    pub managed_env: std::collections::BTreeMap<String, String>,
 }
 
 /// A published session as its owner sees it.

@@ -341,6 +341,7 @@ impl Terminals for TerminalService {
         let (id, pending) = self.reserve(owner, req.name.as_deref())?;
         let mut spec = TerminalOpenSpec::default();
         spec.cwd = req.cwd;
+        spec.managed_env = req.managed_env;
         spec.cancel = pending.abort.clone();
 
         // Initialize, forwarding the caller's and the owner's cancellation into the setup.

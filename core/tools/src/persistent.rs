@@ -52,6 +52,7 @@ type Slot = Arc<tokio::sync::Mutex<Option<String>>>;
 #[derive(Debug)]
 pub struct PersistentBashTool {
     terminals: Arc<dyn Terminals>,
+    shell_env: Arc<conch_env::ShellEnv>,
     config: PersistentBashConfig,
     sessions: Arc<Mutex<HashMap<u64, Slot>>>,
 }
@@ -176,8 +177,9 @@ impl Tool for PersistentBashTool {
         };
         if !live {
             self.reset(&ctx.owner, &mut session).await;
-            let info =
-                self.terminals.open(&ctx.owner, OpenRequest::default(), ctx.cancel.clone()).await?;
+            let mut req = OpenRequest::default();
+            req.managed_env = self.shell_env.snapshot(ctx.owner.session_id());
+            let info = self.terminals.open(&ctx.owner, req, ctx.cancel.clone()).await?;
             *session = Some(info.id);
         }
         let id = session.clone().unwrap_or_default();
@@ -298,6 +300,7 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     }
     let tool = PersistentBashTool {
         terminals: ctx.terminals()?,
+        shell_env: ctx.shell_env(),
         config,
         sessions: Arc::new(Mutex::new(HashMap::new())),
     };

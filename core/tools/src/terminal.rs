@@ -103,6 +103,7 @@ fn capped_json(value: serde_json::Value, max: usize) -> ToolOutput {
 struct Ctx {
     terminals: Arc<dyn Terminals>,
     jobs: Option<Arc<dyn Jobs>>,
+    shell_env: Arc<conch_env::ShellEnv>,
     config: TerminalToolsConfig,
 }
 
@@ -163,6 +164,7 @@ impl OpenTool {
         req.type_name = a.type_name;
         req.name = a.name;
         req.cwd = a.cwd.map(PathBuf::from);
+        req.managed_env = self.0.shell_env.snapshot(ctx.owner.session_id());
         let info = self.0.terminals.open(&ctx.owner, req, ctx.cancel.clone()).await?;
         let v = serde_json::json!({
             "session_id": info.id, "name": info.name, "type": info.type_name, "motd": info.motd,
@@ -472,7 +474,12 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
             ),
         ));
     }
-    let shared = Arc::new(Ctx { terminals: ctx.terminals()?, jobs: ctx.jobs().ok(), config });
+    let shared = Arc::new(Ctx {
+        terminals: ctx.terminals()?,
+        jobs: ctx.jobs().ok(),
+        shell_env: ctx.shell_env(),
+        config,
+    });
     Ok(PluginOutput::tools(vec![
         Arc::new(OpenTool(Arc::clone(&shared))),
         Arc::new(SendTool(Arc::clone(&shared))),

@@ -162,6 +162,11 @@ impl TerminalBackend for TerminalBash {
         ] {
             tspec.env.insert(k.into(), Some(v));
         }
+        // The managed snapshot is trusted and goes last; the provider's scrub removed any
+        // ambient CONCH_* before it.
+        for (k, v) in spec.managed_env {
+            tspec.env.insert(k, Some(v));
+        }
         let process = self.subprocess.spawn_terminal(tspec).await?;
         let shared = session::start(process, self.config.clone(), &payload);
         let motd = match session::await_first_prompt(&shared, &spec.cancel).await {
