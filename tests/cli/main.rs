@@ -20,7 +20,13 @@ fn run_batch(lines: &[&str]) -> Vec<serde_json::Value> {
 }
 
 fn run_batch_in(composition: &str, lines: &[&str]) -> Vec<serde_json::Value> {
+    batch_text(composition, &[], lines).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Runs `conch batch` with extra ambient `env` and returns its stdout.
+fn batch_text(composition: &str, env: &[(&str, &str)], lines: &[&str]) -> String {
     let mut child = conch()
+        .envs(env.iter().copied())
         .args(["--composition", composition, "batch"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -34,7 +40,7 @@ fn run_batch_in(composition: &str, lines: &[&str]) -> Vec<serde_json::Value> {
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "batch exits 0");
-    text(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    text(&out)
 }
 
 #[test]
@@ -220,23 +226,8 @@ fn bash_returns_when_the_shell_exits_and_reports_what_it_stopped() {
 
 #[test]
 fn terminal_and_persistent_shells_get_the_managed_env_and_not_ambient_secrets() {
-    let run = |composition: &str, lines: &[&str]| {
-        let mut child = conch()
-            .env("CONCH_SESSION_ID", "leak4")
-            .env("DB_PASSWORD", "leak3")
-            .args(["--composition", composition, "batch"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        {
-            let mut stdin = child.stdin.take().unwrap();
-            for l in lines {
-                writeln!(stdin, "{l}").unwrap();
-            }
-        }
-        text(&child.wait_with_output().unwrap())
-    };
+    let env = [("CONCH_SESSION_ID", "leak4"), ("DB_PASSWORD", "leak3")];
+    let run = |composition: &str, lines: &[&str]| batch_text(composition, &env, lines);
     let cmd = "echo \"sid=$CONCH_SESSION_ID shell=$CONCH_SHELL pw=${DB_PASSWORD:-none}\"";
     let send = serde_json::json!({"tool":"terminal_send","args":{"session_id":"pty-1","text":cmd}});
     let out = run("terminal", &[r#"{"tool":"terminal_open","args":{}}"#, &send.to_string()]);
