@@ -133,7 +133,19 @@ fn validate_name(name: &str) -> Result<()> {
             ),
         ));
     }
+    if is_session_id(name) {
+        return Err(err(
+            ErrorCode::InvalidArgument,
+            "BAD_NAME",
+            format!("session name {name:?} looks like a session id; pty-N is reserved for ids"),
+        ));
+    }
     Ok(())
+}
+
+/// `pty-N`: the shape of registry-issued ids.
+fn is_session_id(s: &str) -> bool {
+    s.strip_prefix("pty-").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 impl Inner {
@@ -141,10 +153,16 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The record if it exists and belongs to `owner_key`.
+    /// The record if it exists and belongs to `owner_key`; `id` may also be one of the
+    /// owner's session names (names are owner-unique and never look like ids).
     fn owned(&self, owner_key: u64, id: &str) -> Result<Arc<Record>> {
         let st = self.lock();
-        match st.sessions.get(id) {
+        let by_name = || {
+            st.sessions.values().find(|r| r.owner_key == owner_key && r.name.as_deref() == Some(id))
+        };
+        let found =
+            st.sessions.get(id).or_else(|| if is_session_id(id) { None } else { by_name() });
+        match found {
             Some(r) if r.owner_key == owner_key => Ok(Arc::clone(r)),
             Some(_) => Err(err(
                 ErrorCode::ForeignOwner,

@@ -174,6 +174,26 @@ async fn ids_are_pty_n_and_names_are_unique_per_owner() {
 }
 
 #[tokio::test]
+async fn names_address_the_owners_own_sessions() {
+    let (svc, _) = service();
+    let (a, b) = (owner("a"), owner("b"));
+    svc.open(&a, named("build"), CancellationToken::new()).await.unwrap();
+    let theirs = svc.open(&b, named("build"), CancellationToken::new()).await.unwrap();
+    svc.open(&b, named("only-b"), CancellationToken::new()).await.unwrap();
+    // Each owner's "build" is its own session.
+    assert!(svc.read(&a, "build", 0, 10).is_ok());
+    svc.close(&b, "build").await.unwrap();
+    let left: Vec<String> = svc.list(&b).into_iter().map(|i| i.id).collect();
+    assert!(!left.contains(&theirs.id), "closing b's \"build\" closed b's session: {left:?}");
+    assert_eq!(svc.list(&a).len(), 1, "a's \"build\" is untouched");
+    // Another owner's name is simply not a session of mine (no foreign leak of names).
+    let e = svc.read(&a, "only-b", 0, 10).unwrap_err();
+    assert_eq!(reason(&e), "NO_SESSION");
+    let e = svc.open(&a, named("pty-7"), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(reason(&e), "BAD_NAME", "id-shaped names are refused");
+}
+
+#[tokio::test]
 async fn unknown_type_is_no_backend() {
     let (svc, backend) = service();
     let mut req = OpenRequest::default();

@@ -177,7 +177,7 @@ impl OpenTool {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SendArgs {
-    /// The session id from terminal_open.
+    /// The session id from terminal_open (`pty-N`), or the name given there.
     session_id: String,
     /// Text to type (UTF-8).
     text: String,
@@ -320,7 +320,7 @@ impl SendTool {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ReadArgs {
-    /// The session id.
+    /// The session id (`pty-N`), or the name given at terminal_open.
     session_id: String,
     /// How many lines back from the newest the page ends (default 0).
     #[serde(default)]
@@ -389,7 +389,7 @@ enum SignalName {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SignalArgs {
-    /// The session id.
+    /// The session id (`pty-N`), or the name given at terminal_open.
     session_id: String,
     /// The signal for the terminal's current foreground process group.
     signal: SignalName,
@@ -424,7 +424,7 @@ impl SignalTool {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SessionArgs {
-    /// The session id.
+    /// The session id (`pty-N`), or the name given at terminal_open.
     session_id: String,
 }
 
