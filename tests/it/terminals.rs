@@ -247,7 +247,12 @@ async fn terminal_read_pages_backward_through_scrollback() {
     let text = p["text"].as_str().unwrap();
     assert!(text.ends_with("50"), "page ends one line before the prompt line: {text:?}");
     assert_eq!(text.lines().count(), 5);
-    assert!(p["total_lines"].as_u64().unwrap() >= 51);
+    let total = p["total_lines"].as_u64().unwrap();
+    assert!(total >= 51);
+    let far = json!({"session_id": id, "offset_lines": total + 10});
+    let r = call(&rt, &o, "terminal_read", far).await;
+    assert!(r.text.contains("past the oldest retained line"), "an empty page says why: {}", r.text);
+    assert!(r.text.contains(&format!("{total} of {total} lines are retained")), "{}", r.text);
     rt.shutdown().await;
 }
 

@@ -346,13 +346,25 @@ impl ReadTool {
             a.offset_lines.unwrap_or(0),
             a.max_lines.unwrap_or(200),
         )?;
-        let suffix = format!(
-            "\n[lines {}..{} of {}{}]",
-            p.line_begin,
-            p.line_end,
-            p.total_lines,
-            if p.truncated { "; truncated" } else { "" }
-        );
+        let offset = a.offset_lines.unwrap_or(0);
+        let suffix = if p.text.is_empty() && offset > 0 && p.line_begin == p.line_end {
+            // Paged past the oldest retained line: say so rather than return a bare empty page.
+            format!(
+                "[offset_lines {offset} is past the oldest retained line; {} of {} lines are \
+                 retained{}]",
+                p.total_lines - p.line_end,
+                p.total_lines,
+                if p.line_end > 0 { "; older output was dropped from retention" } else { "" }
+            )
+        } else {
+            format!(
+                "\n[lines {}..{} of {}{}]",
+                p.line_begin,
+                p.line_end,
+                p.total_lines,
+                if p.truncated { "; truncated" } else { "" }
+            )
+        };
         let text = cap_result(&p.text, &suffix, self.0.config.max_result_bytes);
         let body = &text[..text.len() - suffix.len()];
         Ok(ToolOutput {
