@@ -28,12 +28,9 @@ pub fn group_alive(pgid: i32) -> bool {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{name}/stat")) else { continue };
-        // comm may contain spaces and parens: split after the last ')'.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next().unwrap_or("");
-        let _ppid = fields.next();
-        let pgrp: i32 = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+        let Some(fields) = crate::probe::stat_fields(&stat) else { continue };
+        let state = fields.first().copied().unwrap_or("");
+        let pgrp: i32 = fields.get(2).and_then(|f| f.parse().ok()).unwrap_or(0);
         if pgrp == pgid && state != "Z" && state != "X" {
             return true;
         }
@@ -41,7 +38,8 @@ pub fn group_alive(pgid: i32) -> bool {
     false
 }
 
-async fn wait_gone(pgid: i32, limit: Duration) -> bool {
+/// Probes until group `pgid` is gone (true) or `limit` passed (false).
+pub(crate) async fn wait_gone(pgid: i32, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         if !group_alive(pgid) {

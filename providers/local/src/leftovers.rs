@@ -34,12 +34,9 @@ struct Found {
 /// Parses `/proc/<pid>/stat` into (name, state, pgrp, start time).
 fn stat(pid: &str) -> Option<(String, char, i32, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // comm may contain spaces and parens: it ends at the last ')'.
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let name = text.get(open + 1..close)?.to_string();
-    let fields: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
-    // Fields after comm start at field 3 (state); pgrp is field 5, starttime field 22.
+    let name = text.get(text.find('(')? + 1..text.rfind(')')?)?.to_string();
+    let fields = crate::probe::stat_fields(&text)?;
+    // After comm: state (field 3), pgrp (field 5), starttime (field 22).
     let state = fields.first()?.chars().next()?;
     let pgrp = fields.get(2)?.parse().ok()?;
     let start = fields.get(19)?.parse().ok()?;

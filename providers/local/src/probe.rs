@@ -85,7 +85,9 @@ pub fn group_waits_on(pgid: i32, stdin: StdinMatch<'_>) -> bool {
 }
 
 /// The fields of a `/proc/.../stat` line after the comm, which may hold spaces and parens.
-fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+/// The fields of a `/proc/.../stat` line after the comm (which may contain spaces and
+/// parens, so the split is after the last `)`): index 0 is the state.
+pub(crate) fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     let rest = &stat[stat.rfind(')')? + 1..];
     Some(rest.split_whitespace().collect())
 }
@@ -168,7 +170,14 @@ fn task_waits_on(task: &Path, stdin: StdinMatch<'_>) -> bool {
     let Ok(line) = std::fs::read_to_string(task.join("syscall")) else { return false };
     let Some(call) = parse_syscall(&line) else { return false };
     let Some(kind) = wait_kind(call.nr) else { return false };
-    let terminal = Terminal { task, stdin, ctty };
+    let tty_rdev = match stdin {
+        StdinMatch::Tty(tty) => match std::fs::metadata(tty) {
+            Ok(m) => Some(m.rdev()),
+            Err(_) => return false,
+        },
+        _ => None,
+    };
+    let terminal = Terminal { task, stdin, ctty, tty_rdev };
     match kind {
         WaitKind::Read => i32::try_from(call.args[0]).is_ok_and(|fd| terminal.is(fd)),
         // A task's mem is its address space, which is where its syscall arguments point.
@@ -186,6 +195,8 @@ struct Terminal<'a> {
     task: &'a Path,
     stdin: StdinMatch<'a>,
     ctty: Option<u64>,
+    /// Device number of the `Tty` match, read once per task rather than once per fd.
+    tty_rdev: Option<u64>,
 }
 
 impl Terminal<'_> {
@@ -207,10 +218,9 @@ impl Terminal<'_> {
                     && (std::fs::read_link(&path).is_ok_and(|t| t.starts_with("/dev/pts/"))
                         || via_dev_tty(self.ctty))
             }
-            StdinMatch::Tty(tty) => {
-                let Ok(want) = std::fs::metadata(tty) else { return false };
+            StdinMatch::Tty(_) => {
                 meta.file_type().is_char_device()
-                    && (meta.rdev() == want.rdev() || via_dev_tty(Some(want.rdev())))
+                    && (Some(meta.rdev()) == self.tty_rdev || via_dev_tty(self.tty_rdev))
             }
         }
     }

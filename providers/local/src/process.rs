@@ -93,9 +93,7 @@ impl Inner {
                 let finished = async {
                     let _ = drain_pumps(&self.open_pumps, None).await;
                     // The pipes are closed; wait for the rest of the group, if any.
-                    while crate::group_alive(pgid) {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
+                    crate::kill::wait_gone(pgid, drain).await;
                 };
                 let killed = async {
                     let _ = gone.wait_for(|g| *g).await;
