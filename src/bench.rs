@@ -115,7 +115,7 @@ pub(crate) async fn run_terminal(iterations: usize) -> anyhow::Result<String> {
             let mut seen = Vec::new();
             // The tty echoes the line and cat prints it again: two x's mean the roundtrip is done.
             while seen.iter().filter(|b| **b == b'x').count() < 2 {
-                match cat.read_chunk().await {
+                match cat.read_chunk().await.map_err(|e| anyhow::anyhow!("{e}"))? {
                     Some(c) => seen.extend(c),
                     None => anyhow::bail!("cat exited"),
                 }
@@ -124,8 +124,7 @@ pub(crate) async fn run_terminal(iterations: usize) -> anyhow::Result<String> {
         }
     })
     .await?;
-    let _ = cat.signal_group(cat.pid().unwrap_or(0) as i32, 9);
-    cat.wait().await;
+    cat.terminate(Duration::from_secs(1)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
 
     let open = terminal
         .call(&owner, "terminal_open", serde_json::json!({}))

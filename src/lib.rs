@@ -8,6 +8,7 @@ use conch_registry::{RegistryError, Runtime};
 // Referencing each provider crate keeps its plugin registrations in the final binary.
 use conch_jobs as _;
 use conch_provider_bash as _;
+#[cfg(unix)]
 use conch_provider_local as _;
 use conch_provider_terminal_bash as _;
 use conch_terminals as _;
@@ -18,6 +19,7 @@ pub use conch_registry::plugins;
 
 /// Forces every provider crate to link (call from binaries and test crates).
 pub fn link_all() {
+    #[cfg(unix)]
     conch_provider_local::register();
     conch_provider_bash::register();
     conch_tools::register();

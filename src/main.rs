@@ -155,9 +155,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Command::Call { tool, args, json } => {
                     let args: serde_json::Value = serde_json::from_str(&args)
                         .context("the arguments must be a JSON object")?;
-                    owner.set_busy(true);
+                    let turn = owner.begin_turn();
                     let r = runtime.call(&owner, &tool, args).await;
-                    owner.set_busy(false);
+                    drop(turn);
                     if json {
                         print_line(&result_json(&r))?;
                     }
@@ -219,16 +219,14 @@ async fn batch(
         let r = match serde_json::from_str::<serde_json::Value>(&line) {
             Ok(v) => match (v.get("tool").and_then(|t| t.as_str()), v.as_object()) {
                 (Some(tool), Some(obj)) if obj.keys().all(|k| k == "tool" || k == "args") => {
-                    owner.set_busy(true);
-                    let r = runtime
+                    let _turn = owner.begin_turn();
+                    runtime
                         .call(
                             owner,
                             tool,
                             v.get("args").cloned().unwrap_or(serde_json::Value::Null),
                         )
-                        .await;
-                    owner.set_busy(false);
-                    r
+                        .await
                 }
                 _ => Err(Error::new(
                     ErrorCode::InvalidArgument,

@@ -58,8 +58,8 @@ pub enum CompositionError {
 
 impl CompositionError {
     /// Stable code.
-    pub fn code(&self) -> &'static str {
-        "invalid_composition"
+    pub fn code(&self) -> conch_seams::ErrorCode {
+        conch_seams::ErrorCode::InvalidComposition
     }
 }
 

@@ -91,7 +91,7 @@ fn build_second(
     _: &conch_registry::BuildContext<'_>,
 ) -> conch_seams::Result<conch_registry::PluginOutput> {
     Ok(conch_registry::PluginOutput::seam(conch_registry::SeamHandle::Subprocess(
-        std::sync::Arc::new(conch_provider_local::LocalSubprocess::default()),
+        std::sync::Arc::new(conch_provider_local::LocalSubprocess::new(Default::default())),
     )))
 }
 

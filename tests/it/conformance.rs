@@ -6,6 +6,14 @@ mod subprocess_local {
     use conch_provider_local::{LocalConfig, LocalSubprocess};
 
     conch_conformance::subprocess_suite!(|| Arc::new(LocalSubprocess::new(LocalConfig::default())));
+
+    mod terminal_process {
+        use super::*;
+
+        conch_conformance::terminal_process_suite!(|| Arc::new(LocalSubprocess::new(
+            LocalConfig::default()
+        )));
+    }
 }
 
 mod bash_local {

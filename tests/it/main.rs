@@ -6,7 +6,9 @@
 mod compositions;
 mod conformance;
 mod terminals;
+mod tidy;
 mod tools;
+mod transport;
 
 use std::sync::Arc;
 

@@ -100,7 +100,9 @@ async fn bad_arguments_are_invalid_argument_errors_naming_the_field() {
         .call(&o, "bash", json!({"command": "true", "workdir": "/nonexistent/x"}))
         .await
         .unwrap_err();
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    // The directory is checked where the world is: the subprocess provider refuses the spawn.
+    assert_eq!(e.code(), ErrorCode::SpawnFailed);
+    assert!(e.to_string().contains("/nonexistent/x"), "{e}");
     let e = rt.call(&o, "no_such_tool", json!({})).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::NotFound);
     rt.shutdown().await;
@@ -232,4 +234,99 @@ async fn owner_disposal_kills_and_awaits_its_jobs_then_deletes_records() {
 fn job_text(rt: &conch_registry::Runtime, o: &conch_seams::Owner, id: &str) -> String {
     let jobs = rt.seams().jobs.clone().unwrap();
     jobs.read_output(o, id).map(|(_, r)| r.text).unwrap_or_default()
+}
+
+/// Runs `bash` with a command that first touches a marker, returns the call's task once the
+/// command is running, and the pid it printed into the marker.
+async fn running_call(
+    rt: &std::sync::Arc<conch_registry::Runtime>,
+    ctx: conch_seams::ToolContext,
+    dir: &std::path::Path,
+) -> (tokio::task::JoinHandle<conch_seams::Result<conch_seams::ToolOutput>>, i32) {
+    let marker = dir.join("running");
+    let cmd = format!("echo $$ > {}.tmp && mv {0}.tmp {0}; exec sleep 1000", marker.display());
+    let rt2 = std::sync::Arc::clone(rt);
+    let task =
+        tokio::spawn(async move { rt2.call_with(&ctx, "bash", json!({"command": cmd})).await });
+    eventually("the command to start", || marker.exists()).await;
+    let pid = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+    (task, pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disposing_an_owner_aborts_its_calls_in_flight() {
+    let rt = std::sync::Arc::new(standard());
+    let (o, _) = owner("s");
+    let dir = tempfile::tempdir().unwrap();
+    let (task, pid) =
+        running_call(&rt, conch_seams::ToolContext::new(std::sync::Arc::clone(&o)), dir.path())
+            .await;
+    conch_conformance::within("owner disposal", o.dispose()).await;
+    let r = conch_conformance::within("the aborted call", task).await.unwrap();
+    let e = r.expect_err("the call was aborted by the disposal");
+    assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
+    eventually("the command's process to be gone", || conch_conformance::pid_gone(pid)).await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_with_takes_the_front_ends_cancellation() {
+    let rt = std::sync::Arc::new(standard());
+    let (o, _) = owner("s");
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = conch_seams::ToolContext::new(std::sync::Arc::clone(&o));
+    let cancel = ctx.cancel.clone();
+    let (task, pid) = running_call(&rt, ctx, dir.path()).await;
+    cancel.cancel();
+    let r = conch_conformance::within("the cancelled call", task).await.unwrap();
+    assert_eq!(r.unwrap_err().code(), ErrorCode::Cancelled);
+    eventually("the command's process to be gone", || conch_conformance::pid_gone(pid)).await;
+    assert!(o.is_live(), "cancelling one call leaves its owner alone");
+    let out = call(&rt, &o, "bash", json!({"command": "echo still"})).await;
+    assert_eq!(out.text, "still\n");
+    rt.shutdown().await;
+}
+
+fn spill_of(text: &str) -> std::path::PathBuf {
+    let first = text.lines().next().unwrap_or_default();
+    first
+        .strip_prefix("[output truncated; full output: ")
+        .and_then(|s| s.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("a spill is named: {first}"))
+        .into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spills_go_with_their_job_record_and_with_the_runtime() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let fg = spill_of(&call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await.text);
+    let out =
+        call(&rt, &o, "bash", json!({"command": "seq 1 100000", "run_in_background": true})).await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let done =
+        call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 30000})).await;
+    let bg: std::path::PathBuf =
+        done.structured.unwrap()["spill_path"].as_str().expect("the job names its spill").into();
+    assert!(fg.is_file() && bg.is_file());
+    conch_conformance::within("owner disposal", o.dispose()).await;
+    assert!(!bg.exists(), "the deleted job record took its spill along");
+    assert!(fg.is_file(), "a foreground result's spill lives as long as the runtime");
+    rt.shutdown().await;
+    assert!(!fg.exists(), "shutdown removed the runtime's spills");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_spills_keeps_them_after_shutdown() {
+    let parent = tempfile::tempdir().unwrap();
+    let rt = crate::runtime(&format!(
+        "plugins:\n  subprocess-local: {{ keep_spills: true, spill_dir: {:?} }}\n  bash-local: {{}}\n  tool-bash: {{}}\n",
+        parent.path()
+    ));
+    let (o, _) = owner("s");
+    let fg = spill_of(&call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await.text);
+    assert!(fg.starts_with(parent.path()), "{fg:?} is under the configured spill_dir");
+    o.dispose().await;
+    rt.shutdown().await;
+    assert_eq!(std::fs::read_to_string(&fg).unwrap().lines().count(), 100_000);
 }

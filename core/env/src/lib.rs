@@ -66,10 +66,10 @@ pub enum ShellEnvError {
 
 impl ShellEnvError {
     /// Stable code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> conch_seams::ErrorCode {
         match self {
-            ShellEnvError::DuplicateKey { .. } => "already_exists",
-            ShellEnvError::BadPrefix(_) => "invalid_argument",
+            ShellEnvError::DuplicateKey { .. } => conch_seams::ErrorCode::AlreadyExists,
+            ShellEnvError::BadPrefix(_) => conch_seams::ErrorCode::InvalidArgument,
         }
     }
 }

@@ -242,6 +242,13 @@ impl Job {
         self.output.as_ref().map(|o| o.read()).unwrap_or_default()
     }
 
+    /// The record is deleted: the producer may drop retained output (spill files).
+    pub(crate) fn release_output(&self) {
+        if let Some(o) = &self.output {
+            o.release();
+        }
+    }
+
     /// Non-consuming snapshot through the producer's output hook (empty without one).
     pub(crate) fn snapshot(&self) -> JobRead {
         self.output.as_ref().map(|o| o.snapshot()).unwrap_or_default()

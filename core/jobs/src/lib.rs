@@ -35,17 +35,17 @@ impl Default for JobsConfig {
     }
 }
 
+impl conch_seams::PluginConfig for JobsConfig {
+    fn validate(&self) -> Result<(), conch_seams::ConfigIssue> {
+        if self.cap_per_owner == 0 {
+            return Err(conch_seams::ConfigIssue::new("cap_per_owner", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
 fn build(ctx: &BuildContext<'_>) -> conch_seams::Result<PluginOutput> {
     let config: JobsConfig = ctx.config()?;
-    if config.cap_per_owner == 0 {
-        return Err(conch_seams::Error::new(
-            conch_seams::ErrorCode::InvalidComposition,
-            format!(
-                "{}: plugin `jobs`: key `cap_per_owner`: must be at least 1",
-                ctx.source_name()
-            ),
-        ));
-    }
     let registry = JobRegistry::new(config.cap_per_owner);
     let for_teardown = Arc::clone(&registry);
     Ok(PluginOutput::seam(SeamHandle::Jobs(registry)).with_teardown(move || {

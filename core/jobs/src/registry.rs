@@ -296,6 +296,11 @@ impl Inner {
             st.jobs.remove(&job.id);
             job.abort_task();
         }
+        drop(st);
+        // Nobody can address these records any more, so nothing can read their output.
+        for job in &jobs {
+            job.release_output();
+        }
     }
 
     async fn dispose_owner(&self, owner_key: u64) {

@@ -33,6 +33,7 @@ enum OnCancel {
 struct FakeOutput {
     pending: Mutex<String>,
     all: Mutex<String>,
+    released: AtomicBool,
 }
 
 impl FakeOutput {
@@ -49,6 +50,10 @@ impl JobOutput for FakeOutput {
 
     fn snapshot(&self) -> JobRead {
         JobRead { text: self.all.lock().unwrap().clone(), ..JobRead::default() }
+    }
+
+    fn release(&self) {
+        self.released.store(true, Ordering::SeqCst);
     }
 }
 
@@ -554,7 +559,7 @@ async fn notices_are_injected_while_busy_and_follow_up_while_idle_with_budget() 
     let reg = JobRegistry::new(10);
     let (owner, sink) = new_owner("s");
 
-    owner.set_busy(true);
+    let turn = owner.begin_turn();
     let id = run_to_completion(&reg, &owner, "exit code: 2").await;
     assert_eq!(
         sink.take(),
@@ -567,7 +572,7 @@ async fn notices_are_injected_while_busy_and_follow_up_while_idle_with_budget() 
         )]
     );
 
-    owner.set_busy(false);
+    drop(turn);
     let mut routes = Vec::new();
     for _ in 0..4 {
         run_to_completion(&reg, &owner, "exit code: 0").await;
@@ -646,6 +651,17 @@ async fn a_job_without_output_reads_empty() {
 }
 
 #[tokio::test]
+async fn overlapping_turns_keep_the_owner_busy_until_the_last_ends() {
+    let (owner, _) = new_owner("s");
+    let a = owner.begin_turn();
+    let b = owner.begin_turn();
+    drop(a);
+    assert!(owner.is_busy(), "one call ending must not make a still-busy owner idle");
+    drop(b);
+    assert!(!owner.is_busy());
+}
+
+#[tokio::test]
 async fn owner_disposal_cancels_awaits_settlement_then_deletes_records() {
     let reg = JobRegistry::new(10);
     let (owner, sink) = new_owner("s");
@@ -667,10 +683,12 @@ async fn owner_disposal_cancels_awaits_settlement_then_deletes_records() {
     assert_eq!(info.status, JobStatus::Running);
     assert!(info.cancel_requested);
 
+    assert!(!p.output.released.load(Ordering::SeqCst), "output stays while the job lives");
     p.finish(JobSettlement { status: JobStatus::Killed, detail: None });
     dispose.await;
     assert_eq!(reg.get(&owner, &id).unwrap_err().code(), ErrorCode::NotFound);
     assert!(reg.list(&owner).is_empty());
+    assert!(p.output.released.load(Ordering::SeqCst), "a deleted record releases its output");
     assert!(sink.take().is_empty(), "a disposed owner is not notified");
 
     // Another owner's jobs are untouched, even with the same session id.

@@ -12,8 +12,10 @@
 //! - A path is published only after the writer was flushed, so a reader that opens it sees
 //!   every byte pushed so far. It is final only once [`Collector::seal`] succeeded.
 //! - Dropping the collector keeps a complete spill on disk, because results handed out
-//!   earlier may still name it; whoever owns the process lifetime cleans it up (for example
-//!   with [`Collector::discard_spill`] before dropping). An incomplete spill is never kept.
+//!   earlier may still name it; whoever owns the process lifetime cleans it up: the
+//!   subprocess provider keeps every spill under one private directory it removes at
+//!   shutdown, and [`Collector::discard_spill`] deletes one stream's spill when its owner is
+//!   done with it (a deleted job record). An incomplete spill is never kept.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, Permissions};
@@ -22,7 +24,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use conch_seams::{CollectedOutput, StreamRead};
+use conch_seams::{CollectedOutput, SpillRef, StreamRead};
 
 use crate::utf8::utf8_tail;
 
@@ -319,7 +321,7 @@ impl Collector {
             start_offset,
             next_offset,
             lossy,
-            spill_path: s.published_path(),
+            spill: s.published_path().map(SpillRef::local),
             sealed: s.sealed,
         }
     }
@@ -341,7 +343,7 @@ impl Collector {
             text,
             total_bytes,
             omitted_bytes: total_bytes - kept,
-            spill_path: s.published_path(),
+            spill: s.published_path().map(SpillRef::local),
         }
     }
 

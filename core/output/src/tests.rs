@@ -101,11 +101,11 @@ fn summary_of_ascii_reports_the_tail_and_exact_omitted_bytes() {
     c.push(b"0123456789");
     let s = c.summary();
     assert_eq!((s.text.as_str(), s.total_bytes, s.omitted_bytes), ("0123456789", 10, 0));
-    assert!(s.spill_path.is_none());
+    assert!(s.spill.is_none());
     c.push(b"abcde");
     let s = c.summary();
     assert_eq!((s.text.as_str(), s.total_bytes, s.omitted_bytes), ("56789abcde", 15, 5));
-    assert!(s.spill_path.is_some());
+    assert!(s.spill.is_some());
 }
 
 #[test]
@@ -153,8 +153,8 @@ fn no_spill_is_created_while_the_stream_fits_in_memory() {
     }
     assert_eq!(c.total_bytes(), 100);
     assert!(c.spill_path().is_none());
-    assert!(c.read(0, 1000).spill_path.is_none());
-    assert!(c.summary().spill_path.is_none());
+    assert!(c.read(0, 1000).spill.is_none());
+    assert!(c.summary().spill.is_none());
     assert!(entries(dir.path()).is_empty(), "nothing may touch the disk before overflow");
     c.seal();
     assert!(entries(dir.path()).is_empty());
@@ -181,10 +181,10 @@ fn first_overflow_creates_a_private_spill_backfilled_with_every_byte() {
     c.push(b"dd");
     expected.extend_from_slice(b"dd");
     let read = c.read(0, 10);
-    assert_eq!(read.spill_path.as_deref(), Some(path.as_path()));
+    assert_eq!(read.spill.map(|s| s.path), Some(path.clone()));
     assert!(!read.sealed);
     assert_eq!(fs::read(&path).unwrap(), expected);
-    assert_eq!(c.summary().spill_path.as_deref(), Some(path.as_path()));
+    assert_eq!(c.summary().spill.map(|s| s.path), Some(path.clone()));
 
     c.seal();
     c.push(b"ignored after seal");
@@ -192,7 +192,7 @@ fn first_overflow_creates_a_private_spill_backfilled_with_every_byte() {
     assert_eq!(c.total_bytes(), expected.len() as u64);
     let read = c.read(0, 10);
     assert!(read.sealed);
-    assert_eq!(read.spill_path.as_deref(), Some(path.as_path()));
+    assert_eq!(read.spill.map(|s| s.path), Some(path.clone()));
     assert_eq!(fs::read(&path).unwrap(), expected);
 }
 
@@ -211,8 +211,8 @@ fn spill_is_removed_once_the_stream_passes_the_spill_cap() {
     c.push(b"more");
     c.seal();
     assert!(c.spill_path().is_none());
-    assert!(c.read(0, 100).spill_path.is_none());
-    assert!(c.summary().spill_path.is_none());
+    assert!(c.read(0, 100).spill.is_none());
+    assert!(c.summary().spill.is_none());
     assert_eq!(c.total_bytes(), 55);
     assert_eq!(c.summary().text, "yyyyyzmore");
 }
@@ -302,7 +302,7 @@ fn a_stale_offset_returns_the_retained_tail_marked_lossy() {
     assert_eq!(read.start_offset, 10);
     assert_eq!(read.data, b"abcdefghij");
     assert_eq!(read.next_offset, 20);
-    assert!(read.spill_path.is_some());
+    assert!(read.spill.is_some());
 
     // The window start itself is not stale.
     let read = c.read(10, 4);

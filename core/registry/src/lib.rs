@@ -9,11 +9,10 @@ use std::sync::Arc;
 use conch_config::{Composition, CompositionError};
 use conch_env::ShellEnv;
 use conch_seams::{
-    Error, ErrorCode, Jobs, Owner, Sandbox, ShellExecutor, Subprocess, TerminalBackend, Terminals,
-    Tool, ToolContext, ToolOutput,
+    Error, ErrorCode, Jobs, Owner, PluginConfig, Sandbox, ShellExecutor, Subprocess,
+    TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
 };
 use futures::future::BoxFuture;
-use serde::de::DeserializeOwned;
 
 pub use inventory;
 
@@ -201,14 +200,21 @@ fn unbound(plugin: &str, seam: SeamId) -> Error {
 }
 
 impl BuildContext<'_> {
-    /// This plugin's config.
+    /// This plugin's config: deserialized, then validated by [`PluginConfig::validate`].
     ///
     /// # Errors
     /// `invalid_composition` naming file, plugin and key.
-    pub fn config<T: DeserializeOwned>(&self) -> Result<T, Error> {
-        self.composition.plugin_config(self.plugin).map_err(|e| {
+    pub fn config<T: PluginConfig>(&self) -> Result<T, Error> {
+        let config: T = self.composition.plugin_config(self.plugin).map_err(|e| {
             Error::new(ErrorCode::InvalidComposition, e.to_string()).with_provider("registry")
-        })
+        })?;
+        config.check(self.plugin).map_err(|e| self.locate(e))?;
+        Ok(config)
+    }
+
+    /// Prefixes an error with the composition's source, so it names the file too.
+    pub fn locate(&self, error: Error) -> Error {
+        error.prefixed(self.composition.source_name())
     }
 
     /// The subprocess seam.
@@ -609,13 +615,27 @@ impl Runtime {
         self.tools.iter().find(|t| t.name() == name)
     }
 
-    /// Calls a tool as `owner`.
+    /// Calls a tool as `owner` with a fresh context (cancelled when the owner is disposed).
     ///
     /// # Errors
     /// `not_found` for an unknown tool; the tool's own errors otherwise.
     pub async fn call(
         &self,
         owner: &Arc<Owner>,
+        name: &str,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, Error> {
+        self.call_with(&ToolContext::new(Arc::clone(owner)), name, args).await
+    }
+
+    /// Calls a tool with a context the front end built: its own cancellation (a child of
+    /// the owner's token, see [`ToolContext::new`]) and progress sink.
+    ///
+    /// # Errors
+    /// `not_found` for an unknown tool; the tool's own errors otherwise.
+    pub async fn call_with(
+        &self,
+        ctx: &ToolContext,
         name: &str,
         args: serde_json::Value,
     ) -> Result<ToolOutput, Error> {
@@ -626,8 +646,7 @@ impl Runtime {
                 format!("unknown tool `{name}`; this composition has: {}", names.join(", ")),
             ));
         };
-        let ctx = ToolContext::new(Arc::clone(owner));
-        tool.call(&ctx, args).await
+        tool.call(ctx, args).await
     }
 
     /// Runs every teardown in reverse build order and awaits each. Idempotent.

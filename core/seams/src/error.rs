@@ -1,6 +1,9 @@
-//! The one public error type every seam returns, with stable, append-only codes.
+//! The one public error type every seam returns, with stable, append-only codes and an
+//! optional typed reason, so callers match on values, never on message text.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::str::FromStr;
 
 /// Stable error vocabulary; `as_str` values never change once shipped.
 #[non_exhaustive]
@@ -105,20 +108,107 @@ impl ErrorCode {
     }
 }
 
+impl FromStr for ErrorCode {
+    type Err = Error;
+
+    /// Parses the exact `as_str` spelling.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        ErrorCode::ALL
+            .iter()
+            .copied()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| Error::new(ErrorCode::Protocol, format!("unknown error code `{s}`")))
+    }
+}
+
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-/// A seam error: a stable code, a lowercase message, where it came from and extra context.
+/// A typed refinement of an [`ErrorCode`]: why exactly the operation was refused. Callers
+/// that need to react to one case match on this, never on the message. `as_str` values are
+/// stable and shown in front of the message.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorReason {
+    /// No terminal session has that id or name (for this owner).
+    NoSession,
+    /// The session belongs to another owner.
+    ForeignSession,
+    /// The owner already has a session with that name.
+    DuplicateName,
+    /// The session is already running a send.
+    SendActive,
+    /// The owner is being disposed.
+    OwnerNotLive,
+    /// The service is shutting down.
+    ServiceDisposing,
+    /// No terminal backend of the requested type.
+    NoBackend,
+    /// A session name is malformed or looks like an id.
+    BadName,
+}
+
+impl ErrorReason {
+    /// Every reason, in declaration order.
+    pub const ALL: &'static [ErrorReason] = &[
+        ErrorReason::NoSession,
+        ErrorReason::ForeignSession,
+        ErrorReason::DuplicateName,
+        ErrorReason::SendActive,
+        ErrorReason::OwnerNotLive,
+        ErrorReason::ServiceDisposing,
+        ErrorReason::NoBackend,
+        ErrorReason::BadName,
+    ];
+
+    /// The stable upper-case spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorReason::NoSession => "NO_SESSION",
+            ErrorReason::ForeignSession => "FOREIGN_SESSION",
+            ErrorReason::DuplicateName => "DUPLICATE_NAME",
+            ErrorReason::SendActive => "SEND_ACTIVE",
+            ErrorReason::OwnerNotLive => "OWNER_NOT_LIVE",
+            ErrorReason::ServiceDisposing => "SERVICE_DISPOSING",
+            ErrorReason::NoBackend => "NO_BACKEND",
+            ErrorReason::BadName => "BAD_NAME",
+        }
+    }
+}
+
+impl FromStr for ErrorReason {
+    type Err = Error;
+
+    /// Parses the exact `as_str` spelling.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        ErrorReason::ALL
+            .iter()
+            .copied()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| Error::new(ErrorCode::Protocol, format!("unknown error reason `{s}`")))
+    }
+}
+
+impl fmt::Display for ErrorReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A seam error: a stable code, an optional typed reason, a lowercase message, where it
+/// came from and extra context. Every field but the source survives a trip over the wire
+/// (see [`ErrorBody`]).
 #[derive(Debug)]
 pub struct Error {
     code: ErrorCode,
+    reason: Option<ErrorReason>,
     message: String,
-    provider: &'static str,
-    operation: &'static str,
-    context: Vec<(&'static str, String)>,
+    provider: Cow<'static, str>,
+    operation: Cow<'static, str>,
+    context: Vec<(Cow<'static, str>, String)>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -127,9 +217,10 @@ impl Error {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             code,
+            reason: None,
             message: message.into(),
-            provider: "",
-            operation: "",
+            provider: Cow::Borrowed(""),
+            operation: Cow::Borrowed(""),
             context: Vec::new(),
             source: None,
         }
@@ -150,24 +241,35 @@ impl Error {
         Self::new(ErrorCode::Io, format!("{what}: {err}")).with_source(err)
     }
 
+    /// Sets the typed reason (shown in front of the message).
+    #[must_use]
+    pub fn with_reason(mut self, reason: ErrorReason) -> Self {
+        self.reason = Some(reason);
+        self
+    }
+
     /// Names the provider that raised the error.
     #[must_use]
-    pub fn with_provider(mut self, provider: &'static str) -> Self {
-        self.provider = provider;
+    pub fn with_provider(mut self, provider: impl Into<Cow<'static, str>>) -> Self {
+        self.provider = provider.into();
         self
     }
 
     /// Names the seam operation that failed.
     #[must_use]
-    pub fn with_operation(mut self, operation: &'static str) -> Self {
-        self.operation = operation;
+    pub fn with_operation(mut self, operation: impl Into<Cow<'static, str>>) -> Self {
+        self.operation = operation.into();
         self
     }
 
     /// Adds a key/value fact (shown after the message).
     #[must_use]
-    pub fn with_context(mut self, key: &'static str, value: impl Into<String>) -> Self {
-        self.context.push((key, value.into()));
+    pub fn with_context(
+        mut self,
+        key: impl Into<Cow<'static, str>>,
+        value: impl Into<String>,
+    ) -> Self {
+        self.context.push((key.into(), value.into()));
         self
     }
 
@@ -178,28 +280,40 @@ impl Error {
         self
     }
 
+    /// Prefixes the message with where it happened (`bad.yaml: ...`), keeping everything else.
+    #[must_use]
+    pub fn prefixed(mut self, prefix: impl fmt::Display) -> Self {
+        self.message = format!("{prefix}: {}", self.message);
+        self
+    }
+
     /// The stable code.
     pub fn code(&self) -> ErrorCode {
         self.code
     }
 
-    /// The human message without context.
+    /// The typed reason, when the code alone does not say which case this is.
+    pub fn reason(&self) -> Option<ErrorReason> {
+        self.reason
+    }
+
+    /// The human message without reason or context.
     pub fn message(&self) -> &str {
         &self.message
     }
 
     /// The provider that raised it ("" when unknown).
-    pub fn provider(&self) -> &'static str {
-        self.provider
+    pub fn provider(&self) -> &str {
+        &self.provider
     }
 
     /// The operation that failed ("" when unknown).
-    pub fn operation(&self) -> &'static str {
-        self.operation
+    pub fn operation(&self) -> &str {
+        &self.operation
     }
 
     /// Extra facts.
-    pub fn context(&self) -> &[(&'static str, String)] {
+    pub fn context(&self) -> &[(Cow<'static, str>, String)] {
         &self.context
     }
 
@@ -208,18 +322,100 @@ impl Error {
         self.code.retryable()
     }
 
-    /// The `{code, message, retryable}` object tools hand to models.
+    /// The `{code, message, retryable}` object tools hand to models (plus `reason` when set).
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "code": self.code.as_str(),
             "message": self.to_string(),
             "retryable": self.retryable(),
-        })
+        });
+        if let Some(r) = self.reason {
+            v["reason"] = serde_json::Value::from(r.as_str());
+        }
+        v
+    }
+
+    /// The wire form: every field as owned data (the source becomes part of nothing; its
+    /// text is already in the message where it matters).
+    pub fn to_body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code,
+            reason: self.reason,
+            message: self.message.clone(),
+            provider: self.provider.to_string(),
+            operation: self.operation.to_string(),
+            context: self.context.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            retryable: self.retryable(),
+        }
+    }
+
+    /// Rebuilds an error from its wire form.
+    pub fn from_body(body: ErrorBody) -> Self {
+        Self {
+            code: body.code,
+            reason: body.reason,
+            message: body.message,
+            provider: Cow::Owned(body.provider),
+            operation: Cow::Owned(body.operation),
+            context: body.context.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect(),
+            source: None,
+        }
     }
 }
 
+/// An [`Error`] as plain owned data, for carrying it across a process or network boundary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ErrorBody {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// The typed reason, if any.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub reason: Option<ErrorReason>,
+    /// The message without reason or context.
+    pub message: String,
+    /// The provider that raised it.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub provider: String,
+    /// The operation that failed.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub operation: String,
+    /// Extra facts, in order.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub context: Vec<(String, String)>,
+    /// Informational on the wire; the receiver recomputes it from the code.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub retryable: bool,
+}
+
+#[cfg(feature = "serde")]
+macro_rules! serde_by_name {
+    ($ty:ty) => {
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "serde")]
+serde_by_name!(ErrorCode);
+#[cfg(feature = "serde")]
+serde_by_name!(ErrorReason);
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(r) = self.reason {
+            write!(f, "{r}: ")?;
+        }
         f.write_str(&self.message)?;
         for (k, v) in &self.context {
             write!(f, "; {k}: {v}")?;
@@ -267,6 +463,54 @@ mod tests {
         ];
         let got: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         assert_eq!(got, pinned);
+    }
+
+    #[test]
+    fn every_reason_has_a_pinned_string() {
+        let got: Vec<&str> = ErrorReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "NO_SESSION",
+                "FOREIGN_SESSION",
+                "DUPLICATE_NAME",
+                "SEND_ACTIVE",
+                "OWNER_NOT_LIVE",
+                "SERVICE_DISPOSING",
+                "NO_BACKEND",
+                "BAD_NAME"
+            ]
+        );
+        for r in ErrorReason::ALL {
+            assert_eq!(r.as_str().parse::<ErrorReason>().unwrap(), *r);
+        }
+        for c in ErrorCode::ALL {
+            assert_eq!(c.as_str().parse::<ErrorCode>().unwrap(), *c);
+        }
+        assert_eq!("nope".parse::<ErrorCode>().unwrap_err().code(), ErrorCode::Protocol);
+    }
+
+    #[test]
+    fn the_reason_is_typed_and_shown_in_front_of_the_message() {
+        let e = Error::new(ErrorCode::NotFound, "no terminal session `x`")
+            .with_reason(ErrorReason::NoSession);
+        assert_eq!(e.reason(), Some(ErrorReason::NoSession));
+        assert_eq!(e.message(), "no terminal session `x`");
+        assert_eq!(e.to_string(), "NO_SESSION: no terminal session `x`");
+        assert_eq!(e.to_json()["reason"], "NO_SESSION");
+    }
+
+    #[test]
+    fn a_body_rebuilds_the_same_error() {
+        let e = Error::new(ErrorCode::SpawnFailed, "command not found: `x`")
+            .with_provider(String::from("remote-sandbox"))
+            .with_operation("spawn")
+            .with_context("path", "/nope")
+            .with_reason(ErrorReason::BadName);
+        let back = Error::from_body(e.to_body());
+        assert_eq!(back.to_body(), e.to_body());
+        assert_eq!(back.to_string(), e.to_string());
+        assert_eq!(back.provider(), "remote-sandbox");
     }
 
     #[test]

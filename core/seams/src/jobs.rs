@@ -63,6 +63,9 @@ pub trait JobOutput: Send + Sync {
     fn read(&self) -> JobRead;
     /// Non-consuming view of retained output.
     fn snapshot(&self) -> JobRead;
+    /// The record is being deleted: release retained output (spill files). Reads after it
+    /// may return less.
+    fn release(&self);
 }
 
 /// What a producer hands the registry once it actually started.

@@ -54,6 +54,18 @@ impl NoticeSink for CollectingSink {
     }
 }
 
+/// One turn of an owner; the owner is busy while any guard lives.
+#[derive(Debug)]
+pub struct TurnGuard {
+    owner: Arc<Owner>,
+}
+
+impl Drop for TurnGuard {
+    fn drop(&mut self) {
+        self.owner.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 type DisposeHook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 
 static NEXT_OWNER_KEY: AtomicU64 = AtomicU64::new(1);
@@ -65,7 +77,9 @@ pub struct Owner {
     session_id: String,
     cancel: CancellationToken,
     live: AtomicBool,
-    busy: AtomicBool,
+    /// Turns in progress: concurrent calls each hold one, so the owner is busy until the
+    /// last of them ends.
+    busy: AtomicU32,
     wake_budget: AtomicU32,
     hooks: Mutex<Vec<DisposeHook>>,
     sink: Arc<dyn NoticeSink>,
@@ -89,7 +103,7 @@ impl Owner {
             session_id: session_id.into(),
             cancel: CancellationToken::new(),
             live: AtomicBool::new(true),
-            busy: AtomicBool::new(false),
+            busy: AtomicU32::new(0),
             wake_budget: AtomicU32::new(DEFAULT_WAKE_BUDGET),
             hooks: Mutex::new(Vec::new()),
             sink,
@@ -116,14 +130,16 @@ impl Owner {
         self.live.load(Ordering::Acquire)
     }
 
-    /// Marks whether the owner is in the middle of a turn (notices are injected then).
-    pub fn set_busy(&self, busy: bool) {
-        self.busy.store(busy, Ordering::Release);
+    /// Marks the owner as mid-turn (notices are injected then) until the guard drops.
+    /// Guards nest and overlap: concurrent calls each hold one.
+    pub fn begin_turn(self: &Arc<Self>) -> TurnGuard {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        TurnGuard { owner: Arc::clone(self) }
     }
 
-    /// Whether the owner is mid-turn.
+    /// Whether the owner is mid-turn (some [`TurnGuard`] is alive).
     pub fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::Acquire)
+        self.busy.load(Ordering::Acquire) > 0
     }
 
     /// Claims a genuinely user-authored message: the only thing that restores the wake budget.

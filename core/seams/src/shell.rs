@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::subprocess::{CollectedOutput, EnvOverlay, Leftover};
+use crate::subprocess::{CollectedOutput, EnvOverlay, ExitStatus, Leftover, SpillRef};
 use crate::{Result, SandboxInfo};
 
 /// A raw request; [`ShellExecutor::resolve`] fills defaults and caps.
@@ -18,7 +18,8 @@ use crate::{Result, SandboxInfo};
 pub struct ShellExecRequest {
     /// The command line, interpreted by the shell.
     pub command: String,
-    /// Working directory (default: the executor's configured cwd or the process cwd).
+    /// Working directory: absolute, or relative to the executor's configured cwd (default:
+    /// that cwd, or the subprocess provider's default directory).
     pub workdir: Option<PathBuf>,
     /// Foreground timeout (capped by the executor's maximum).
     pub timeout_ms: Option<u64>,
@@ -81,8 +82,9 @@ impl ShellExecRequest {
 pub struct ShellExecSpec {
     /// The command line.
     pub command: String,
-    /// Validated working directory.
-    pub cwd: PathBuf,
+    /// Working directory as the subprocess provider will see it (`None`: its default). Not
+    /// checked here: the provider that owns the world does that at spawn.
+    pub cwd: Option<PathBuf>,
     /// Effective foreground timeout.
     pub timeout: Duration,
     /// In-memory tail bytes.
@@ -102,10 +104,8 @@ pub struct ShellExecSpec {
 /// A foreground result. Non-zero exit, timeout and abort are facts, not errors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShellRunResult {
-    /// Exit code; None when killed by a signal.
-    pub exit_code: Option<i32>,
-    /// Signal name when killed by one.
-    pub signal: Option<String>,
+    /// How the shell ended.
+    pub status: ExitStatus,
     /// The executor timeout was the first cause of the kill.
     pub timed_out: bool,
     /// Caller cancellation was the first cause of the kill.
@@ -151,7 +151,7 @@ pub struct ShellProcessRead {
     /// Bytes were dropped between reads.
     pub lossy: bool,
     /// Complete spill file when still complete.
-    pub spill_path: Option<PathBuf>,
+    pub spill: Option<SpillRef>,
     /// Total bytes produced so far.
     pub total_bytes: u64,
 }
@@ -164,10 +164,8 @@ pub struct ShellProcessRead {
 pub trait ShellProcess: Send + Sync + fmt::Debug {
     /// Current status.
     fn status(&self) -> ShellProcessStatus;
-    /// Exit code once completed.
-    fn exit_code(&self) -> Option<i32>;
-    /// Signal name once killed by a signal.
-    fn signal(&self) -> Option<String>;
+    /// How it ended, once settled (`None` while running, or when it never spawned).
+    fn exit(&self) -> Option<ExitStatus>;
     /// Resolves at settlement.
     async fn wait(&self);
     /// Consuming incremental read: never re-delivers output.
@@ -180,6 +178,23 @@ pub trait ShellProcess: Send + Sync + fmt::Debug {
     fn sandbox(&self) -> Option<SandboxInfo>;
     /// Processes left running when the shell exited and stopped (final after `wait`).
     fn leftovers(&self) -> Vec<Leftover>;
+    /// Releases retained output (the spill file is deleted); for owners done with it.
+    fn release(&self);
+}
+
+/// The words a shell dialect gives the tools built on it: their names and how they tell a
+/// model what runs its command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShellDialect {
+    /// The shell's name, which is also the name of the tools that run it (`bash`, `pwsh`).
+    pub name: &'static str,
+    /// How one command is run in a fresh process, as a model would write it (`bash -c`).
+    pub one_shot: &'static str,
+}
+
+impl ShellDialect {
+    /// GNU bash.
+    pub const BASH: ShellDialect = ShellDialect { name: "bash", one_shot: "bash -c" };
 }
 
 /// What an executor supports.
@@ -205,12 +220,13 @@ pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
     fn provider_name(&self) -> &'static str;
     /// Capabilities.
     fn capabilities(&self) -> ShellCapabilities;
-    /// The shell dialect's name (`bash`, `pwsh`).
-    fn dialect(&self) -> &'static str;
+    /// The shell dialect (tool names and wording).
+    fn dialect(&self) -> ShellDialect;
     /// Fills defaults and validates.
     ///
     /// # Errors
-    /// `invalid_argument` for a missing workdir or an empty command.
+    /// `invalid_argument` for an empty command or a bad timeout. A missing workdir is the
+    /// subprocess provider's `spawn_failed` at run/start: resolve computes no filesystem facts.
     fn resolve(&self, request: ShellExecRequest) -> Result<ShellExecSpec>;
     /// Runs in the foreground.
     ///

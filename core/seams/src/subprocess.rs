@@ -1,33 +1,69 @@
 //! The subprocess seam: the execution world (argv spawn, byte streams, tree kill, PTYs).
+//!
+//! Everything that touches processes happens behind this seam, in the provider that owns the
+//! world: cwd checks, the environment scrub, process-group kills, PTY foreground lookups, the
+//! stdin-wait probe and terminal teardown. Callers above it never see a pid they could signal
+//! themselves, so the same consumer works over a local, sandboxed or remote provider.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::Result;
+use crate::{Result, Signal};
 
 /// Environment overlay applied after the provider's scrub: `Some` sets, `None` unsets.
 pub type EnvOverlay = BTreeMap<String, Option<String>>;
 
+/// Durations travel as whole milliseconds (`grace_ms`, `drain_ms`).
+#[cfg(feature = "serde")]
+pub(crate) mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
 /// What the child's stdin is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(tag = "kind", rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum StdinSpec {
     /// `/dev/null`.
     #[default]
     Null,
     /// These bytes, then EOF.
-    Bytes(Vec<u8>),
+    Bytes {
+        /// The bytes.
+        data: Vec<u8>,
+    },
     /// A pipe the caller writes with [`Process::write_stdin`].
     Pipe,
 }
 
+impl StdinSpec {
+    /// Stdin that delivers `data`, then EOF.
+    pub fn bytes(data: impl Into<Vec<u8>>) -> Self {
+        StdinSpec::Bytes { data: data.into() }
+    }
+}
+
 /// What happens to one output stream.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(tag = "kind", rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum OutputSpec {
     /// Discarded (`/dev/null`).
@@ -47,6 +83,8 @@ pub enum OutputSpec {
 
 /// Which collected stream a read addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum StreamId {
     /// Standard output (and merged stderr).
     Stdout,
@@ -59,6 +97,8 @@ pub enum StreamId {
 /// A child's background descendants inherit its output pipes, so EOF can come long after
 /// the child itself is gone (`sleep 600 & echo started`), or never (`setsid daemon &`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(tag = "mode", rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum AfterExit {
     /// Settle when every collected stream reaches EOF, however long that takes. A kill
@@ -71,14 +111,16 @@ pub enum AfterExit {
     /// attached outlives the call; the stopped processes are reported as leftovers.
     StopLeftovers {
         /// How long leftovers may run on after the direct child exits.
+        #[cfg_attr(feature = "serde", serde(rename = "drain_ms", with = "millis"))]
         drain: Duration,
     },
 }
 
 /// A process that was still running after the direct child exited and was stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Leftover {
-    /// Its pid.
+    /// Its pid (in the provider's world).
     pub pid: u32,
     /// Its command name (`comm`).
     pub name: String,
@@ -86,14 +128,58 @@ pub struct Leftover {
     pub held_output: bool,
 }
 
+/// Whose filesystem a path belongs to. A spill path is only meaningful in the world that
+/// wrote it; a remote provider's spill lives on the remote machine, where the model reads it
+/// with the same (remote) tools.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(tag = "kind", rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum World {
+    /// This machine: the process conch runs in can open the path.
+    #[default]
+    Local,
+    /// Another machine or container, named by its provider (for example a daemon URL).
+    Remote {
+        /// Who holds the file.
+        name: String,
+    },
+}
+
+/// A spill file: the complete output of a stream, in the world that wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SpillRef {
+    /// Whose filesystem holds it.
+    pub world: World,
+    /// The path there.
+    pub path: PathBuf,
+}
+
+impl SpillRef {
+    /// A spill on this machine.
+    pub fn local(path: impl Into<PathBuf>) -> Self {
+        Self { world: World::Local, path: path.into() }
+    }
+}
+
+impl fmt::Display for SpillRef {
+    /// The path as the model reads it (the tools it has run in the same world).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())
+    }
+}
+
 /// Everything a spawn needs; the provider guesses nothing.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct SpawnSpec {
     /// argv[0] is the executable (resolved on the provider's PATH); no shell interpretation.
     pub argv: Vec<String>,
-    /// Working directory; must exist.
-    pub cwd: PathBuf,
+    /// Working directory; must exist in the provider's world. `None` is the provider's
+    /// default directory, and a relative path is resolved against it.
+    pub cwd: Option<PathBuf>,
     /// Stdin disposition.
     pub stdin: StdinSpec,
     /// Stdout disposition.
@@ -101,8 +187,10 @@ pub struct SpawnSpec {
     /// Stderr disposition.
     pub stderr: OutputSpec,
     /// Time between TERM and KILL when the tree is killed.
+    #[cfg_attr(feature = "serde", serde(rename = "grace_ms", with = "millis"))]
     pub grace: Duration,
-    /// Cancelling this kills the tree.
+    /// Cancelling this kills the tree. Local to the caller: never on the wire.
+    #[cfg_attr(feature = "serde", serde(skip))]
     pub cancel: CancellationToken,
     /// Applied after the scrub.
     pub env: EnvOverlay,
@@ -113,9 +201,14 @@ pub struct SpawnSpec {
 impl SpawnSpec {
     /// A spec with null stdio, a 3 s grace and a fresh cancel token.
     pub fn new(argv: Vec<String>, cwd: impl Into<PathBuf>) -> Self {
+        Self::in_default_dir(argv).with_cwd(Some(cwd.into()))
+    }
+
+    /// A spec that runs in the provider's default directory.
+    pub fn in_default_dir(argv: Vec<String>) -> Self {
         Self {
             argv,
-            cwd: cwd.into(),
+            cwd: None,
             stdin: StdinSpec::Null,
             stdout: OutputSpec::Null,
             stderr: OutputSpec::Null,
@@ -124,6 +217,13 @@ impl SpawnSpec {
             env: EnvOverlay::new(),
             after_exit: AfterExit::WaitForEof,
         }
+    }
+
+    /// Sets the working directory (`None`: the provider's default).
+    #[must_use]
+    pub fn with_cwd(mut self, cwd: Option<PathBuf>) -> Self {
+        self.cwd = cwd;
+        self
     }
 
     /// Sets what settlement waits for after the direct child exits.
@@ -178,14 +278,26 @@ impl SpawnSpec {
 
 /// How a process ended. A non-zero exit is data, not an error.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ExitStatus {
     /// Exit code, `None` when killed by a signal.
     pub code: Option<i32>,
-    /// Signal name such as `SIGKILL`, when killed by one.
+    /// Signal name such as `SIGKILL`, when killed by one. A name rather than a [`Signal`],
+    /// because a process can die of signals nobody may send through a seam (`SIGSEGV`).
     pub signal: Option<String>,
 }
 
 impl ExitStatus {
+    /// An exit with `code`.
+    pub fn code(code: i32) -> Self {
+        Self { code: Some(code), signal: None }
+    }
+
+    /// Death by the signal named `name`.
+    pub fn signal(name: impl Into<String>) -> Self {
+        Self { code: None, signal: Some(name.into()) }
+    }
+
     /// True for a zero exit code.
     pub fn success(&self) -> bool {
         self.code == Some(0)
@@ -194,6 +306,7 @@ impl ExitStatus {
 
 /// One offset read of a collected stream.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct StreamRead {
     /// The bytes returned.
     pub data: Vec<u8>,
@@ -205,13 +318,14 @@ pub struct StreamRead {
     /// memory; the retained tail was returned instead of a fake contiguous delta.
     pub lossy: bool,
     /// The spill file, only while it holds the complete stream so far.
-    pub spill_path: Option<PathBuf>,
+    pub spill: Option<SpillRef>,
     /// True once the stream reached EOF and was sealed.
     pub sealed: bool,
 }
 
 /// Summary of a collected stream (for final results).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CollectedOutput {
     /// The retained tail as text (UTF-8 safe: a partial leading code point is cut).
     pub text: String,
@@ -220,17 +334,23 @@ pub struct CollectedOutput {
     /// Bytes dropped from the head (`total_bytes` minus retained bytes).
     pub omitted_bytes: u64,
     /// The complete spill file, if still complete.
-    pub spill_path: Option<PathBuf>,
+    pub spill: Option<SpillRef>,
 }
 
 /// What a process provider can do.
+///
+/// Field names say what the provider can *prove*, not what it attempts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct SubprocessCapabilities {
     /// `spawn_terminal` works.
     pub terminals: bool,
     /// Tree kill proves group disappearance (not just direct-child exit).
     pub group_liveness: bool,
+    /// [`TerminalProcess::observe`] can answer `stdin` with a positive observation
+    /// (otherwise it always says [`StdinWait::Unavailable`]).
+    pub stdin_probe: bool,
 }
 
 /// A live (or finished) process. Handles are cheap to share behind `Arc`.
@@ -242,17 +362,28 @@ pub struct SubprocessCapabilities {
 /// - `kill` is idempotent and returns at once; the TERM → grace → KILL escalation runs in
 ///   the background and keeps probing group liveness after the direct child is gone.
 ///   After a kill, settlement is bounded even when an escaped process holds a pipe.
+///
+/// # Errors
+/// The waits fail only when the provider lost its world (a remote daemon went away): that is
+/// never reported as an exit.
 #[async_trait]
 pub trait Process: Send + Sync + fmt::Debug {
-    /// OS pid of the direct child (None for providers that do not expose it).
+    /// Pid of the direct child in the provider's world (None when not exposed); for
+    /// diagnostics only, callers never signal it themselves.
     fn pid(&self) -> Option<u32>;
     /// Waits for settlement (see contract).
-    async fn wait(&self) -> ExitStatus;
+    ///
+    /// # Errors
+    /// The provider lost track of the process (transport gone).
+    async fn wait(&self) -> Result<ExitStatus>;
     /// Waits for the direct child's exit only; streams may still be open.
-    async fn wait_exit(&self) -> ExitStatus;
+    ///
+    /// # Errors
+    /// As [`Process::wait`].
+    async fn wait_exit(&self) -> Result<ExitStatus>;
     /// Processes stopped because they outlived the direct child (final after `wait`).
     fn leftovers(&self) -> Vec<Leftover>;
-    /// The exit status if already known.
+    /// The exit status if already settled.
     fn try_status(&self) -> Option<ExitStatus>;
     /// Reads a collected stream from a caller-owned offset, at most `max_bytes`.
     ///
@@ -271,11 +402,19 @@ pub trait Process: Send + Sync + fmt::Debug {
     /// Requests a tree kill (TERM, grace, KILL).
     fn kill(&self);
     /// Resolves once the whole process group is gone (the liveness proof).
-    async fn wait_group_gone(&self);
+    ///
+    /// # Errors
+    /// As [`Process::wait`].
+    async fn wait_group_gone(&self) -> Result<()>;
+    /// Releases retained output: a spill file is deleted and never published again. For
+    /// owners that are done with the output (a deleted job record); reads keep working on
+    /// what is still in memory.
+    fn release(&self);
 }
 
 /// Terminal size in cells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TerminalSize {
     /// Rows.
     pub rows: u16,
@@ -291,12 +430,14 @@ impl Default for TerminalSize {
 
 /// A PTY spawn request.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct TerminalSpawnSpec {
     /// argv[0] is the executable.
     pub argv: Vec<String>,
-    /// Working directory; validated (never silently replaced by $HOME).
-    pub cwd: PathBuf,
+    /// Working directory, validated by the provider (never silently replaced by $HOME);
+    /// `None` is the provider's default directory, a relative path is resolved against it.
+    pub cwd: Option<PathBuf>,
     /// Applied after the scrub.
     pub env: EnvOverlay,
     /// Initial size.
@@ -306,38 +447,144 @@ pub struct TerminalSpawnSpec {
 impl TerminalSpawnSpec {
     /// A spec with the default size and no overlay.
     pub fn new(argv: Vec<String>, cwd: impl Into<PathBuf>) -> Self {
-        Self { argv, cwd: cwd.into(), env: EnvOverlay::new(), size: TerminalSize::default() }
+        Self { cwd: Some(cwd.into()), ..Self::in_default_dir(argv) }
+    }
+
+    /// A spec that starts in the provider's default directory.
+    pub fn in_default_dir(argv: Vec<String>) -> Self {
+        Self { argv, cwd: None, env: EnvOverlay::new(), size: TerminalSize::default() }
     }
 }
 
+/// How much one [`TerminalProcess::observe`] sample looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Probe {
+    /// Only who owns the foreground (cheap: no process scan).
+    Foreground,
+    /// The foreground and the exact stdin-wait probe.
+    Stdin,
+}
+
+/// What the stdin-wait probe saw in the terminal's foreground group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum StdinWait {
+    /// A foreground task was positively seen blocked waiting for input on the terminal.
+    Waiting,
+    /// Every foreground task was examined and none waits on the terminal.
+    NotWaiting,
+    /// The provider could not tell (no probe on this platform, no permission to inspect a
+    /// task). Never a guess either way: consumers treat it as "not seen waiting".
+    Unavailable,
+    /// The sample did not ask for the probe ([`Probe::Foreground`]).
+    NotProbed,
+}
+
+/// One readiness sample of a terminal, taken in the provider's world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct TerminalObservation {
+    /// The foreground process group, as an identity in the provider's world (compare for
+    /// equality only); `None` when the terminal has no foreground group.
+    pub foreground: Option<i32>,
+    /// True when the leader's own group owns the foreground (a shell at its prompt).
+    pub leader_owns_foreground: bool,
+    /// The stdin-wait probe's answer.
+    pub stdin: StdinWait,
+}
+
+/// Which foreground group a signal may reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum ForegroundTarget {
+    /// Whatever group is in the foreground, the leader's included.
+    Any,
+    /// Only a group other than the leader's; when the leader owns the foreground, nothing
+    /// is sent (checked in the same step as the delivery).
+    NotLeader,
+}
+
+/// A delivered foreground signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SignalDelivery {
+    /// The group that got it (an identity in the provider's world).
+    pub pgid: i32,
+    /// True when that group is the leader's.
+    pub leader: bool,
+}
+
+/// The result of [`TerminalProcess::terminate`].
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct TeardownReport {
+    /// The leader's exit; `None` when it was left running because descendants survived
+    /// (it anchors the tree so a retry can still find them).
+    pub leader: Option<ExitStatus>,
+    /// Pids still alive after teardown; empty means every descendant is proven gone.
+    pub survivors: Vec<u32>,
+}
+
 /// A process on a PTY. Output arrives as chunks; the terminal backend does the parsing.
+///
+/// # Contract
+/// - `read_chunk` returns `Ok(None)` only at EOF (every slave fd closed); a lost transport
+///   is an `Err`, never EOF. `wait` likewise never reports a transport loss as an exit.
+/// - `observe`, `signal_foreground`, `resize` and `terminate` run in the provider's world;
+///   the caller never needs the pids they act on.
+/// - `terminate` stops every descendant of the leader (identified by pid and start time, so
+///   a recycled pid is never signalled) children first, TERM → grace → KILL, rescanning for
+///   processes forked meanwhile and verifying they are gone; only then the leader (HUP,
+///   grace, KILL) is stopped and reaped. Survivors are listed, never hidden.
 #[async_trait]
 pub trait TerminalProcess: Send + Sync + fmt::Debug {
-    /// Pid of the session leader.
+    /// Pid of the session leader in the provider's world (diagnostics only).
     fn pid(&self) -> Option<u32>;
-    /// Next chunk of PTY output; None at EOF.
-    async fn read_chunk(&self) -> Option<Vec<u8>>;
+    /// Next chunk of PTY output; `Ok(None)` at EOF.
+    ///
+    /// # Errors
+    /// The transport to the provider's world was lost.
+    async fn read_chunk(&self) -> Result<Option<Vec<u8>>>;
     /// Writes bytes to the master.
     ///
     /// # Errors
     /// `io` when the PTY is gone.
     async fn write(&self, data: &[u8]) -> Result<()>;
-    /// Current foreground process group of the terminal, when observable.
-    fn foreground_pgid(&self) -> Option<i32>;
-    /// True when an exact probe saw a foreground task blocked reading the terminal.
-    fn stdin_wait_probe(&self) -> bool;
-    /// Sends a signal to a process group.
+    /// One readiness sample: who owns the foreground, and (with [`Probe::Stdin`]) whether a
+    /// foreground task waits for input on the terminal.
     ///
     /// # Errors
-    /// `not_found` when the group does not exist.
-    fn signal_group(&self, pgid: i32, signal: i32) -> Result<()>;
+    /// The provider could not look at its world at all (transport gone).
+    async fn observe(&self, probe: Probe) -> Result<TerminalObservation>;
+    /// Sends `signal` to the terminal's current foreground process group; `Ok(None)` when
+    /// `target` excluded the group that owns the foreground.
+    ///
+    /// # Errors
+    /// `not_found` when the terminal has no foreground group; `permission_denied`.
+    async fn signal_foreground(
+        &self,
+        signal: Signal,
+        target: ForegroundTarget,
+    ) -> Result<Option<SignalDelivery>>;
     /// Resizes the terminal.
     ///
     /// # Errors
     /// `io` when the PTY is gone.
-    fn resize(&self, size: TerminalSize) -> Result<()>;
+    async fn resize(&self, size: TerminalSize) -> Result<()>;
+    /// Tears down the leader's tree (see the contract) and reports what is left.
+    ///
+    /// # Errors
+    /// The transport to the provider's world was lost.
+    async fn terminate(&self, grace: Duration) -> Result<TeardownReport>;
     /// Waits for the leader to exit.
-    async fn wait(&self) -> ExitStatus;
+    ///
+    /// # Errors
+    /// The transport to the provider's world was lost.
+    async fn wait(&self) -> Result<ExitStatus>;
     /// The leader's status if it already exited.
     fn try_status(&self) -> Option<ExitStatus>;
 }
@@ -348,8 +595,9 @@ pub trait TerminalProcess: Send + Sync + fmt::Debug {
 /// - MUST scrub the ambient environment (names matching KEY|PASSWORD|SECRET|TOKEN
 ///   case-insensitively, and every CONCH_* name) before applying the overlay.
 /// - MUST put each spawned child in its own process group and kill trees, not pids.
+/// - MUST check the working directory itself (callers compute no filesystem facts).
 /// - `spawn` returns as soon as the child exists; spawn failure is an `Err`, exit is data.
-/// - `shutdown` kills and reaps everything still live.
+/// - `shutdown` kills and reaps everything still live and releases retained output.
 ///
 /// # Cancellation
 /// Cancelling `SpawnSpec::cancel` is the same as [`Process::kill`].
@@ -365,15 +613,13 @@ pub trait Subprocess: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     /// `spawn_failed` (missing executable, bad cwd), `invalid_argument` (empty argv).
-    async fn spawn(&self, spec: SpawnSpec) -> Result<std::sync::Arc<dyn Process>>;
+    async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>>;
     /// Starts a process on a new PTY.
     ///
     /// # Errors
     /// `unsupported` when `capabilities().terminals` is false; `spawn_failed` otherwise.
-    async fn spawn_terminal(
-        &self,
-        spec: TerminalSpawnSpec,
-    ) -> Result<std::sync::Arc<dyn TerminalProcess>>;
-    /// Kills and reaps every live process this provider started.
+    async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>>;
+    /// Kills and reaps every live process this provider started, and deletes the spill
+    /// files it still holds.
     async fn shutdown(&self);
 }

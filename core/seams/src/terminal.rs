@@ -3,17 +3,19 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::Result;
-
-/// The error-context key under which a cancelled send carries its partial output.
-pub const SEND_OUTPUT_CONTEXT: &str = "output";
+use crate::shell::ShellDialect;
+use crate::subprocess::{ExitStatus, SignalDelivery};
+use crate::{Result, Signal};
 
 /// Why a send returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum WaitReason {
     /// A prompt or an exact probe showed the foreground waiting for input.
     StdinRead,
@@ -39,25 +41,72 @@ impl WaitReason {
 
 /// Whether the session's top-level process is still there.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(tag = "state", rename_all = "snake_case"))]
 pub enum SessionStatus {
     /// Running.
     Running,
     /// Exited with a code or signal.
-    Exited {
-        /// Exit code.
-        code: Option<i32>,
-        /// Signal name.
-        signal: Option<String>,
-    },
+    Exited(ExitStatus),
 }
 
-/// The result of one send.
+/// The result of one send that reached readiness.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendSettle {
     /// Output produced during the send (markers stripped, bounded).
     pub delta: String,
     /// Why it returned.
     pub wait_reason: WaitReason,
+    /// Session status at return.
+    pub session_status: SessionStatus,
+}
+
+/// A send whose cancellation fired before readiness.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interrupted {
+    /// Output produced before the interruption (markers stripped, bounded).
+    pub delta: String,
+    /// False when the cancellation came before any text was typed (nothing ran).
+    pub typed: bool,
+    /// Session status at return.
+    pub session_status: SessionStatus,
+}
+
+/// How a send ended: at readiness, or interrupted by its cancel token (the foreground
+/// group got SIGINT until the shell was back at its prompt).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Readiness was reached.
+    Ready(SendSettle),
+    /// The cancel token fired first.
+    Interrupted(Interrupted),
+}
+
+/// How a framed command ended ([`TerminalSession::run_command`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommandEnd {
+    /// The command finished and the shell reported its status.
+    Exited(i32),
+    /// The deadline passed first; the foreground was interrupted.
+    TimedOut,
+    /// The cancel token fired first; the foreground was interrupted.
+    Cancelled,
+    /// A program is waiting for input on the terminal (the framing cannot answer it).
+    WaitingForInput,
+    /// The shell itself exited.
+    SessionExited,
+}
+
+/// The result of one framed command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandOutcome {
+    /// The command's own output: no echo, no prompt, no framing (bounded; the tail is
+    /// kept and `omitted_bytes` counts what was dropped).
+    pub output: String,
+    /// Bytes of the command's output that were dropped before `output` began.
+    pub omitted_bytes: u64,
+    /// How it ended.
+    pub end: CommandEnd,
     /// Session status at return.
     pub session_status: SessionStatus,
 }
@@ -95,7 +144,7 @@ pub struct CloseReport {
     /// The top-level process's exit.
     pub root_exit: SessionStatus,
     /// Pids still alive after teardown (empty on success).
-    pub survivors: Vec<i32>,
+    pub survivors: Vec<u32>,
 }
 
 /// One live backend session.
@@ -106,17 +155,39 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     /// Writes `text` (plus Enter when `submit`) and waits for readiness.
     ///
     /// # Errors
-    /// `io` when the PTY is gone; `cancelled` when `cancel` fired (the foreground group got
-    /// SIGINT), with the output produced so far as the [`SEND_OUTPUT_CONTEXT`] context entry.
-    async fn send(&self, text: &str, submit: bool, cancel: CancellationToken)
-    -> Result<SendSettle>;
-    /// Reads a page of scrollback, `offset` lines back from the newest.
-    fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage;
-    /// Signals the current foreground group; returns the pgid.
+    /// `io` when the PTY is gone; `connection_failed` when the provider's world is lost.
+    ///
+    /// # Cancellation
+    /// When `cancel` fires before readiness, the foreground group gets SIGINT until the shell
+    /// is back at its prompt, and the outcome is [`SendOutcome::Interrupted`] with the
+    /// partial output. A token cancelled before the call types nothing.
+    async fn send(
+        &self,
+        text: &str,
+        submit: bool,
+        cancel: CancellationToken,
+    ) -> Result<SendOutcome>;
+    /// Runs one command line in the shell, framed in the backend's dialect so only the
+    /// command's own output and exit status come back; state changes (cwd, variables)
+    /// persist. Ends at the command's exit, at `timeout` or `cancel` (the foreground is
+    /// interrupted), when a program waits for input, or when the shell exits.
     ///
     /// # Errors
-    /// `invalid_argument` for SIGKILL at the shell; `not_found` when the lookup fails.
-    fn signal(&self, signal: i32) -> Result<i32>;
+    /// As [`TerminalSession::send`].
+    async fn run_command(
+        &self,
+        command: &str,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<CommandOutcome>;
+    /// Reads a page of scrollback, `offset` lines back from the newest.
+    fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage;
+    /// Signals the current foreground group.
+    ///
+    /// # Errors
+    /// `invalid_argument` for SIGKILL at the shell; `not_found` when the terminal has no
+    /// foreground group.
+    async fn signal(&self, signal: Signal) -> Result<SignalDelivery>;
     /// Current status.
     fn status(&self) -> SessionStatus;
     /// Tears down the captured tree and awaits quiescence.
@@ -131,6 +202,8 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
 pub trait TerminalBackend: Send + Sync + fmt::Debug + 'static {
     /// Backend type name (`bash`).
     fn type_name(&self) -> &'static str;
+    /// The shell dialect its sessions speak (names and words for the tools).
+    fn dialect(&self) -> ShellDialect;
     /// Opens a session.
     ///
     /// # Errors
@@ -179,7 +252,17 @@ pub trait SendSlot: Send + fmt::Debug {
         text: String,
         submit: bool,
         cancel: CancellationToken,
-    ) -> Result<SendSettle>;
+    ) -> Result<SendOutcome>;
+    /// Runs one framed command while holding the slot.
+    ///
+    /// # Errors
+    /// As [`TerminalSession::run_command`].
+    async fn run_command(
+        self: Box<Self>,
+        command: String,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<CommandOutcome>;
 }
 
 /// The terminals service: owner-scoped persistent sessions over a backend.
@@ -188,10 +271,13 @@ pub trait SendSlot: Send + fmt::Debug {
 /// - Every operation checks the exact owner (`foreign_owner` / `not_found`).
 /// - `open` is reserve → initialize → publish → rollback; owner or service disposal aborts
 ///   unpublished setup and awaits its rollback.
-/// - At most one send is active per session (`already_exists` with SEND_ACTIVE in the message).
+/// - At most one send is active per session (`already_exists`, reason `SEND_ACTIVE`).
 /// - `close` removes the record only after backend quiescence; a failed close can be retried.
+/// - Errors carry an [`crate::ErrorReason`] saying which refusal it is.
 #[async_trait]
 pub trait Terminals: Send + Sync + fmt::Debug + 'static {
+    /// The dialect of the default backend (what the persistent shell tool speaks).
+    fn dialect(&self) -> ShellDialect;
     /// Opens and publishes a session for `owner`.
     ///
     /// # Errors
@@ -219,11 +305,16 @@ pub trait Terminals: Send + Sync + fmt::Debug + 'static {
         offset_lines: usize,
         max_lines: usize,
     ) -> Result<ScrollbackPage>;
-    /// Signals the foreground group; returns the pgid signalled.
+    /// Signals the foreground group.
     ///
     /// # Errors
     /// `not_found`, `foreign_owner`, `invalid_argument` (SIGKILL at the shell).
-    fn signal(&self, owner: &crate::Owner, id: &str, signal: i32) -> Result<i32>;
+    async fn signal(
+        &self,
+        owner: &crate::Owner,
+        id: &str,
+        signal: Signal,
+    ) -> Result<SignalDelivery>;
     /// The owner's sessions.
     fn list(&self, owner: &crate::Owner) -> Vec<TerminalInfo>;
     /// Closes a session and awaits quiescence.

@@ -2,25 +2,62 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Owner, Result};
 
+/// How far a long call has come, for front ends that show progress (MCP progress
+/// notifications). Values only grow within one call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Time since the call started.
+    pub elapsed: Duration,
+    /// Bytes of output produced so far.
+    pub output_bytes: u64,
+    /// A short human note, if the tool has one.
+    pub message: Option<String>,
+}
+
+/// Receives [`Progress`] from a running tool call; the front end implements it.
+pub trait ProgressSink: Send + Sync + fmt::Debug {
+    /// One progress report.
+    fn progress(&self, progress: Progress);
+}
+
 /// Per-call context.
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     /// The calling agent.
     pub owner: Arc<Owner>,
-    /// The tool call's own cancellation.
+    /// The tool call's own cancellation: a child of the owner's token, so disposing the
+    /// owner cancels every call it has in flight. A front end cancels it to abort the call.
     pub cancel: CancellationToken,
+    /// Where progress goes, when the front end wants it.
+    pub progress: Option<Arc<dyn ProgressSink>>,
 }
 
 impl ToolContext {
-    /// A context with a fresh cancel token.
+    /// A context whose cancel token is a fresh child of the owner's.
     pub fn new(owner: Arc<Owner>) -> Self {
-        Self { owner, cancel: CancellationToken::new() }
+        let cancel = owner.cancel_token().child_token();
+        Self { owner, cancel, progress: None }
+    }
+
+    /// Routes progress reports to `sink`.
+    #[must_use]
+    pub fn with_progress(mut self, sink: Arc<dyn ProgressSink>) -> Self {
+        self.progress = Some(sink);
+        self
+    }
+
+    /// Reports progress when a sink is attached.
+    pub fn report(&self, progress: Progress) {
+        if let Some(sink) = &self.progress {
+            sink.progress(progress);
+        }
     }
 }
 
@@ -52,10 +89,10 @@ impl ToolOutput {
 /// `invalid_argument` naming the field.
 #[async_trait]
 pub trait Tool: Send + Sync + fmt::Debug + 'static {
-    /// Tool name.
-    fn name(&self) -> &'static str;
+    /// Tool name (may come from a provider's dialect, so it is not `'static`).
+    fn name(&self) -> &str;
     /// Description shown to the model.
-    fn description(&self) -> &'static str;
+    fn description(&self) -> &str;
     /// JSON schema of the arguments.
     fn input_schema(&self) -> serde_json::Value;
     /// Runs the tool.

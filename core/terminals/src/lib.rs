@@ -7,9 +7,10 @@
 //! and owner/service disposal that aborts unpublished setups, awaits their rollback, then
 //! closes what was published. The backend owns everything about the PTY itself.
 //!
-//! Error messages start with a stable upper-case reason (`NO_SESSION`, `FOREIGN_SESSION`,
+//! Every refusal carries a typed [`ErrorReason`] (`NO_SESSION`, `FOREIGN_SESSION`,
 //! `DUPLICATE_NAME`, `SEND_ACTIVE`, `OWNER_NOT_LIVE`, `SERVICE_DISPOSING`, `NO_BACKEND`,
-//! `BAD_NAME`) so callers can match on it beside the [`ErrorCode`].
+//! `BAD_NAME`) beside its [`ErrorCode`]; callers match on it, never on the message (which
+//! shows it in front for humans).
 #![deny(missing_docs)]
 
 use std::collections::{HashMap, HashSet};
@@ -22,10 +23,10 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CloseReport, Error, ErrorCode, OpenRequest, Owner, Result, ScrollbackPage, SendSettle,
-    SendSlot, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
+    CloseReport, CommandOutcome, Error, ErrorCode, ErrorReason, OpenRequest, Owner, Result,
+    ScrollbackPage, SendOutcome, SendSlot, ShellDialect, Signal, SignalDelivery, TerminalBackend,
+    TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
 };
-use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 /// Plugin name.
@@ -35,9 +36,7 @@ pub const NAME: &str = "terminals";
 pub const MAX_NAME_LEN: usize = 64;
 
 /// `terminals` plugin config (no keys yet; unknown keys are rejected).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TerminalsConfig {}
+pub type TerminalsConfig = conch_seams::NoConfig;
 
 /// One published session.
 struct Record {
@@ -118,8 +117,8 @@ impl fmt::Debug for TerminalService {
     }
 }
 
-fn err(code: ErrorCode, reason: &str, message: impl fmt::Display) -> Error {
-    Error::new(code, format!("{reason}: {message}")).with_provider(NAME)
+fn err(code: ErrorCode, reason: ErrorReason, message: impl fmt::Display) -> Error {
+    Error::new(code, message.to_string()).with_reason(reason).with_provider(NAME)
 }
 
 fn validate_name(name: &str) -> Result<()> {
@@ -127,7 +126,7 @@ fn validate_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_NAME_LEN || !ok_chars {
         return Err(err(
             ErrorCode::InvalidArgument,
-            "BAD_NAME",
+            ErrorReason::BadName,
             format!(
                 "session name {name:?} must be 1-{MAX_NAME_LEN} characters of letters, digits, `-`, `_` or `.`"
             ),
@@ -136,7 +135,7 @@ fn validate_name(name: &str) -> Result<()> {
     if is_session_id(name) {
         return Err(err(
             ErrorCode::InvalidArgument,
-            "BAD_NAME",
+            ErrorReason::BadName,
             format!("session name {name:?} looks like a session id; pty-N is reserved for ids"),
         ));
     }
@@ -166,17 +165,17 @@ impl Inner {
             Some(r) if r.owner_key == owner_key => Ok(Arc::clone(r)),
             Some(_) => Err(err(
                 ErrorCode::ForeignOwner,
-                "FOREIGN_SESSION",
+                ErrorReason::ForeignSession,
                 format!("terminal session `{id}` belongs to another agent"),
             )),
             None if st.pending.contains_key(id) => Err(err(
                 ErrorCode::NotFound,
-                "NO_SESSION",
+                ErrorReason::NoSession,
                 format!("terminal session `{id}` is still starting"),
             )),
             None => Err(err(
                 ErrorCode::NotFound,
-                "NO_SESSION",
+                ErrorReason::NoSession,
                 format!("no terminal session `{id}`; terminal_list shows your sessions"),
             )),
         }
@@ -189,7 +188,7 @@ impl Inner {
             // A concurrent close finished first: the session is already quiescent and gone.
             return Err(err(
                 ErrorCode::NotFound,
-                "NO_SESSION",
+                ErrorReason::NoSession,
                 format!("terminal session `{}` was already closed", record.id),
             ));
         }
@@ -252,14 +251,14 @@ impl TerminalService {
         if st.disposing {
             return Err(err(
                 ErrorCode::Disposing,
-                "SERVICE_DISPOSING",
+                ErrorReason::ServiceDisposing,
                 "the terminals service is shutting down",
             ));
         }
         if !owner.is_live() {
             return Err(err(
                 ErrorCode::Disposing,
-                "OWNER_NOT_LIVE",
+                ErrorReason::OwnerNotLive,
                 "this agent is being disposed",
             ));
         }
@@ -269,7 +268,7 @@ impl TerminalService {
         {
             return Err(err(
                 ErrorCode::AlreadyExists,
-                "DUPLICATE_NAME",
+                ErrorReason::DuplicateName,
                 format!("you already have a terminal session named {name:?}"),
             ));
         }
@@ -286,7 +285,7 @@ impl TerminalService {
             if !kept {
                 return Err(err(
                     ErrorCode::Disposing,
-                    "OWNER_NOT_LIVE",
+                    ErrorReason::OwnerNotLive,
                     "this agent is being disposed",
                 ));
             }
@@ -329,14 +328,27 @@ impl SendSlot for Slot {
         text: String,
         submit: bool,
         cancel: CancellationToken,
-    ) -> Result<SendSettle> {
+    ) -> Result<SendOutcome> {
         // `self` (and so the slot) lives until the send returns or is dropped.
         self.record.session.send(&text, submit, cancel).await
+    }
+
+    async fn run_command(
+        self: Box<Self>,
+        command: String,
+        timeout: std::time::Duration,
+        cancel: CancellationToken,
+    ) -> Result<CommandOutcome> {
+        self.record.session.run_command(&command, timeout, cancel).await
     }
 }
 
 #[async_trait]
 impl Terminals for TerminalService {
+    fn dialect(&self) -> ShellDialect {
+        self.inner.backend.dialect()
+    }
+
     async fn open(
         &self,
         owner: &Arc<Owner>,
@@ -349,7 +361,7 @@ impl Terminals for TerminalService {
         {
             return Err(err(
                 ErrorCode::NotFound,
-                "NO_BACKEND",
+                ErrorReason::NoBackend,
                 format!("no terminal backend of type {t:?}; this runtime offers {backend_type:?}"),
             ));
         }
@@ -397,13 +409,13 @@ impl Terminals for TerminalService {
             if st.disposing {
                 Err(err(
                     ErrorCode::Disposing,
-                    "SERVICE_DISPOSING",
+                    ErrorReason::ServiceDisposing,
                     "the terminals service shut down while the session was starting",
                 ))
             } else if !owner.is_live() {
                 Err(err(
                     ErrorCode::Disposing,
-                    "OWNER_NOT_LIVE",
+                    ErrorReason::OwnerNotLive,
                     "this agent was disposed while the session was starting",
                 ))
             } else if pending.abort.is_cancelled() {
@@ -444,7 +456,7 @@ impl Terminals for TerminalService {
         {
             return Err(err(
                 ErrorCode::AlreadyExists,
-                "SEND_ACTIVE",
+                ErrorReason::SendActive,
                 format!(
                     "terminal session `{id}` is already running a send; wait for it (job_output) or interrupt it (terminal_signal)"
                 ),
@@ -464,9 +476,9 @@ impl Terminals for TerminalService {
         Ok(record.session.read(offset_lines, max_lines))
     }
 
-    fn signal(&self, owner: &Owner, id: &str, signal: i32) -> Result<i32> {
+    async fn signal(&self, owner: &Owner, id: &str, signal: Signal) -> Result<SignalDelivery> {
         let record = self.inner.owned(owner.key(), id)?;
-        record.session.signal(signal)
+        record.session.signal(signal).await
     }
 
     fn list(&self, owner: &Owner) -> Vec<TerminalInfo> {

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use conch_seams::{CollectingSink, SessionStatus, WaitReason};
+use conch_seams::{CollectingSink, CommandEnd, ExitStatus, SessionStatus, WaitReason};
 use tokio::sync::Notify;
 
 use super::*;
@@ -44,14 +44,27 @@ impl TerminalSession for TestSession {
         text: &str,
         _submit: bool,
         cancel: CancellationToken,
-    ) -> Result<SendSettle> {
+    ) -> Result<SendOutcome> {
         if text == "block" {
             self.in_send.notify_one();
             cancel.cancelled().await;
         }
-        Ok(SendSettle {
+        Ok(SendOutcome::Ready(conch_seams::SendSettle {
             delta: text.to_owned(),
             wait_reason: WaitReason::StdinRead,
+            session_status: self.status(),
+        }))
+    }
+    async fn run_command(
+        &self,
+        command: &str,
+        _timeout: Duration,
+        _cancel: CancellationToken,
+    ) -> Result<CommandOutcome> {
+        Ok(CommandOutcome {
+            output: command.to_owned(),
+            omitted_bytes: 0,
+            end: CommandEnd::Exited(0),
             session_status: self.status(),
         })
     }
@@ -64,15 +77,15 @@ impl TerminalSession for TestSession {
             truncated: false,
         }
     }
-    fn signal(&self, signal: i32) -> Result<i32> {
-        if signal == 9 {
+    async fn signal(&self, signal: Signal) -> Result<SignalDelivery> {
+        if signal == Signal::Kill {
             return Err(Error::invalid("use close"));
         }
-        Ok(42)
+        Ok(SignalDelivery { pgid: 42, leader: false })
     }
     fn status(&self) -> SessionStatus {
         if self.closed.load(Ordering::Acquire) {
-            SessionStatus::Exited { code: None, signal: Some("SIGHUP".into()) }
+            SessionStatus::Exited(ExitStatus::signal("SIGHUP"))
         } else {
             SessionStatus::Running
         }
@@ -98,6 +111,9 @@ impl TerminalSession for TestSession {
 impl TerminalBackend for TestBackend {
     fn type_name(&self) -> &'static str {
         "bash"
+    }
+    fn dialect(&self) -> ShellDialect {
+        ShellDialect::BASH
     }
     async fn open(&self, spec: TerminalOpenSpec) -> Result<Arc<dyn TerminalSession>> {
         if self.hold_open.load(Ordering::Acquire) {
@@ -149,8 +165,8 @@ fn named(name: &str) -> OpenRequest {
     r
 }
 
-fn reason(e: &Error) -> &str {
-    e.message().split(':').next().unwrap_or("")
+fn reason(e: &Error) -> &'static str {
+    e.reason().map_or("", ErrorReason::as_str)
 }
 
 #[tokio::test]
@@ -217,15 +233,21 @@ async fn every_operation_is_fenced_to_the_exact_owner() {
     };
     foreign(svc.reserve_send(&imposter, &id).unwrap_err());
     foreign(svc.read(&imposter, &id, 0, 10).unwrap_err());
-    foreign(svc.signal(&imposter, &id, 2).unwrap_err());
+    foreign(svc.signal(&imposter, &id, Signal::Int).await.unwrap_err());
     foreign(svc.close(&imposter, &id).await.unwrap_err());
     assert!(svc.list(&imposter).is_empty());
     assert_eq!(svc.list(&a).len(), 1);
     let e = svc.read(&a, "pty-99", 0, 10).unwrap_err();
     assert_eq!(e.code(), ErrorCode::NotFound);
     assert_eq!(reason(&e), "NO_SESSION");
-    assert_eq!(svc.signal(&a, &id, 2).unwrap(), 42);
-    assert_eq!(svc.signal(&a, &id, 9).unwrap_err().code(), ErrorCode::InvalidArgument);
+    assert_eq!(svc.signal(&a, &id, Signal::Int).await.unwrap().pgid, 42);
+    let e = svc.signal(&a, &id, Signal::Kill).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    // The reason is a value; the message shows it for humans only.
+    let e = svc.read(&a, "pty-99", 0, 10).unwrap_err();
+    assert_eq!(e.reason(), Some(ErrorReason::NoSession));
+    assert!(!e.message().starts_with("NO_SESSION"), "{}", e.message());
+    assert!(e.to_string().starts_with("NO_SESSION: "), "{e}");
 }
 
 #[tokio::test]
@@ -237,8 +259,20 @@ async fn one_send_at_a_time_and_the_slot_is_released_on_drop() {
     let e = svc.reserve_send(&a, &id).unwrap_err();
     assert_eq!(e.code(), ErrorCode::AlreadyExists);
     assert_eq!(reason(&e), "SEND_ACTIVE");
-    let settle = slot.send("hi".into(), true, CancellationToken::new()).await.unwrap();
+    let SendOutcome::Ready(settle) =
+        slot.send("hi".into(), true, CancellationToken::new()).await.unwrap()
+    else {
+        panic!("the test session always settles")
+    };
     assert_eq!(settle.delta, "hi");
+    // A framed command also holds (and releases) the one slot.
+    let slot = svc.reserve_send(&a, &id).unwrap();
+    assert_eq!(reason(&svc.reserve_send(&a, &id).unwrap_err()), "SEND_ACTIVE");
+    let out = slot
+        .run_command("pwd".into(), Duration::from_secs(1), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((out.output.as_str(), out.end), ("pwd", CommandEnd::Exited(0)));
     // Finished: the slot is free again; dropping an unused slot frees it too.
     drop(svc.reserve_send(&a, &id).unwrap());
     let slot = svc.reserve_send(&a, &id).unwrap();

@@ -8,8 +8,8 @@ use conch_env::ShellEnv;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
     Error, ErrorCode, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
-    Leftover, Result, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
-    ShellRunResult, Tool, ToolContext, ToolOutput,
+    Leftover, Result, ShellDialect, ShellExecRequest, ShellExecutor, ShellProcess,
+    ShellProcessStatus, ShellRunResult, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -50,13 +50,17 @@ impl Default for BashToolConfig {
     }
 }
 
-/// The `bash` tool.
+impl conch_seams::PluginConfig for BashToolConfig {}
+
+/// The one-shot shell tool, named after the executor's dialect (`bash`).
 #[derive(Debug)]
 pub struct BashTool {
     shell: Arc<dyn ShellExecutor>,
     jobs: Option<Arc<dyn Jobs>>,
     shell_env: Arc<ShellEnv>,
     config: BashToolConfig,
+    dialect: ShellDialect,
+    description: String,
 }
 
 impl BashTool {
@@ -67,7 +71,17 @@ impl BashTool {
         shell_env: Arc<ShellEnv>,
         config: BashToolConfig,
     ) -> Self {
-        Self { shell, jobs, shell_env, config }
+        let dialect = shell.dialect();
+        let description = format!(
+            "Run a command with {} in a fresh shell. No state (cwd, variables, functions) \
+             persists between calls: pass workdir instead of cd. A non-zero exit is shown as \
+             [exit code: N]. Long output keeps its tail and names the file holding the full \
+             output. The call ends with its shell: processes left running with `&` are stopped \
+             and listed. run_in_background: true returns a job id at once; read it with \
+             job_output and stop it with job_kill.",
+            dialect.one_shot
+        );
+        Self { shell, jobs, shell_env, config, dialect, description }
     }
 }
 
@@ -95,8 +109,8 @@ fn plural(n: usize) -> &'static str {
 pub fn render_run(r: &ShellRunResult) -> String {
     let mut out = String::new();
     if r.output.omitted_bytes > 0 {
-        match &r.output.spill_path {
-            Some(p) => out.push_str(&format!("[output truncated; full output: {}]\n", p.display())),
+        match &r.output.spill {
+            Some(p) => out.push_str(&format!("[output truncated; full output: {p}]\n")),
             None => out.push_str(&format!(
                 "[output truncated; {} earlier bytes omitted; full output exceeded the spill cap]\n",
                 r.output.omitted_bytes
@@ -117,9 +131,9 @@ pub fn render_run(r: &ShellRunResult) -> String {
             leftover_list(&r.leftovers)
         ));
     }
-    if let Some(sig) = &r.signal {
+    if let Some(sig) = &r.status.signal {
         markers.push(format!("[killed by signal: {sig}]"));
-    } else if let Some(code) = r.exit_code
+    } else if let Some(code) = r.status.code
         && code != 0
     {
         markers.push(format!("[exit code: {code}]"));
@@ -136,11 +150,7 @@ pub fn render_run(r: &ShellRunResult) -> String {
 struct ProcessOutput(Arc<dyn ShellProcess>);
 
 fn to_job_read(r: conch_seams::ShellProcessRead) -> JobRead {
-    JobRead {
-        text: r.text,
-        lossy: r.lossy,
-        spill_path: r.spill_path.map(|p| p.display().to_string()),
-    }
+    JobRead { text: r.text, lossy: r.lossy, spill_path: r.spill.map(|p| p.to_string()) }
 }
 
 impl JobOutput for ProcessOutput {
@@ -150,6 +160,10 @@ impl JobOutput for ProcessOutput {
 
     fn snapshot(&self) -> JobRead {
         to_job_read(self.0.snapshot())
+    }
+
+    fn release(&self) {
+        self.0.release();
     }
 }
 
@@ -175,14 +189,14 @@ fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
     match p.status() {
         ShellProcessStatus::Killed => JobSettlement {
             status: JobStatus::Killed,
-            detail: Some(match p.signal() {
+            detail: Some(match p.exit().and_then(|e| e.signal) {
                 Some(s) => format!("killed by signal: {s}"),
                 None => "killed".into(),
             }),
         },
         _ => JobSettlement {
             status: JobStatus::Completed,
-            detail: match p.exit_code() {
+            detail: match p.exit().and_then(|e| e.code) {
                 Some(0) => None,
                 Some(c) => Some(format!("exit code: {c}")),
                 None => None,
@@ -193,16 +207,12 @@ fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
 
 #[async_trait]
 impl Tool for BashTool {
-    fn name(&self) -> &'static str {
-        "bash"
+    fn name(&self) -> &str {
+        self.dialect.name
     }
 
-    fn description(&self) -> &'static str {
-        "Run a command with bash -c in a fresh shell. No state (cwd, variables, functions) persists \
-         between calls: pass workdir instead of cd. A non-zero exit is shown as [exit code: N]. Long \
-         output keeps its tail and names the file holding the full output. The call ends with its \
-         shell: processes left running with `&` are stopped and listed. run_in_background: true \
-         returns a job id at once; read it with job_output and stop it with job_kill."
+    fn description(&self) -> &str {
+        &self.description
     }
 
     fn input_schema(&self) -> serde_json::Value {
@@ -216,7 +226,7 @@ impl Tool for BashTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: BashArgs = parse_args("bash", args)?;
+        let args: BashArgs = parse_args(self.dialect.name, args)?;
         let background = args.run_in_background.unwrap_or(false);
         let mut req = ShellExecRequest::new(args.command.clone())
             .with_managed_env(self.shell_env.snapshot(ctx.owner.session_id()));
@@ -227,18 +237,21 @@ impl Tool for BashTool {
             let spec = self.shell.resolve(req)?;
             let result = self.shell.run(spec).await?;
             if result.aborted {
-                return Err(Error::new(ErrorCode::Cancelled, "the bash tool call was aborted"));
+                return Err(Error::new(
+                    ErrorCode::Cancelled,
+                    format!("the {} tool call was aborted", self.dialect.name),
+                ));
             }
             let text = render_run(&result);
             return Ok(ToolOutput {
                 text,
                 structured: Some(serde_json::json!({
-                    "exit_code": result.exit_code,
-                    "signal": result.signal,
+                    "exit_code": result.status.code,
+                    "signal": result.status.signal,
                     "timed_out": result.timed_out,
                     "total_bytes": result.output.total_bytes,
                     "omitted_bytes": result.output.omitted_bytes,
-                    "spill_path": result.output.spill_path,
+                    "spill_path": result.output.spill.as_ref().map(|s| s.path.clone()),
                     "leftovers": result.leftovers.iter().map(|l| serde_json::json!({
                         "pid": l.pid, "name": l.name, "held_output": l.held_output,
                     })).collect::<Vec<_>>(),
@@ -256,14 +269,17 @@ impl Tool for BashTool {
         };
         // The tool call's own cancellation applies only until the job id is published.
         if ctx.cancel.is_cancelled() {
-            return Err(Error::new(ErrorCode::Cancelled, "the bash tool call was aborted"));
+            return Err(Error::new(
+                ErrorCode::Cancelled,
+                format!("the {} tool call was aborted", self.dialect.name),
+            ));
         }
         let spec = self.shell.resolve(req)?;
         let label = args
             .description
             .filter(|d| !d.trim().is_empty())
             .unwrap_or_else(|| args.command.clone());
-        let mut start = JobStart::new("bash", label);
+        let mut start = JobStart::new(self.dialect.name, label);
         start.output_cap = spec.output_max_bytes;
         let shell = Arc::clone(&self.shell);
         let info = jobs

@@ -203,10 +203,7 @@ impl Tool for JobKillTool {
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct NoConfig {}
-    let _: NoConfig = ctx.config()?;
+    let _: conch_seams::NoConfig = ctx.config()?;
     let jobs = ctx.jobs()?;
     Ok(PluginOutput::tools(vec![
         Arc::new(JobOutputTool { jobs: Arc::clone(&jobs) }),

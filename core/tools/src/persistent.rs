@@ -1,19 +1,20 @@
-//! The persistent `bash` tool: one PTY session per owner, calls serialised, each command
-//! wrapped in random start/end markers so only its own output and exit status come back.
+//! The persistent shell tool (`bash`): one PTY session per owner, calls serialised, each
+//! command run through the backend's framing so only its own output and exit status come
+//! back. The tool holds no shell syntax: the terminal backend's dialect frames the command
+//! and names the tool.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    Error, ErrorCode, OpenRequest, Owner, Result, Terminals, Tool, ToolContext, ToolOutput,
-    WaitReason,
+    CommandEnd, ConfigIssue, Error, ErrorCode, OpenRequest, Owner, PluginConfig, Result,
+    ShellDialect, Terminals, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
 
 use crate::args::{parse_args, schema_of};
 
@@ -35,6 +36,15 @@ impl Default for PersistentBashConfig {
     }
 }
 
+impl PluginConfig for PersistentBashConfig {
+    fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        if self.timeout_ms == 0 || self.max_timeout_ms < self.timeout_ms {
+            return Err(ConfigIssue::new("timeout_ms", "must be > 0 and <= max_timeout_ms"));
+        }
+        Ok(())
+    }
+}
+
 /// Arguments of the persistent `bash`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -48,66 +58,49 @@ pub struct PersistentBashArgs {
 
 type Slot = Arc<tokio::sync::Mutex<Option<String>>>;
 
-/// The persistent bash tool.
+/// The persistent shell tool.
 #[derive(Debug)]
 pub struct PersistentBashTool {
     terminals: Arc<dyn Terminals>,
     shell_env: Arc<conch_env::ShellEnv>,
     config: PersistentBashConfig,
     sessions: Arc<Mutex<HashMap<u64, Slot>>>,
+    dialect: ShellDialect,
+    description: String,
 }
 
-const TAG: &str = "__CONCH_PB";
-
-fn b64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for c in data.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// The single line typed into the shell. The markers are printed with `%s` pieces so the
-/// echoed command line itself never contains a complete marker; `eval` keeps state changes
-/// (cd, export) in the shell while stdin stays the terminal.
-fn wrap(command: &str, nonce: &str) -> String {
-    format!(
-        " printf '\\n%s_START_%s__\\n' {TAG} {nonce}; eval \"$(printf %s '{}' | base64 -d)\"; __conch_rc=$?; printf '\\n%s_END_%s:%s__\\n' {TAG} {nonce} \"$__conch_rc\"",
-        b64(command.as_bytes())
-    )
-}
-
-/// Extracts `(output, exit code)` once the end marker arrived, or the partial output.
-fn extract(acc: &str, nonce: &str) -> (String, Option<i32>) {
-    let start = format!("{TAG}_START_{nonce}__\n");
-    let end = format!("\n{TAG}_END_{nonce}:");
-    let body = match acc.find(&start) {
-        Some(i) => &acc[i + start.len()..],
-        // The send's delta keeps only its tail, so a long output can lose the start marker;
-        // the end marker (with the status) still delimits the command's output.
-        None if acc.contains(&end) => acc,
-        None => return (String::new(), None),
-    };
-    match body.find(&end) {
-        Some(j) => {
-            let code = body[j + end.len()..].split("__").next().and_then(|c| c.trim().parse().ok());
-            (body[..j].to_string(), code.or(Some(-1)))
-        }
-        None => (body.to_string(), None),
-    }
+/// `text`, then `note` on a line of its own.
+fn with_note(text: &str, note: &str) -> String {
+    let sep = if text.is_empty() || text.ends_with('\n') { "" } else { "\n" };
+    format!("{text}{sep}{note}")
 }
 
 impl PersistentBashTool {
+    /// A tool over the terminals service, speaking the default backend's dialect.
+    pub fn new(
+        terminals: Arc<dyn Terminals>,
+        shell_env: Arc<conch_env::ShellEnv>,
+        config: PersistentBashConfig,
+    ) -> Self {
+        let dialect = terminals.dialect();
+        let description = format!(
+            "Run a command in your persistent {} shell: cwd, exported variables and functions \
+             persist between calls; calls run one at a time. A non-zero exit is shown as [exit \
+             code: N]. On timeout or interruption the shell is reset and the next call starts \
+             fresh. Interactive programs that wait for input return their partial output and \
+             reset the shell.",
+            dialect.name
+        );
+        Self {
+            terminals,
+            shell_env,
+            config,
+            sessions: Arc::new(Mutex::new(HashMap::new())),
+            dialect,
+            description,
+        }
+    }
+
     fn slot(&self, owner: &Arc<Owner>) -> Slot {
         let mut map = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = map.get(&owner.key()) {
@@ -132,19 +125,20 @@ impl PersistentBashTool {
             let _ = self.terminals.close(owner, &id).await;
         }
     }
+
+    fn invalid(&self, why: &str) -> Error {
+        Error::invalid(format!("invalid arguments for `{}`: {why}", self.dialect.name))
+    }
 }
 
 #[async_trait]
 impl Tool for PersistentBashTool {
-    fn name(&self) -> &'static str {
-        "bash"
+    fn name(&self) -> &str {
+        self.dialect.name
     }
 
-    fn description(&self) -> &'static str {
-        "Run a command in your persistent bash shell: cwd, exported variables and functions \
-         persist between calls; calls run one at a time. A non-zero exit is shown as [exit \
-         code: N]. On timeout or interruption the shell is reset and the next call starts fresh. \
-         Interactive programs that wait for input return their partial output and reset the shell."
+    fn description(&self) -> &str {
+        &self.description
     }
 
     fn input_schema(&self) -> serde_json::Value {
@@ -152,16 +146,12 @@ impl Tool for PersistentBashTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: PersistentBashArgs = parse_args("bash", args)?;
+        let args: PersistentBashArgs = parse_args(self.dialect.name, args)?;
         if args.command.trim().is_empty() {
-            return Err(Error::invalid("invalid arguments for `bash`: command is empty"));
+            return Err(self.invalid("command is empty"));
         }
         let timeout_ms = match args.timeout_ms {
-            Some(0) => {
-                return Err(Error::invalid(
-                    "invalid arguments for `bash`: timeout_ms must be greater than 0",
-                ));
-            }
+            Some(0) => return Err(self.invalid("timeout_ms must be greater than 0")),
             Some(t) => t.min(self.config.max_timeout_ms),
             None => self.config.timeout_ms,
         };
@@ -183,127 +173,58 @@ impl Tool for PersistentBashTool {
             *session = Some(info.id);
         }
         let id = session.clone().unwrap_or_default();
-        let nonce = conch_seams::terminal::marker_nonce();
-        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        let mut acc = String::new();
-        let mut first = true;
-        let outcome: std::result::Result<Option<i32>, &'static str> = loop {
-            let cancel = CancellationToken::new();
-            let guard = {
-                let cancel = cancel.clone();
-                let caller = ctx.cancel.clone();
-                let left = deadline.saturating_duration_since(Instant::now());
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = tokio::time::sleep(left) => cancel.cancel(),
-                        () = caller.cancelled() => cancel.cancel(),
-                        () = cancel.cancelled() => {}
-                    }
-                })
-            };
-            let text = if first { wrap(&args.command, &nonce) } else { String::new() };
-            let r = match self.terminals.reserve_send(&ctx.owner, &id) {
-                Ok(s) => s.send(text, first, cancel.clone()).await,
-                Err(e) => Err(e),
-            };
-            cancel.cancel();
-            guard.abort();
-            first = false;
-            match r {
-                Ok(settle) => {
-                    acc.push_str(&settle.delta);
-                    let (_, code) = extract(&acc, &nonce);
-                    if code.is_some() {
-                        break Ok(code);
-                    }
-                    match settle.wait_reason {
-                        WaitReason::SessionExit => {
-                            break Err("[shell exited; the next call starts a fresh shell]");
-                        }
-                        WaitReason::StdinRead => {
-                            break Err(
-                                "[command is waiting for input; the shell was reset — use the terminal tools for interactive programs]",
-                            );
-                        }
-                        WaitReason::InferredIdle | WaitReason::Timeout => {
-                            if Instant::now() >= deadline {
-                                break Err("timeout");
-                            }
-                        }
-                    }
-                }
-                Err(e) if e.code() == ErrorCode::Cancelled => {
-                    if let Some((_, partial)) = e
-                        .context()
-                        .iter()
-                        .find(|(k, _)| *k == conch_seams::terminal::SEND_OUTPUT_CONTEXT)
-                    {
-                        acc.push_str(partial);
-                    }
-                    if ctx.cancel.is_cancelled() {
-                        self.reset(&ctx.owner, &mut session).await;
-                        return Err(Error::new(
-                            ErrorCode::Cancelled,
-                            "the bash tool call was aborted",
-                        ));
-                    }
-                    break Err("timeout");
-                }
-                Err(e) => {
-                    self.reset(&ctx.owner, &mut session).await;
-                    return Err(e);
-                }
+        let ran = match self.terminals.reserve_send(&ctx.owner, &id) {
+            Ok(s) => {
+                s.run_command(args.command, Duration::from_millis(timeout_ms), ctx.cancel.clone())
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let outcome = match ran {
+            Ok(o) => o,
+            Err(e) => {
+                self.reset(&ctx.owner, &mut session).await;
+                return Err(e);
             }
         };
-        let (mut out, _) = extract(&acc, &nonce);
-        if out.len() > self.config.max_output_bytes {
+        let cap = self.config.max_output_bytes;
+        let mut out = outcome.output;
+        if out.len() > cap || outcome.omitted_bytes > 0 {
             out = format!(
-                "[output truncated to its last {} bytes]\n{}",
-                self.config.max_output_bytes,
-                conch_output::tail_utf8(&out, self.config.max_output_bytes)
+                "[output truncated to its last {cap} bytes]\n{}",
+                conch_output::tail_utf8(&out, cap)
             );
         }
-        let text = match outcome {
-            Ok(Some(0)) => out,
-            Ok(Some(code)) => format!(
-                "{out}{}[exit code: {code}]",
-                if out.is_empty() || out.ends_with('\n') { "" } else { "\n" }
-            ),
-            Ok(None) => out,
-            Err(note) => {
-                self.reset(&ctx.owner, &mut session).await;
-                let note = if note == "timeout" {
-                    format!("[timed out after {timeout_ms}ms; the shell was reset]")
-                } else {
-                    note.to_string()
-                };
-                format!(
-                    "{out}{}{note}",
-                    if out.is_empty() || out.ends_with('\n') { "" } else { "\n" }
-                )
+        let note = match outcome.end {
+            CommandEnd::Exited(0) => return Ok(ToolOutput::text(out)),
+            CommandEnd::Exited(code) => {
+                return Ok(ToolOutput::text(with_note(&out, &format!("[exit code: {code}]"))));
             }
+            CommandEnd::Cancelled => {
+                self.reset(&ctx.owner, &mut session).await;
+                return Err(Error::new(
+                    ErrorCode::Cancelled,
+                    format!("the {} tool call was aborted", self.dialect.name),
+                ));
+            }
+            CommandEnd::TimedOut => {
+                format!("[timed out after {timeout_ms}ms; the shell was reset]")
+            }
+            CommandEnd::SessionExited => {
+                "[shell exited; the next call starts a fresh shell]".to_string()
+            }
+            CommandEnd::WaitingForInput => "[command is waiting for input; the shell was reset — \
+                 use the terminal tools for interactive programs]"
+                .to_string(),
         };
-        Ok(ToolOutput::text(text))
+        self.reset(&ctx.owner, &mut session).await;
+        Ok(ToolOutput::text(with_note(&out, &note)))
     }
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: PersistentBashConfig = ctx.config()?;
-    if config.timeout_ms == 0 || config.max_timeout_ms < config.timeout_ms {
-        return Err(Error::new(
-            ErrorCode::InvalidComposition,
-            format!(
-                "{}: plugin `tool-bash-persistent`: key `timeout_ms`: must be > 0 and <= max_timeout_ms",
-                ctx.source_name()
-            ),
-        ));
-    }
-    let tool = PersistentBashTool {
-        terminals: ctx.terminals()?,
-        shell_env: ctx.shell_env(),
-        config,
-        sessions: Arc::new(Mutex::new(HashMap::new())),
-    };
+    let tool = PersistentBashTool::new(ctx.terminals()?, ctx.shell_env(), config);
     Ok(PluginOutput::tools(vec![Arc::new(tool)]))
 }
 
@@ -320,32 +241,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base64_matches_known_vectors() {
-        assert_eq!(b64(b""), "");
-        assert_eq!(b64(b"f"), "Zg==");
-        assert_eq!(b64(b"fo"), "Zm8=");
-        assert_eq!(b64(b"foo"), "Zm9v");
-        assert_eq!(b64(b"foobar"), "Zm9vYmFy");
-    }
-
-    #[test]
-    fn the_echoed_wrapper_never_contains_a_whole_marker() {
-        let w = wrap("echo hi", "abc");
-        assert!(!w.contains("__CONCH_PB_START_abc__"));
-        assert!(!w.contains("__CONCH_PB_END_abc:"));
-    }
-
-    #[test]
-    fn extract_returns_output_between_markers_and_the_status() {
-        let acc =
-            format!("# {}\n\n{TAG}_START_n1__\nhello\n\n{TAG}_END_n1:3__\n# ", wrap("x", "n1"));
-        assert_eq!(extract(&acc, "n1"), ("hello\n".to_string(), Some(3)));
-        let cut = format!("[earlier output omitted]\n99\n100\n\n{TAG}_END_n1:0__\n# ");
-        assert_eq!(
-            extract(&cut, "n1"),
-            ("[earlier output omitted]\n99\n100\n".to_string(), Some(0))
-        );
-        let partial = format!("\n{TAG}_START_n1__\nName? ");
-        assert_eq!(extract(&partial, "n1"), ("Name? ".to_string(), None));
+    fn notes_go_on_a_line_of_their_own() {
+        assert_eq!(with_note("", "[x]"), "[x]");
+        assert_eq!(with_note("out\n", "[x]"), "out\n[x]");
+        assert_eq!(with_note("out", "[x]"), "out\n[x]");
     }
 }

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    Error, ErrorCode, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
-    OpenRequest, Result, SendSettle, SessionStatus, TerminalInfo, Terminals, Tool, ToolContext,
-    ToolOutput,
+    ConfigIssue, Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement,
+    JobStart, JobStatus, Jobs, OpenRequest, PluginConfig, Result, SendOutcome, SendSettle,
+    SessionStatus, Signal, TerminalInfo, Terminals, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -32,6 +32,12 @@ impl Default for TerminalToolsConfig {
     }
 }
 
+impl PluginConfig for TerminalToolsConfig {
+    fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        ConfigIssue::at_least("max_result_bytes", self.max_result_bytes as u64, 64)
+    }
+}
+
 /// Caps `body` so that `body + suffix` fits in `max` bytes, on a code-point boundary.
 /// The newest output (the tail, where the prompt is) is what survives.
 pub(crate) fn cap_result(body: &str, suffix: &str, max: usize) -> String {
@@ -43,11 +49,11 @@ pub(crate) fn cap_result(body: &str, suffix: &str, max: usize) -> String {
     format!("{note}{}{suffix}", conch_output::tail_utf8(body, room))
 }
 
-fn status_json(s: &SessionStatus) -> serde_json::Value {
+pub(crate) fn status_json(s: &SessionStatus) -> serde_json::Value {
     match s {
         SessionStatus::Running => serde_json::json!({ "state": "running" }),
-        SessionStatus::Exited { code, signal } => {
-            serde_json::json!({ "state": "exited", "code": code, "signal": signal })
+        SessionStatus::Exited(e) => {
+            serde_json::json!({ "state": "exited", "code": e.code, "signal": e.signal })
         }
     }
 }
@@ -55,10 +61,22 @@ fn status_json(s: &SessionStatus) -> serde_json::Value {
 fn status_text(s: &SessionStatus) -> String {
     match s {
         SessionStatus::Running => "running".into(),
-        SessionStatus::Exited { code: Some(c), .. } => format!("exited with code {c}"),
-        SessionStatus::Exited { signal: Some(sig), .. } => format!("exited by signal {sig}"),
-        SessionStatus::Exited { .. } => "exited".into(),
+        SessionStatus::Exited(e) => match (e.code, &e.signal) {
+            (Some(c), _) => format!("exited with code {c}"),
+            (None, Some(sig)) => format!("exited by signal {sig}"),
+            (None, None) => "exited".into(),
+        },
     }
+}
+
+/// The error a foreground send reports when its call was cancelled.
+fn interrupted_error(i: &Interrupted) -> Error {
+    let what = if i.typed {
+        "send cancelled; SIGINT delivered to the foreground group"
+    } else {
+        "send cancelled before any text was typed"
+    };
+    Error::new(ErrorCode::Cancelled, what).with_context("output", i.delta.clone())
 }
 
 fn info_json(i: &TerminalInfo) -> serde_json::Value {
@@ -107,19 +125,28 @@ struct Ctx {
     config: TerminalToolsConfig,
 }
 
+/// Defines one terminal tool. `{shell}` in the description becomes the backend dialect's
+/// name, so the words match the shell the sessions really run.
 macro_rules! tool {
     ($ty:ident, $name:literal, $args:ty, $desc:literal) => {
         #[derive(Debug)]
-        struct $ty(Arc<Ctx>);
+        struct $ty(Arc<Ctx>, String);
+
+        impl $ty {
+            fn new(ctx: Arc<Ctx>) -> Self {
+                let description = $desc.replace("{shell}", ctx.terminals.dialect().name);
+                Self(ctx, description)
+            }
+        }
 
         #[async_trait]
         impl Tool for $ty {
-            fn name(&self) -> &'static str {
+            fn name(&self) -> &str {
                 $name
             }
 
-            fn description(&self) -> &'static str {
-                $desc
+            fn description(&self) -> &str {
+                &self.1
             }
 
             fn input_schema(&self) -> serde_json::Value {
@@ -153,7 +180,7 @@ tool!(
     OpenTool,
     "terminal_open",
     OpenArgs,
-    "Open a persistent terminal session (bash on a PTY). State (cwd, variables, running \
+    "Open a persistent terminal session ({shell} on a PTY). State (cwd, variables, running \
      programs) persists across terminal_send calls. Prefer the one-shot bash tool when no \
      interaction is needed. Close the session with terminal_close when done."
 );
@@ -224,6 +251,8 @@ impl JobOutput for SendOutput {
             spill_path: None,
         }
     }
+
+    fn release(&self) {}
 }
 
 impl SendTool {
@@ -232,8 +261,10 @@ impl SendTool {
         let max = self.0.config.max_result_bytes;
         if !a.run_in_background.unwrap_or(false) {
             let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
-            let settle = slot.send(a.text, submit, ctx.cancel.clone()).await?;
-            return Ok(render_send(&a.session_id, &settle, max));
+            return match slot.send(a.text, submit, ctx.cancel.clone()).await? {
+                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, max)),
+                SendOutcome::Interrupted(i) => Err(interrupted_error(&i)),
+            };
         }
         if !self.0.config.enable_run_in_background {
             return Err(Error::invalid("run_in_background is disabled in this composition"));
@@ -264,7 +295,7 @@ impl SendTool {
                         let task = tokio::spawn(async move {
                             let r = slot.send(text, submit, c2).await;
                             let (rendered, settlement) = match r {
-                                Ok(s) => (
+                                Ok(SendOutcome::Ready(s)) => (
                                     render_send(&id, &s, max).text,
                                     JobSettlement {
                                         status: JobStatus::Completed,
@@ -274,11 +305,18 @@ impl SendTool {
                                         )),
                                     },
                                 ),
-                                Err(e) if e.code() == ErrorCode::Cancelled => (
-                                    e.to_string(),
+                                Ok(SendOutcome::Interrupted(i)) => (
+                                    interrupted_error(&i).to_string(),
                                     JobSettlement {
                                         status: JobStatus::Killed,
-                                        detail: Some("SIGINT delivered".into()),
+                                        detail: Some(
+                                            if i.typed {
+                                                "SIGINT delivered"
+                                            } else {
+                                                "cancelled before any text was typed"
+                                            }
+                                            .into(),
+                                        ),
                                     },
                                 ),
                                 Err(e) => (
@@ -377,7 +415,7 @@ impl ReadTool {
     }
 }
 
-/// Signals the model may send.
+/// Signals the model may send (a subset of the seam's [`Signal`]).
 #[derive(Debug, Deserialize, JsonSchema, Clone, Copy)]
 enum SignalName {
     /// Interrupt.
@@ -417,16 +455,18 @@ tool!(
 
 impl SignalTool {
     async fn run(&self, ctx: &ToolContext, a: SignalArgs) -> Result<ToolOutput> {
-        let (num, name) = match a.signal {
-            SignalName::Int => (2, "SIGINT"),
-            SignalName::Term => (15, "SIGTERM"),
-            SignalName::Kill => (9, "SIGKILL"),
-            SignalName::Tstp => (20, "SIGTSTP"),
-            SignalName::Hup => (1, "SIGHUP"),
+        let signal = match a.signal {
+            SignalName::Int => Signal::Int,
+            SignalName::Term => Signal::Term,
+            SignalName::Kill => Signal::Kill,
+            SignalName::Tstp => Signal::Tstp,
+            SignalName::Hup => Signal::Hup,
         };
-        let pgid = self.0.terminals.signal(&ctx.owner, &a.session_id, num)?;
+        let d = self.0.terminals.signal(&ctx.owner, &a.session_id, signal).await?;
         Ok(capped_json(
-            serde_json::json!({ "delivered": true, "signal": name, "target_pgid": pgid }),
+            serde_json::json!({
+                "delivered": true, "signal": signal.as_str(), "target_pgid": d.pgid,
+            }),
             self.0.config.max_result_bytes,
         ))
     }
@@ -477,15 +517,6 @@ impl ListTool {
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: TerminalToolsConfig = ctx.config()?;
-    if config.max_result_bytes < 64 {
-        return Err(Error::new(
-            ErrorCode::InvalidComposition,
-            format!(
-                "{}: plugin `tool-terminal`: key `max_result_bytes`: must be at least 64",
-                ctx.source_name()
-            ),
-        ));
-    }
     let shared = Arc::new(Ctx {
         terminals: ctx.terminals()?,
         jobs: ctx.jobs().ok(),
@@ -493,12 +524,12 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
         config,
     });
     Ok(PluginOutput::tools(vec![
-        Arc::new(OpenTool(Arc::clone(&shared))),
-        Arc::new(SendTool(Arc::clone(&shared))),
-        Arc::new(ReadTool(Arc::clone(&shared))),
-        Arc::new(SignalTool(Arc::clone(&shared))),
-        Arc::new(ListTool(Arc::clone(&shared))),
-        Arc::new(CloseTool(shared)),
+        Arc::new(OpenTool::new(Arc::clone(&shared))),
+        Arc::new(SendTool::new(Arc::clone(&shared))),
+        Arc::new(ReadTool::new(Arc::clone(&shared))),
+        Arc::new(SignalTool::new(Arc::clone(&shared))),
+        Arc::new(ListTool::new(Arc::clone(&shared))),
+        Arc::new(CloseTool::new(shared)),
     ]))
 }
 

@@ -11,10 +11,10 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    AfterExit, CollectedOutput, Error, ErrorCode, Leftover, OutputSpec, Process, Result,
-    SandboxInfo, ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
-    ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId,
-    Subprocess,
+    AfterExit, CollectedOutput, ConfigIssue, Error, ExitStatus, Leftover, OutputSpec, PluginConfig,
+    Process, Result, SandboxInfo, ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec,
+    ShellExecutor, ShellProcess, ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec,
+    StdinSpec, StreamId, Subprocess,
 };
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -65,35 +65,19 @@ impl Default for BashLocalConfig {
     }
 }
 
-impl BashLocalConfig {
-    /// Checks value ranges.
-    ///
-    /// # Errors
-    /// `invalid_composition` naming the key.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |key: &str, why: &str| {
-            Err(Error::new(
-                ErrorCode::InvalidComposition,
-                format!("plugin `{NAME}`: key `{key}`: {why}"),
-            ))
-        };
-        if self.timeout_ms == 0 {
-            return bad("timeout_ms", "must be greater than 0");
-        }
+impl PluginConfig for BashLocalConfig {
+    fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        ConfigIssue::positive("timeout_ms", self.timeout_ms)?;
         if self.max_timeout_ms < self.timeout_ms {
-            return bad("max_timeout_ms", "must be at least timeout_ms");
+            return Err(ConfigIssue::new("max_timeout_ms", "must be at least timeout_ms"));
         }
-        if self.max_output_bytes == 0 {
-            return bad("max_output_bytes", "must be greater than 0");
-        }
+        ConfigIssue::positive("max_output_bytes", self.max_output_bytes as u64)?;
         if self.max_spill_bytes < self.max_output_bytes as u64 {
-            return bad("max_spill_bytes", "must be at least max_output_bytes");
+            return Err(ConfigIssue::new("max_spill_bytes", "must be at least max_output_bytes"));
         }
-        if self.drain_ms > 60_000 {
-            return bad("drain_ms", "must be at most 60000");
-        }
+        ConfigIssue::at_most("drain_ms", self.drain_ms, 60_000)?;
         if self.bash.is_empty() {
-            return bad("bash", "must name an executable");
+            return Err(ConfigIssue::new("bash", "must name an executable"));
         }
         Ok(())
     }
@@ -112,7 +96,7 @@ impl BashLocal {
     /// # Errors
     /// Invalid config.
     pub fn new(config: BashLocalConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
-        config.validate()?;
+        config.check(NAME)?;
         Ok(Self { config, subprocess })
     }
 
@@ -122,8 +106,9 @@ impl BashLocal {
     }
 
     fn spawn_spec(&self, spec: &ShellExecSpec, kill: CancellationToken) -> SpawnSpec {
-        SpawnSpec::new(self.argv(&spec.command), spec.cwd.clone())
-            .with_stdin(spec.stdin.clone().map_or(StdinSpec::Null, StdinSpec::Bytes))
+        SpawnSpec::in_default_dir(self.argv(&spec.command))
+            .with_cwd(spec.cwd.clone())
+            .with_stdin(spec.stdin.clone().map_or(StdinSpec::Null, StdinSpec::bytes))
             .with_stdout(OutputSpec::Collect {
                 max_bytes: spec.output_max_bytes,
                 spill_cap: spec.spill_cap,
@@ -154,8 +139,8 @@ impl ShellExecutor for BashLocal {
         ShellCapabilities::default()
     }
 
-    fn dialect(&self) -> &'static str {
-        "bash"
+    fn dialect(&self) -> ShellDialect {
+        ShellDialect::BASH
     }
 
     fn resolve(&self, request: ShellExecRequest) -> Result<ShellExecSpec> {
@@ -164,20 +149,13 @@ impl ShellExecutor for BashLocal {
                 .with_provider(NAME)
                 .with_operation("resolve"));
         }
-        let base = match &self.config.cwd {
-            Some(c) => c.clone(),
-            None => std::env::current_dir().map_err(|e| Error::io("current directory", e))?,
+        // No filesystem facts here: the subprocess provider checks the directory in its own
+        // world and resolves what is still relative against its default directory.
+        let cwd = match (request.workdir, &self.config.cwd) {
+            (Some(w), Some(base)) if w.is_relative() => Some(base.join(w)),
+            (Some(w), _) => Some(w),
+            (None, base) => base.clone(),
         };
-        let cwd = match request.workdir {
-            Some(w) if w.is_absolute() => w,
-            Some(w) => base.join(w),
-            None => base,
-        };
-        if !cwd.is_dir() {
-            return Err(Error::invalid(format!("workdir `{}` is not a directory", cwd.display()))
-                .with_provider(NAME)
-                .with_operation("resolve"));
-        }
         let timeout_ms = match request.timeout_ms {
             Some(0) => {
                 return Err(Error::invalid("timeout_ms must be greater than 0").with_provider(NAME));
@@ -212,8 +190,7 @@ impl ShellExecutor for BashLocal {
         sspec.env = spec.env.clone();
         if spec.cancel.is_cancelled() {
             return Ok(ShellRunResult {
-                exit_code: None,
-                signal: None,
+                status: ExitStatus::default(),
                 timed_out: false,
                 aborted: true,
                 timeout_ms: spec.timeout.as_millis() as u64,
@@ -228,7 +205,10 @@ impl ShellExecutor for BashLocal {
         // call until the timeout.
         let cause = tokio::select! {
             biased;
-            _ = process.wait_exit() => Cause::Exit,
+            exited = process.wait_exit() => {
+                exited?;
+                Cause::Exit
+            }
             () = tokio::time::sleep(spec.timeout) => Cause::Timeout,
             () = spec.cancel.cancelled() => Cause::Abort,
         };
@@ -242,10 +222,9 @@ impl ShellExecutor for BashLocal {
                 kill.cancel();
                 process.wait().await
             }
-        };
+        }?;
         Ok(ShellRunResult {
-            exit_code: status.code,
-            signal: status.signal,
+            status,
             timed_out: cause == Cause::Timeout,
             aborted: cause == Cause::Abort,
             timeout_ms: spec.timeout.as_millis() as u64,
@@ -305,6 +284,9 @@ struct Background {
     kill_requested: AtomicBool,
     max_read: usize,
     cursor: Mutex<(u64, Vec<u8>)>,
+    /// Set when the provider lost the process (its world went away): the job settles as
+    /// killed with this text, instead of waiting forever or faking an exit.
+    lost: Mutex<Option<String>>,
 }
 
 impl Background {
@@ -315,13 +297,21 @@ impl Background {
             kill_requested: AtomicBool::new(false),
             max_read,
             cursor: Mutex::new((0, Vec::new())),
+            lost: Mutex::new(None),
         }
+    }
+
+    fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
 #[async_trait]
 impl ShellProcess for Background {
     fn status(&self) -> ShellProcessStatus {
+        if self.lost().is_some() {
+            return ShellProcessStatus::Killed;
+        }
         match self.process.try_status() {
             None => ShellProcessStatus::Running,
             Some(s)
@@ -334,16 +324,14 @@ impl ShellProcess for Background {
         }
     }
 
-    fn exit_code(&self) -> Option<i32> {
-        self.process.try_status().and_then(|s| s.code)
-    }
-
-    fn signal(&self) -> Option<String> {
-        self.process.try_status().and_then(|s| s.signal)
+    fn exit(&self) -> Option<ExitStatus> {
+        self.process.try_status()
     }
 
     async fn wait(&self) {
-        self.process.wait().await;
+        if let Err(e) = self.process.wait().await {
+            *self.lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("\n[{e}]\n"));
+        }
     }
 
     fn read_output(&self) -> ShellProcessRead {
@@ -367,20 +355,23 @@ impl ShellProcess for Background {
             .collected(StreamId::Stdout)
             .map(|c| c.total_bytes)
             .unwrap_or(r.next_offset);
-        ShellProcessRead {
-            text: String::from_utf8_lossy(&bytes).into_owned(),
-            lossy,
-            spill_path: r.spill_path,
-            total_bytes: total,
+        let mut text = String::from_utf8_lossy(&bytes).into_owned();
+        if let Some(lost) = self.lost.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            text.push_str(&lost);
         }
+        ShellProcessRead { text, lossy, spill: r.spill, total_bytes: total }
     }
 
     fn snapshot(&self) -> ShellProcessRead {
         let c = self.process.collected(StreamId::Stdout).unwrap_or_default();
+        let mut text = c.text;
+        if let Some(lost) = self.lost() {
+            text.push_str(&lost);
+        }
         ShellProcessRead {
             lossy: c.omitted_bytes > 0,
-            text: c.text,
-            spill_path: c.spill_path,
+            text,
+            spill: c.spill,
             total_bytes: c.total_bytes,
         }
     }
@@ -401,6 +392,10 @@ impl ShellProcess for Background {
     fn leftovers(&self) -> Vec<Leftover> {
         self.process.leftovers()
     }
+
+    fn release(&self) {
+        self.process.release();
+    }
 }
 
 /// A background start whose spawn failed: already settled as killed, error in the output.
@@ -415,11 +410,7 @@ impl ShellProcess for FailedStart {
         ShellProcessStatus::Killed
     }
 
-    fn exit_code(&self) -> Option<i32> {
-        None
-    }
-
-    fn signal(&self) -> Option<String> {
+    fn exit(&self) -> Option<ExitStatus> {
         None
     }
 
@@ -433,7 +424,7 @@ impl ShellProcess for FailedStart {
         ShellProcessRead {
             text: self.text.clone(),
             lossy: false,
-            spill_path: None,
+            spill: None,
             total_bytes: self.text.len() as u64,
         }
     }
@@ -449,12 +440,13 @@ impl ShellProcess for FailedStart {
     fn leftovers(&self) -> Vec<Leftover> {
         Vec::new()
     }
+
+    fn release(&self) {}
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: BashLocalConfig = ctx.config()?;
-    let exec = BashLocal::new(config, ctx.subprocess()?)
-        .map_err(|e| Error::new(e.code(), format!("{}: {}", ctx.source_name(), e.message())))?;
+    let exec = BashLocal::new(config, ctx.subprocess()?).map_err(|e| ctx.locate(e))?;
     Ok(PluginOutput::seam(SeamHandle::Shell(Arc::new(exec))))
 }
 
@@ -485,8 +477,8 @@ mod tests {
     #[test]
     fn config_validation_names_the_key() {
         let c = BashLocalConfig { max_timeout_ms: 10, ..BashLocalConfig::default() };
-        let err = c.validate().unwrap_err();
-        assert_eq!(err.code(), ErrorCode::InvalidComposition);
+        let err = c.check(NAME).unwrap_err();
+        assert_eq!(err.code(), conch_seams::ErrorCode::InvalidComposition);
         assert!(err.message().contains("max_timeout_ms"), "{err}");
     }
 }

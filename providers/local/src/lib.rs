@@ -1,14 +1,21 @@
 //! `subprocess-local`: the local execution world. Spawns argv with tokio::process in its own
 //! process group, collects streams with the shared retention rules, and kills trees
 //! (TERM → grace → KILL) with a /proc group-liveness proof. Terminals run on portable-pty
-//! PTYs with an exact Linux stdin-wait probe for readiness.
+//! PTYs with an exact Linux stdin-wait probe for readiness and teardown of the leader's
+//! tree by pid + start time.
+//!
+//! This is the only crate in the workspace that touches processes, signals and `/proc`;
+//! `procfs` is the one module that reads `/proc`.
+#![cfg(unix)]
 
-mod kill;
-mod leftovers;
-pub mod probe;
+mod probe;
 mod process;
+mod procfs;
 mod pty;
+mod signals;
 
+use std::fs::Permissions;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -17,12 +24,11 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
+    PluginConfig, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
     TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
-pub use kill::{group_alive, kill_tree};
 pub use process::LocalProcess;
 pub use pty::LocalTerminal;
 
@@ -33,22 +39,62 @@ pub const NAME: &str = "subprocess-local";
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LocalConfig {
-    /// Parent directory for private spill directories (default: the system temp dir).
+    /// Where this provider's private spill directory is created (default: the system temp
+    /// dir).
     pub spill_dir: Option<PathBuf>,
+    /// Keep spill files after shutdown (default false: they go with the runtime).
+    pub keep_spills: bool,
 }
 
+impl PluginConfig for LocalConfig {}
+
 /// The local subprocess provider.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LocalSubprocess {
     config: LocalConfig,
     live: Mutex<Vec<Weak<process::Inner>>>,
     terminals: Mutex<Vec<Weak<pty::TermInner>>>,
+    /// The private 0700 directory every spill of this provider lives under, made on first
+    /// use and removed at shutdown (or drop) unless `keep_spills`.
+    spill_root: Mutex<Option<PathBuf>>,
 }
 
 impl LocalSubprocess {
     /// A provider with the given config.
     pub fn new(config: LocalConfig) -> Self {
-        Self { config, live: Mutex::new(Vec::new()), terminals: Mutex::new(Vec::new()) }
+        Self {
+            config,
+            live: Mutex::default(),
+            terminals: Mutex::default(),
+            spill_root: Mutex::default(),
+        }
+    }
+
+    /// The spill root, created on first use. Without one (the parent is not writable),
+    /// collectors spill beside it and a failure there only abandons that spill.
+    fn spill_root(&self) -> Option<PathBuf> {
+        let mut root = self.spill_root.lock().unwrap_or_else(|e| e.into_inner());
+        if root.is_none() {
+            let parent = self.config.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+            *root = tempfile::Builder::new()
+                .prefix("conch-")
+                .permissions(Permissions::from_mode(0o700))
+                .tempdir_in(parent)
+                .ok()
+                .map(tempfile::TempDir::keep);
+        }
+        root.clone().or_else(|| self.config.spill_dir.clone())
+    }
+
+    /// Deletes the spill root (every spill this provider made) unless configured to keep it.
+    fn remove_spills(&self) {
+        if self.config.keep_spills {
+            return;
+        }
+        if let Some(root) = self.spill_root.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // Best effort: nothing useful can be done if removal fails.
+            let _ = std::fs::remove_dir_all(root);
+        }
     }
 
     fn track_terminal(&self, inner: &Arc<pty::TermInner>) {
@@ -91,6 +137,7 @@ impl Subprocess for LocalSubprocess {
         let mut c = SubprocessCapabilities::default();
         c.group_liveness = true;
         c.terminals = true;
+        c.stdin_probe = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
         c
     }
 
@@ -100,7 +147,11 @@ impl Subprocess for LocalSubprocess {
     }
 
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
-        let p = process::spawn(spec, self.config.spill_dir.as_deref())?;
+        let collects =
+            |o: &conch_seams::OutputSpec| matches!(o, conch_seams::OutputSpec::Collect { .. });
+        let root =
+            if collects(&spec.stdout) || collects(&spec.stderr) { self.spill_root() } else { None };
+        let p = process::spawn(spec, root.as_deref())?;
         self.track(&p.inner);
         Ok(Arc::new(p))
     }
@@ -136,6 +187,14 @@ impl Subprocess for LocalSubprocess {
             }
         };
         futures::join!(hangups, processes);
+        self.remove_spills();
+    }
+}
+
+impl Drop for LocalSubprocess {
+    fn drop(&mut self) {
+        // A provider dropped without shutdown (tests, embedders) still takes its spills along.
+        self.remove_spills();
     }
 }
 

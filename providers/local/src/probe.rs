@@ -13,6 +13,10 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 
+use conch_seams::StdinWait;
+
+use crate::procfs;
+
 /// `POLLIN | POLLRDNORM`: either asks the kernel for input readiness.
 const POLL_INPUT: i16 = 0x1 | 0x40;
 /// `EPOLLIN | EPOLLRDNORM`.
@@ -22,8 +26,10 @@ const MAX_POLL_FDS: u64 = 4096;
 
 /// Which file a waited-on fd must be for the wait to count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StdinMatch<'a> {
-    /// fd 0, whatever it is (useful with piped stdin); other fds never count.
+pub(crate) enum StdinMatch<'a> {
+    /// fd 0, whatever it is; other fds never count. Lets the tests probe piped stdin
+    /// without a pty.
+    #[cfg(test)]
     Any,
     /// Any pseudo-terminal slave (`/dev/pts/*` character device).
     AnyPts,
@@ -69,70 +75,82 @@ fn wait_kind(_nr: i64) -> Option<WaitKind> {
     None
 }
 
+/// Whether the probe can decode blocked syscalls on this architecture at all.
+const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
+/// What the probe saw of one task or process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    Waiting,
+    NotWaiting,
+    /// It could not be inspected (no permission): not a miss we may count as "not waiting".
+    Unknown,
+}
+
+impl Seen {
+    /// Combines tasks: one waiting task decides; otherwise one uninspectable task makes the
+    /// whole answer unknown.
+    fn any(items: impl IntoIterator<Item = Seen>) -> Seen {
+        let mut out = Seen::NotWaiting;
+        for s in items {
+            match s {
+                Seen::Waiting => return Seen::Waiting,
+                Seen::Unknown => out = Seen::Unknown,
+                Seen::NotWaiting => {}
+            }
+        }
+        out
+    }
+}
+
+/// Reads `path`; a permission refusal is `Err(Unknown)`, anything else (the task vanished,
+/// the file is unreadable for another reason) is `Err(NotWaiting)`.
+fn read_or(path: &Path) -> Result<String, Seen> {
+    std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => Seen::Unknown,
+        _ => Seen::NotWaiting,
+    })
+}
+
 /// True when any task of any process in group `pgid` is blocked waiting for input on
 /// fd 0, whatever fd 0 is.
-pub fn group_waits_on_stdin(pgid: i32) -> bool {
-    group_waits_on(pgid, StdinMatch::Any)
+#[cfg(test)]
+fn group_waits_on_stdin(pgid: i32) -> bool {
+    group_waits_on(pgid, StdinMatch::Any) == StdinWait::Waiting
 }
 
-/// True when any task of any process in group `pgid` is blocked waiting for input on an fd
-/// that matches `stdin` (see [`StdinMatch`]).
-pub fn group_waits_on(pgid: i32, stdin: StdinMatch<'_>) -> bool {
-    if pgid <= 0 {
-        return false;
+/// What the tasks of group `pgid` are doing about input on an fd that matches `stdin`
+/// (see [`StdinMatch`]).
+pub(crate) fn group_waits_on(pgid: i32, stdin: StdinMatch<'_>) -> StdinWait {
+    if !SUPPORTED {
+        return StdinWait::Unavailable;
     }
-    group_members(pgid).into_iter().any(|pid| process_waits_on(pid, stdin))
+    if pgid <= 0 {
+        return StdinWait::NotWaiting;
+    }
+    let seen =
+        Seen::any(procfs::group_members(pgid).into_iter().map(|pid| process_waits_on(pid, stdin)));
+    match seen {
+        Seen::Waiting => StdinWait::Waiting,
+        Seen::NotWaiting => StdinWait::NotWaiting,
+        Seen::Unknown => StdinWait::Unavailable,
+    }
 }
 
-/// The fields of a `/proc/.../stat` line after the comm, which may hold spaces and parens.
-/// The fields of a `/proc/.../stat` line after the comm (which may contain spaces and
-/// parens, so the split is after the last `)`): index 0 is the state.
-pub(crate) fn stat_fields(stat: &str) -> Option<Vec<&str>> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    Some(rest.split_whitespace().collect())
-}
-
-/// Pids whose process group is `pgid` (field 5 of stat, index 2 after the comm).
-pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
-    members_where(|f| f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid))
-}
-
-/// Live (not zombie or dead) pids whose session is `sid` (field 6 of stat).
-pub(crate) fn session_members(sid: i32) -> Vec<i32> {
-    members_where(|f| {
-        let live = !matches!(f.first().copied(), Some("Z" | "X"));
-        live && f.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(sid)
-    })
-}
-
-/// True when some process (zombies included) of group `pgid` belongs to session `sid`.
-pub(crate) fn group_in_session(pgid: i32, sid: i32) -> bool {
-    !members_where(|f| {
-        let field = |i: usize| f.get(i).and_then(|v| v.parse::<i32>().ok());
-        field(2) == Some(pgid) && field(3) == Some(sid)
-    })
-    .is_empty()
-}
-
-fn members_where(pred: impl Fn(&[&str]) -> bool) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| stat_fields(&s).map(|f| pred(&f)))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
-fn process_waits_on(pid: i32, stdin: StdinMatch<'_>) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
-    tasks
-        .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
-        .any(|e| task_waits_on(&e.path(), stdin))
+fn process_waits_on(pid: i32, stdin: StdinMatch<'_>) -> Seen {
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Seen::Unknown,
+        Err(_) => return Seen::NotWaiting,
+    };
+    Seen::any(
+        tasks
+            .flatten()
+            .filter(|e| {
+                e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .map(|e| task_waits_on(&e.path(), stdin)),
+    )
 }
 
 /// One blocked syscall: number and the six argument registers.
@@ -158,33 +176,36 @@ fn parse_syscall(line: &str) -> Option<Blocked> {
     Some(Blocked { nr, args })
 }
 
-fn task_waits_on(task: &Path, stdin: StdinMatch<'_>) -> bool {
+fn task_waits_on(task: &Path, stdin: StdinMatch<'_>) -> Seen {
     // Only a sleeping task can be parked in a wait; R, D, T, Z, ... are not waiting for us.
-    let Ok(stat) = std::fs::read_to_string(task.join("stat")) else { return false };
-    let fields = stat_fields(&stat);
-    if fields.as_ref().and_then(|f| f.first().copied()) != Some("S") {
-        return false;
+    let Some(stat) = procfs::read_stat(&task.join("stat"), 0) else { return Seen::NotWaiting };
+    if stat.state != 'S' {
+        return Seen::NotWaiting;
     }
-    // Field 7 (tty_nr) is the controlling terminal, which `/dev/tty` stands for.
-    let ctty: Option<u64> = fields.as_ref().and_then(|f| f.get(4)).and_then(|v| v.parse().ok());
-    let Ok(line) = std::fs::read_to_string(task.join("syscall")) else { return false };
-    let Some(call) = parse_syscall(&line) else { return false };
-    let Some(kind) = wait_kind(call.nr) else { return false };
+    // tty_nr is the controlling terminal, which `/dev/tty` stands for.
+    let ctty = Some(stat.tty_nr);
+    let line = match read_or(&task.join("syscall")) {
+        Ok(l) => l,
+        Err(seen) => return seen,
+    };
+    let Some(call) = parse_syscall(&line) else { return Seen::NotWaiting };
+    let Some(kind) = wait_kind(call.nr) else { return Seen::NotWaiting };
     let tty_rdev = match stdin {
         StdinMatch::Tty(tty) => match std::fs::metadata(tty) {
             Ok(m) => Some(m.rdev()),
-            Err(_) => return false,
+            Err(_) => return Seen::NotWaiting,
         },
         _ => None,
     };
     let terminal = Terminal { task, stdin, ctty, tty_rdev };
-    match kind {
+    let waiting = match kind {
         WaitKind::Read => i32::try_from(call.args[0]).is_ok_and(|fd| terminal.is(fd)),
         // A task's mem is its address space, which is where its syscall arguments point.
         WaitKind::Poll => poll_wants(&terminal, call.args[0], call.args[1]),
         WaitKind::Select => select_wants(&terminal, call.args[0], call.args[1]),
         WaitKind::Epoll => epoll_wants(&terminal, call.args[0]),
-    }
+    };
+    if waiting { Seen::Waiting } else { Seen::NotWaiting }
 }
 
 /// Device number of `/dev/tty` (major 5, minor 0).
@@ -212,6 +233,7 @@ impl Terminal<'_> {
             meta.rdev() == DEV_TTY && self.ctty.is_some_and(|c| c != 0 && Some(c) == want)
         };
         match self.stdin {
+            #[cfg(test)]
             StdinMatch::Any => fd == 0,
             StdinMatch::AnyPts => {
                 meta.file_type().is_char_device()
@@ -370,12 +392,6 @@ mod tests {
     }
 
     #[test]
-    fn stat_fields_split_after_last_paren() {
-        let f = stat_fields("42 (a) (b c) S 1 42 42 34816 42 4194560").unwrap();
-        assert_eq!(&f[..4], &["S", "1", "42", "42"]);
-    }
-
-    #[test]
     fn non_positive_groups_never_wait() {
         assert!(!group_waits_on_stdin(0));
         assert!(!group_waits_on_stdin(-1));
@@ -415,7 +431,7 @@ mod tests {
         let pgid = i32::try_from(child.id()).unwrap();
         assert!(eventually(|| group_waits_on_stdin(pgid)), "cat blocks in read(0)");
         // A pipe is not a terminal, so the terminal-restricted forms must not match.
-        assert!(!group_waits_on(pgid, StdinMatch::AnyPts));
+        assert_eq!(group_waits_on(pgid, StdinMatch::AnyPts), StdinWait::NotWaiting);
         reap(child);
     }
 

@@ -12,13 +12,14 @@ use async_trait::async_trait;
 use conch_output::{Collector, CollectorConfig};
 use conch_seams::{
     AfterExit, CollectedOutput, Error, ErrorCode, ExitStatus, Leftover, OutputSpec, Process,
-    Result, SpawnSpec, StdinSpec, StreamId, StreamRead, signal_name,
+    Result, SpawnSpec, StdinSpec, StreamId, StreamRead,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::{NAME, leftovers};
+use crate::procfs::{self, Targets};
+use crate::{NAME, signals};
 
 /// After a kill proved the group gone, how long pipes may stay open before their holders
 /// (escaped via setsid) are looked for and stopped.
@@ -57,11 +58,17 @@ impl Inner {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             // The child is its own group leader, so its pid is the pgid.
-            let gone = crate::kill_tree(me.pid as i32, me.grace).await;
-            if gone {
+            let group = Targets { group: Some(me.pgid()), ..Targets::default() };
+            let report = procfs::stop(&group, nix::sys::signal::Signal::SIGTERM, me.grace).await;
+            if report.survivors.is_empty() {
                 me.group_gone.send_replace(true);
             }
         });
+    }
+
+    /// The child is its own group leader, so its pid is the group id.
+    fn pgid(&self) -> i32 {
+        i32::try_from(self.pid).unwrap_or(i32::MAX)
     }
 
     pub(crate) async fn wait_settled(&self) -> ExitStatus {
@@ -75,16 +82,21 @@ impl Inner {
     /// Stops what is left in the group or on the pipes and records it.
     async fn stop_leftovers(&self, pipes_open: bool) {
         let inodes: &[u64] = if pipes_open { &self.pipe_inodes } else { &[] };
-        let stopped = leftovers::stop(self.pid as i32, inodes, self.grace).await;
-        if !stopped.is_empty() {
-            self.leftovers.lock().unwrap_or_else(|e| e.into_inner()).extend(stopped);
-        }
+        let targets =
+            Targets { group: Some(self.pgid()), pipe_inodes: inodes, ..Targets::default() };
+        let report = procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, self.grace).await;
+        let stopped = report.stopped.into_iter().map(|s| Leftover {
+            pid: s.id.pid.unsigned_abs(),
+            name: s.name,
+            held_output: s.held_output,
+        });
+        self.leftovers.lock().unwrap_or_else(|e| e.into_inner()).extend(stopped);
     }
 
     /// The part of settlement after the direct child exited: streams reach EOF, or the
     /// processes keeping them open are stopped as `after_exit` and kills require.
     async fn settle_streams(&self, after_exit: AfterExit, pumps: Vec<JoinHandle<()>>) {
-        let pgid = self.pid as i32;
+        let pgid = self.pgid();
         match after_exit {
             AfterExit::StopLeftovers { drain } => {
                 let deadline = tokio::time::Instant::now() + drain;
@@ -93,7 +105,7 @@ impl Inner {
                 let finished = async {
                     let _ = drain_pumps(&self.open_pumps, None).await;
                     // The pipes are closed; wait for the rest of the group, if any.
-                    crate::kill::wait_gone(pgid, drain).await;
+                    procfs::wait_group_gone(pgid, drain).await;
                 };
                 let killed = async {
                     let _ = gone.wait_for(|g| *g).await;
@@ -105,7 +117,7 @@ impl Inner {
                 }
                 // Closed pipes have no holders: only an open one is worth an fd scan.
                 let pipes_open = *self.open_pumps.borrow() > 0;
-                if pipes_open || crate::group_alive(pgid) {
+                if pipes_open || procfs::group_alive(pgid) {
                     self.stop_leftovers(pipes_open).await;
                 }
             }
@@ -138,7 +150,7 @@ impl Inner {
     pub(crate) async fn wait_group_gone(&self) {
         let mut rx = self.group_gone.subscribe();
         loop {
-            if *rx.borrow_and_update() || !crate::group_alive(self.pid as i32) {
+            if *rx.borrow_and_update() || !procfs::group_alive(self.pgid()) {
                 return;
             }
             // Either the kill task reports, or we re-probe: a group can also empty by itself.
@@ -151,6 +163,15 @@ impl Inner {
 #[derive(Debug)]
 pub struct LocalProcess {
     pub(crate) inner: Arc<Inner>,
+}
+
+/// Releases both collectors' spills.
+impl Inner {
+    pub(crate) fn release(&self) {
+        for sink in [&self.stdout, &self.stderr].into_iter().flatten() {
+            sink.discard_spill();
+        }
+    }
 }
 
 fn collector(spec: &OutputSpec, spill_dir: Option<&Path>) -> Option<Arc<Collector>> {
@@ -214,7 +235,27 @@ async fn drain_pumps(open: &watch::Sender<usize>, limit: Option<Duration>) -> bo
 }
 
 pub(crate) fn to_exit(status: std::process::ExitStatus) -> ExitStatus {
-    ExitStatus { code: status.code(), signal: status.signal().map(signal_name) }
+    ExitStatus { code: status.code(), signal: status.signal().map(signals::name) }
+}
+
+/// The directory a child starts in: `cwd` resolved against this process's directory, which
+/// must exist (checked here, in the world the child runs in).
+pub(crate) fn resolve_cwd(cwd: Option<&Path>, op: &'static str) -> Result<std::path::PathBuf> {
+    let failed = |message: String| {
+        Error::new(ErrorCode::SpawnFailed, message).with_provider(NAME).with_operation(op)
+    };
+    let dir = match cwd {
+        Some(c) if c.is_absolute() => c.to_path_buf(),
+        _ => {
+            let here = std::env::current_dir()
+                .map_err(|e| failed(format!("cannot read the current directory: {e}")))?;
+            cwd.map_or(here.clone(), |c| here.join(c))
+        }
+    };
+    if !dir.is_dir() {
+        return Err(failed(format!("working directory `{}` does not exist", dir.display())));
+    }
+    Ok(dir)
 }
 
 /// Spawns `spec`.
@@ -222,19 +263,14 @@ pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalPr
     let Some(program) = spec.argv.first() else {
         return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation("spawn"));
     };
-    if !spec.cwd.is_dir() {
-        return Err(spawn_failed(format!(
-            "working directory `{}` does not exist",
-            spec.cwd.display()
-        )));
-    }
+    let cwd = resolve_cwd(spec.cwd.as_deref(), "spawn")?;
     if matches!(spec.stdout, OutputSpec::MergeIntoStdout) {
         return Err(Error::invalid("stdout cannot merge into itself").with_provider(NAME));
     }
     let env = conch_env::child_env(&spec.env);
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(&spec.argv[1..])
-        .current_dir(&spec.cwd)
+        .current_dir(&cwd)
         .env_clear()
         .envs(&env)
         .process_group(0)
@@ -276,7 +312,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalPr
     let open_pumps = watch::Sender::new(0usize);
     let mut pipe_inodes = Vec::new();
     if let Some(r) = merged_reader {
-        pipe_inodes.extend(leftovers::pipe_inode(&r));
+        pipe_inodes.extend(procfs::pipe_inode(&r));
         let fd = OwnedFd::from(r);
         let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
             .map_err(|e| Error::io("register output pipe", e))?;
@@ -285,16 +321,16 @@ pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalPr
         }
     } else {
         if let (Some(out), Some(sink)) = (child.stdout.take(), &stdout_sink) {
-            pipe_inodes.extend(leftovers::pipe_inode(&out));
+            pipe_inodes.extend(procfs::pipe_inode(&out));
             pumps.push(pump(out, Arc::clone(sink), open_pumps.clone()));
         }
         if let (Some(err), Some(sink)) = (child.stderr.take(), &stderr_sink) {
-            pipe_inodes.extend(leftovers::pipe_inode(&err));
+            pipe_inodes.extend(procfs::pipe_inode(&err));
             pumps.push(pump(err, Arc::clone(sink), open_pumps.clone()));
         }
     }
     let mut stdin = child.stdin.take();
-    if let StdinSpec::Bytes(bytes) = spec.stdin.clone()
+    if let StdinSpec::Bytes { data: bytes } = spec.stdin.clone()
         && let Some(mut w) = stdin.take()
     {
         tokio::spawn(async move {
@@ -363,12 +399,12 @@ impl Process for LocalProcess {
         Some(self.inner.pid)
     }
 
-    async fn wait(&self) -> ExitStatus {
-        self.inner.wait_settled().await
+    async fn wait(&self) -> Result<ExitStatus> {
+        Ok(self.inner.wait_settled().await)
     }
 
-    async fn wait_exit(&self) -> ExitStatus {
-        self.inner.wait_exited().await
+    async fn wait_exit(&self) -> Result<ExitStatus> {
+        Ok(self.inner.wait_exited().await)
     }
 
     fn leftovers(&self) -> Vec<Leftover> {
@@ -413,7 +449,12 @@ impl Process for LocalProcess {
         self.inner.request_kill();
     }
 
-    async fn wait_group_gone(&self) {
+    async fn wait_group_gone(&self) -> Result<()> {
         self.inner.wait_group_gone().await;
+        Ok(())
+    }
+
+    fn release(&self) {
+        self.inner.release();
     }
 }

@@ -1,7 +1,10 @@
-//! One process on a local PTY: a reader thread, a reaper thread, group signals, shutdown.
+//! One process on a local PTY: a reader thread, a reaper thread, readiness observations,
+//! foreground signals, teardown and shutdown.
 //!
 //! portable-pty's reader, writer and `wait` are all blocking, so each gets a dedicated
-//! thread or `spawn_blocking` and talks to async callers over tokio channels.
+//! thread or `spawn_blocking` and talks to async callers over tokio channels. Every process
+//! operation (foreground lookup, probe, signals, teardown) runs here, in the world the
+//! terminal lives in, through [`crate::procfs`].
 
 use std::fmt;
 use std::io::{Read, Write};
@@ -11,16 +14,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_seams::{
-    Error, ErrorCode, ExitStatus, Result, TerminalProcess, TerminalSize, TerminalSpawnSpec,
+    Error, ErrorCode, ExitStatus, ForegroundTarget, Probe, Result, SignalDelivery, StdinWait,
+    TeardownReport, TerminalObservation, TerminalProcess, TerminalSize, TerminalSpawnSpec,
 };
 use nix::errno::Errno;
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
 use tokio::sync::{mpsc, watch};
 
 use crate::probe::{self, StdinMatch};
-use crate::{NAME, resolve_on_path};
+use crate::procfs::{self, Targets};
+use crate::{NAME, resolve_on_path, signals};
 
 /// Operation name in spawn errors.
 const OP: &str = "spawn_terminal";
@@ -29,12 +34,10 @@ const OP: &str = "spawn_terminal";
 const CHUNK_QUEUE: usize = 64;
 /// Size of one blocking read from the master.
 const READ_BUF: usize = 64 * 1024;
-/// How long a hung-up terminal gets to exit by itself before it is killed.
+/// How long a hung-up terminal gets to exit by itself before it is killed (shutdown).
 const HANGUP_GRACE: Duration = Duration::from_secs(1);
-/// How long shutdown keeps proving the session is gone after SIGKILL.
-const KILL_LIMIT: Duration = Duration::from_secs(5);
-/// Re-probe interval while waiting for a killed session to empty.
-const SWEEP_INTERVAL: Duration = Duration::from_millis(10);
+/// How long a killed leader may take to be reaped before teardown reports it.
+const REAP_LIMIT: Duration = Duration::from_secs(30);
 
 type SharedWriter = Arc<Mutex<Option<Box<dyn Write + Send>>>>;
 
@@ -93,39 +96,96 @@ impl TermInner {
         }
     }
 
-    /// Hangs up the terminal's groups, gives them [`HANGUP_GRACE`], then SIGKILLs every
-    /// live member of the session until none is left and the leader is reaped (bounded by
-    /// [`KILL_LIMIT`]).
+    /// Shutdown: hangs up every member of the terminal's session (its jobs in other groups
+    /// too), gives them [`HANGUP_GRACE`], KILLs what is left until the session is proven
+    /// empty, then waits for the leader to be reaped.
     pub(crate) async fn shutdown(&self) {
-        let sid = self.sid();
-        // Only signal the leader's group by id while the leader is unreaped: its pid (and
-        // so the group id) cannot be recycled before the reaper thread collects it.
+        let session = Targets { session: Some(self.sid()), ..Targets::default() };
+        // Stopped members cannot act on HUP until continued; `stop` sends CONT too.
+        procfs::stop(&session, Signal::SIGHUP, HANGUP_GRACE).await;
+        let _ = self.wait_exit(REAP_LIMIT).await;
+    }
+
+    /// Teardown for [`TerminalProcess::terminate`]: descendants first while the leader is
+    /// alive to anchor the tree, then the leader (HUP: interactive shells ignore TERM).
+    async fn terminate(&self, grace: Duration) -> TeardownReport {
+        if let Some(status) = self.status.borrow().clone() {
+            // The leader is reaped: its children were reparented and are not ours to find.
+            return TeardownReport { leader: Some(status), survivors: Vec::new() };
+        }
+        if let Some(leader) = procfs::ident(self.sid()) {
+            let tree = Targets { descendants_of: Some(leader), ..Targets::default() };
+            let report = procfs::stop(&tree, Signal::SIGTERM, grace).await;
+            if !report.survivors.is_empty() {
+                return TeardownReport {
+                    leader: None,
+                    survivors: report.survivors.iter().map(|id| id.pid.unsigned_abs()).collect(),
+                };
+            }
+        }
+        // Only signal the leader's group by id while the leader is unreaped: its pid (and so
+        // the group id) cannot be recycled before the reaper thread collects it.
         if self.status.borrow().is_none() {
-            let fg = self.foreground_pgid().filter(|g| *g != sid);
-            for group in std::iter::once(sid).chain(fg) {
-                let pg = Pid::from_raw(group);
-                let _ = killpg(pg, Signal::SIGHUP);
-                // Stopped members cannot act on HUP until continued.
-                let _ = killpg(pg, Signal::SIGCONT);
-            }
-            let _ = self.wait_exit(HANGUP_GRACE).await;
+            let group = Targets { group: Some(self.sid()), ..Targets::default() };
+            procfs::stop(&group, Signal::SIGHUP, grace).await;
         }
-        let deadline = tokio::time::Instant::now() + KILL_LIMIT;
-        loop {
-            // Jobs in other groups of the session, and HUP ignorers, end here. Members are
-            // re-scanned each round because a dying shell may still fork.
-            let members = probe::session_members(sid);
-            for pid in &members {
-                let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
-            }
-            let reaped = self.status.borrow().is_some();
-            if (members.is_empty() && reaped) || tokio::time::Instant::now() >= deadline {
-                break;
-            }
-            tokio::time::sleep(SWEEP_INTERVAL).await;
+        match self.wait_exit(REAP_LIMIT).await {
+            Some(status) => TeardownReport { leader: Some(status), survivors: Vec::new() },
+            None => TeardownReport { leader: None, survivors: vec![self.pid] },
         }
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let _ = self.wait_exit(remaining).await;
+    }
+
+    fn observe(&self, probe_stdin: Probe) -> TerminalObservation {
+        let foreground = self.foreground_pgid();
+        let stdin = match (probe_stdin, foreground) {
+            (Probe::Foreground, _) => StdinWait::NotProbed,
+            // No foreground group: nothing can be waiting on the terminal.
+            (Probe::Stdin, None) => StdinWait::NotWaiting,
+            (Probe::Stdin, Some(pg)) => match &self.tty {
+                Some(tty) => probe::group_waits_on(pg, StdinMatch::Tty(tty)),
+                None => probe::group_waits_on(pg, StdinMatch::AnyPts),
+            },
+        };
+        TerminalObservation {
+            foreground,
+            leader_owns_foreground: foreground == Some(self.sid()),
+            stdin,
+        }
+    }
+
+    fn signal_foreground(
+        &self,
+        signal: conch_seams::Signal,
+        target: ForegroundTarget,
+    ) -> Result<Option<SignalDelivery>> {
+        let op = |e: Error| e.with_provider(NAME).with_operation("signal_foreground");
+        let Some(sig) = signals::to_nix(signal) else {
+            return Err(op(Error::new(
+                ErrorCode::Unsupported,
+                format!("{signal} cannot be delivered by this provider"),
+            )));
+        };
+        // The foreground group of our own pty is in our session by definition, so no other
+        // process group can be reached through this.
+        let Some(pgid) = self.foreground_pgid() else {
+            return Err(op(Error::new(
+                ErrorCode::NotFound,
+                "cannot find the terminal's foreground process group",
+            )));
+        };
+        let leader = pgid == self.sid();
+        if leader && target == ForegroundTarget::NotLeader {
+            return Ok(None);
+        }
+        killpg(Pid::from_raw(pgid), sig).map_err(|e| {
+            let code = match e {
+                Errno::ESRCH => ErrorCode::NotFound,
+                Errno::EPERM => ErrorCode::PermissionDenied,
+                _ => ErrorCode::Io,
+            };
+            op(Error::new(code, format!("signal process group {pgid}: {e}")))
+        })?;
+        Ok(Some(SignalDelivery { pgid, leader }))
     }
 }
 
@@ -218,14 +278,9 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
         return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation(OP));
     };
     // portable-pty silently replaces a missing cwd with $HOME, so validate it here.
-    if !spec.cwd.is_dir() {
-        return Err(spawn_failed(format!(
-            "working directory `{}` does not exist",
-            spec.cwd.display()
-        )));
-    }
+    let cwd = crate::process::resolve_cwd(spec.cwd.as_deref(), OP)?;
     let env = conch_env::child_env(&spec.env);
-    check_program(program, &spec.cwd, env.get("PATH").map(String::as_str))?;
+    check_program(program, &cwd, env.get("PATH").map(String::as_str))?;
 
     let mut cmd = CommandBuilder::new(program);
     cmd.args(&spec.argv[1..]);
@@ -234,7 +289,7 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
     for (k, v) in &env {
         cmd.env(k, v);
     }
-    cmd.cwd(&spec.cwd);
+    cmd.cwd(&cwd);
 
     let pair = native_pty_system()
         .openpty(PtySize {
@@ -314,8 +369,9 @@ impl TerminalProcess for LocalTerminal {
         Some(self.inner.pid)
     }
 
-    async fn read_chunk(&self) -> Option<Vec<u8>> {
-        self.inner.output.lock().await.recv().await
+    async fn read_chunk(&self) -> Result<Option<Vec<u8>>> {
+        // A local PTY has no transport to lose: the only end is EOF.
+        Ok(self.inner.output.lock().await.recv().await)
     }
 
     async fn write(&self, data: &[u8]) -> Result<()> {
@@ -341,65 +397,30 @@ impl TerminalProcess for LocalTerminal {
         }
     }
 
-    fn foreground_pgid(&self) -> Option<i32> {
-        self.inner.foreground_pgid()
+    async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {
+        Ok(self.inner.observe(probe))
     }
 
-    fn stdin_wait_probe(&self) -> bool {
-        let Some(pgid) = self.foreground_pgid() else { return false };
-        match &self.inner.tty {
-            Some(tty) => probe::group_waits_on(pgid, StdinMatch::Tty(tty)),
-            None => probe::group_waits_on(pgid, StdinMatch::AnyPts),
-        }
+    async fn signal_foreground(
+        &self,
+        signal: conch_seams::Signal,
+        target: ForegroundTarget,
+    ) -> Result<Option<SignalDelivery>> {
+        self.inner.signal_foreground(signal, target)
     }
 
-    fn signal_group(&self, pgid: i32, signal: i32) -> Result<()> {
-        // killpg(0) or a negative id would reach our own group or every process we may
-        // signal; neither is a terminal group.
-        if pgid <= 0 {
-            return Err(Error::invalid(format!("process group {pgid} is not valid"))
-                .with_provider(NAME)
-                .with_operation("signal_group"));
-        }
-        let sig = if signal == 0 {
-            None
-        } else {
-            Some(Signal::try_from(signal).map_err(|_| {
-                Error::invalid(format!("signal {signal} is not valid"))
-                    .with_provider(NAME)
-                    .with_operation("signal_group")
-            })?)
-        };
-        // Only groups of this terminal's session are addressable through it; anything
-        // else (including the daemon's own group) does not exist from here.
-        if !probe::group_in_session(pgid, self.inner.sid()) {
-            return Err(Error::new(
-                ErrorCode::NotFound,
-                format!("process group {pgid} is not in this terminal's session"),
-            )
-            .with_provider(NAME)
-            .with_operation("signal_group"));
-        }
-        killpg(Pid::from_raw(pgid), sig).map_err(|e| {
-            let code = match e {
-                Errno::ESRCH => ErrorCode::NotFound,
-                Errno::EPERM => ErrorCode::PermissionDenied,
-                _ => ErrorCode::Io,
-            };
-            Error::new(code, format!("signal process group {pgid}: {e}"))
-                .with_provider(NAME)
-                .with_operation("signal_group")
-        })
-    }
-
-    fn resize(&self, size: TerminalSize) -> Result<()> {
+    async fn resize(&self, size: TerminalSize) -> Result<()> {
         lock(&self.inner.master)
             .resize(PtySize { rows: size.rows, cols: size.cols, pixel_width: 0, pixel_height: 0 })
             .map_err(|e| pty_error("resize the terminal", e))
     }
 
-    async fn wait(&self) -> ExitStatus {
-        self.inner.wait_status().await
+    async fn terminate(&self, grace: Duration) -> Result<TeardownReport> {
+        Ok(self.inner.terminate(grace).await)
+    }
+
+    async fn wait(&self) -> Result<ExitStatus> {
+        Ok(self.inner.wait_status().await)
     }
 
     fn try_status(&self) -> Option<ExitStatus> {

@@ -3,8 +3,8 @@
 //! readiness result: prompt or exact stdin-wait probe (stdin_read), output silence
 //! (inferred_idle), deadline (timeout), or shell exit (session_exit).
 
+mod framing;
 mod parser;
-mod proctree;
 mod scrollback;
 mod session;
 
@@ -16,8 +16,8 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    Error, ErrorCode, Result, Subprocess, TerminalBackend, TerminalOpenSpec, TerminalSession,
-    TerminalSpawnSpec,
+    ConfigIssue, PluginConfig, Result, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec,
+    TerminalSession, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -70,39 +70,16 @@ impl Default for TerminalBashConfig {
     }
 }
 
-impl TerminalBashConfig {
-    /// Checks value ranges.
-    ///
-    /// # Errors
-    /// `invalid_composition` naming the key.
-    pub fn validate(&self) -> Result<()> {
-        let positive = [
-            ("poll_interval_ms", self.poll_interval_ms),
-            ("idle_silence_ms", self.idle_silence_ms),
-            ("timeout_ms", self.timeout_ms),
-            ("scrollback_lines", self.scrollback_lines as u64),
-            ("scrollback_max_bytes", self.scrollback_max_bytes as u64),
-            ("max_read_bytes", self.max_read_bytes as u64),
-        ];
-        for (key, v) in positive {
-            if v == 0 {
-                return Err(Error::new(
-                    ErrorCode::InvalidComposition,
-                    format!("plugin `{NAME}`: key `{key}`: must be greater than 0"),
-                ));
-            }
-        }
-        if self.max_read_bytes < 64 {
-            return Err(Error::new(
-                ErrorCode::InvalidComposition,
-                format!("plugin `{NAME}`: key `max_read_bytes`: must be at least 64"),
-            ));
-        }
+impl PluginConfig for TerminalBashConfig {
+    fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        ConfigIssue::positive("poll_interval_ms", self.poll_interval_ms)?;
+        ConfigIssue::positive("idle_silence_ms", self.idle_silence_ms)?;
+        ConfigIssue::positive("timeout_ms", self.timeout_ms)?;
+        ConfigIssue::positive("scrollback_lines", self.scrollback_lines as u64)?;
+        ConfigIssue::positive("scrollback_max_bytes", self.scrollback_max_bytes as u64)?;
+        ConfigIssue::at_least("max_read_bytes", self.max_read_bytes as u64, 64)?;
         if self.bash.is_empty() {
-            return Err(Error::new(
-                ErrorCode::InvalidComposition,
-                format!("plugin `{NAME}`: key `bash`: must name an executable"),
-            ));
+            return Err(ConfigIssue::new("bash", "must name an executable"));
         }
         Ok(())
     }
@@ -121,7 +98,7 @@ impl TerminalBash {
     /// # Errors
     /// Invalid config.
     pub fn new(config: TerminalBashConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
-        config.validate()?;
+        config.check(NAME)?;
         Ok(Self { config, subprocess })
     }
 }
@@ -132,23 +109,29 @@ impl TerminalBackend for TerminalBash {
         "bash"
     }
 
+    fn dialect(&self) -> ShellDialect {
+        ShellDialect::BASH
+    }
+
     async fn open(&self, spec: TerminalOpenSpec) -> Result<Arc<dyn TerminalSession>> {
-        let cwd = match spec.cwd.or_else(|| self.config.cwd.clone()) {
-            Some(c) => c,
-            None => std::env::current_dir().map_err(|e| Error::io("current directory", e))?,
+        // A relative cwd is relative to the configured one; the subprocess provider checks
+        // that it exists, in its own world, and resolves what is still relative there.
+        let cwd = match (spec.cwd, &self.config.cwd) {
+            (Some(c), Some(base)) if c.is_relative() => Some(base.join(c)),
+            (Some(c), _) => Some(c),
+            (None, base) => base.clone(),
         };
-        if !cwd.is_dir() {
-            return Err(Error::invalid(format!("cwd `{}` is not a directory", cwd.display()))
-                .with_provider(NAME));
-        }
         let payload = format!("{MARKER_OSC};{}", conch_seams::terminal::marker_nonce());
         // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before every
         // prompt so a user's PS1 change cannot break readiness.
         let ps1 = format!("\\[\\e]{payload}\\a\\]\\$ ");
-        let mut tspec = TerminalSpawnSpec::new(
-            vec![self.config.bash.clone(), "--norc".into(), "--noprofile".into(), "-i".into()],
-            cwd,
-        );
+        let mut tspec = TerminalSpawnSpec::in_default_dir(vec![
+            self.config.bash.clone(),
+            "--norc".into(),
+            "--noprofile".into(),
+            "-i".into(),
+        ]);
+        tspec.cwd = cwd;
         for (k, v) in [
             ("PS1", ps1.clone()),
             ("PS2", "> ".into()),
@@ -184,8 +167,7 @@ impl TerminalBackend for TerminalBash {
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: TerminalBashConfig = ctx.config()?;
-    let backend = TerminalBash::new(config, ctx.subprocess()?)
-        .map_err(|e| Error::new(e.code(), format!("{}: {}", ctx.source_name(), e.message())))?;
+    let backend = TerminalBash::new(config, ctx.subprocess()?).map_err(|e| ctx.locate(e))?;
     Ok(PluginOutput::seam(SeamHandle::TerminalBackend(Arc::new(backend))))
 }
 
@@ -193,7 +175,7 @@ register_plugin!(PluginEntry {
     name: NAME,
     provides: Some(SeamId::TerminalBackend),
     requires: &[SeamId::Subprocess],
-    description: "bash on a PTY with prompt-marker and /proc stdin-wait readiness",
+    description: "bash on a PTY with prompt-marker and exact stdin-wait readiness",
     build,
 });
 

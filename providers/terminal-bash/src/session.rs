@@ -1,26 +1,40 @@
-//! One bash-on-a-PTY session: output pump, readiness tiers, signals, teardown.
+//! One bash-on-a-PTY session: output pump, readiness tiers, framed commands, signals,
+//! teardown. Every process operation goes through the [`TerminalProcess`] seam, so the
+//! session works the same whether the PTY is local or in another world.
+//!
+//! # Invariants
+//! - A prompt counts (Tier 0) only once printable text follows our private marker *and* the
+//!   provider observes bash's own group in the foreground.
+//! - The stdin-wait probe (Tier 1) counts only after [`STABLE_SAMPLES`] consecutive positive
+//!   samples; "unavailable" is never taken as waiting.
+//! - A lost transport is an error (`connection_failed`), never a session exit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use conch_output::{Strategy, TextRetainer};
 use conch_seams::{
-    CloseReport, Error, ErrorCode, Result, ScrollbackPage, SendSettle, SessionStatus,
-    TerminalProcess, TerminalSession, WaitReason,
+    CloseReport, CommandEnd, CommandOutcome, Error, ErrorCode, ForegroundTarget, Interrupted,
+    Probe, Result, ScrollbackPage, SendOutcome, SendSettle, SessionStatus, Signal, SignalDelivery,
+    StdinWait, TerminalProcess, TerminalSession, WaitReason,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::framing::{self, FrameScanner};
 use crate::parser::{Event, Parser};
 use crate::scrollback::Scrollback;
-use crate::{NAME, TerminalBashConfig, proctree};
+use crate::{NAME, TerminalBashConfig};
 
 /// Consecutive positive probe samples required before trusting Tier 1.
 const STABLE_SAMPLES: u32 = 3;
 /// How long a send right after terminal_signal waits for the signalled command's own prompt,
 /// so that prompt is not taken as the send's result.
 const SIGNAL_SETTLE: Duration = Duration::from_millis(1_000);
+/// How long close waits for the shell to be reaped after teardown said it exited.
+const REAP_LIMIT: Duration = Duration::from_secs(30);
 
 /// Waits for a state change or one poll interval; false once `deadline` has passed.
 async fn pause(
@@ -39,20 +53,36 @@ async fn pause(
     true
 }
 
+fn lost(message: &str) -> Error {
+    Error::new(ErrorCode::ConnectionFailed, format!("the terminal's world was lost: {message}"))
+        .with_provider(NAME)
+}
+
 #[derive(Debug)]
 struct State {
     parser: Parser,
     scrollback: Scrollback,
-    /// Output of the active send (None when no send is active).
-    op: Option<String>,
-    op_truncated: bool,
+    /// Output of the active send (None when no send is active): the newest bytes, bounded.
+    op: Option<TextRetainer>,
+    /// The frame of the active framed command, if any.
+    frame: Option<FrameScanner>,
     last_output: Instant,
     /// Accepted prompts so far (marker followed by printable text).
     prompts: u64,
     marker_armed: bool,
     eof: bool,
+    /// Set when reading the terminal failed for a reason other than EOF.
+    lost: Option<String>,
     /// Prompt count and time of the last signal delivered while bash was not at its prompt.
     signalled: Option<(u64, Instant)>,
+}
+
+impl State {
+    fn begin_op(&mut self, cap: usize) -> u64 {
+        self.op = Some(TextRetainer::new(Strategy::Tail, cap));
+        self.last_output = Instant::now();
+        self.prompts
+    }
 }
 
 /// Shared between the session handle and its output pump.
@@ -85,18 +115,11 @@ impl Shared {
                         st.prompts += 1;
                     }
                     st.scrollback.push(&t);
-                    let cap = self.config.max_read_bytes;
-                    let mut truncated = false;
                     if let Some(op) = st.op.as_mut() {
-                        op.push_str(&t);
-                        if op.len() > cap * 2 {
-                            let keep = conch_output::tail_utf8(op, cap).to_string();
-                            *op = keep;
-                            truncated = true;
-                        }
+                        op.push(&t);
                     }
-                    if truncated {
-                        st.op_truncated = true;
+                    if let Some(frame) = st.frame.as_mut() {
+                        frame.push(&t);
                     }
                 }
             }
@@ -107,17 +130,20 @@ impl Shared {
 
     fn status(&self) -> SessionStatus {
         match self.process.try_status() {
-            Some(s) => SessionStatus::Exited { code: s.code, signal: s.signal },
+            Some(s) => SessionStatus::Exited(s),
             None => SessionStatus::Running,
         }
     }
 
-    fn shell_pid(&self) -> i32 {
-        self.process.pid().map_or(-1, |p| p as i32)
+    async fn observe(&self, probe: Probe) -> Result<conch_seams::TerminalObservation> {
+        self.process.observe(probe).await
     }
 
-    fn shell_owns_foreground(&self) -> bool {
-        self.process.foreground_pgid() == Some(self.shell_pid())
+    /// The active op's output, ended.
+    fn take_op(&self) -> (String, u64) {
+        let mut st = self.lock();
+        let r = st.op.take().map(TextRetainer::finish).unwrap_or_default();
+        (r.text, r.omitted_bytes)
     }
 }
 
@@ -132,12 +158,13 @@ pub(crate) fn start(
         state: Mutex::new(State {
             parser: Parser::new(marker),
             scrollback: Scrollback::new(config.scrollback_lines, config.scrollback_max_bytes),
-            op: Some(String::new()),
-            op_truncated: false,
+            op: Some(TextRetainer::new(Strategy::Tail, config.max_read_bytes)),
+            frame: None,
             last_output: Instant::now(),
             prompts: 0,
             marker_armed: false,
             eof: false,
+            lost: None,
             signalled: None,
         }),
         config,
@@ -147,13 +174,25 @@ pub(crate) fn start(
     });
     let pump = Arc::clone(&shared);
     tokio::spawn(async move {
-        while let Some(chunk) = pump.process.read_chunk().await {
-            pump.ingest(&chunk);
+        loop {
+            match pump.process.read_chunk().await {
+                Ok(Some(chunk)) => pump.ingest(&chunk),
+                Ok(None) => {
+                    pump.lock().eof = true;
+                    pump.changed.notify_waiters();
+                    // EOF alone is not exit: wait for the reaper so session_exit carries the
+                    // status.
+                    if let Err(e) = pump.process.wait().await {
+                        pump.lock().lost = Some(e.to_string());
+                    }
+                    break;
+                }
+                Err(e) => {
+                    pump.lock().lost = Some(e.to_string());
+                    break;
+                }
+            }
         }
-        pump.lock().eof = true;
-        pump.changed.notify_waiters();
-        // EOF alone is not exit: wait for the reaper so session_exit carries the status.
-        pump.process.wait().await;
         pump.changed.notify_waiters();
     });
     shared
@@ -174,21 +213,25 @@ pub(crate) async fn await_first_prompt(
             );
         }
         {
-            let mut st = shared.lock();
-            if st.prompts > 0 {
-                let text = st.op.take().unwrap_or_default();
-                // The MOTD is what came before the prompt text itself.
-                let motd = match text.rfind('\n') {
-                    Some(i) => text[..=i].to_string(),
-                    None => String::new(),
-                };
-                return Ok(motd);
+            let st = shared.lock();
+            if let Some(why) = &st.lost {
+                return Err(lost(why));
             }
-            if st.eof {
-                let out = st.op.take().unwrap_or_default();
+            let ready = st.prompts > 0;
+            let eof = st.eof;
+            drop(st);
+            if ready || eof {
+                let (text, _) = shared.take_op();
+                if ready {
+                    // The MOTD is what came before the prompt text itself.
+                    return Ok(match text.rfind('\n') {
+                        Some(i) => text[..=i].to_string(),
+                        None => String::new(),
+                    });
+                }
                 return Err(Error::new(
                     ErrorCode::SpawnFailed,
-                    format!("bash exited during startup: {out}"),
+                    format!("bash exited during startup: {text}"),
                 )
                 .with_provider(NAME));
             }
@@ -209,6 +252,17 @@ pub(crate) async fn await_first_prompt(
     }
 }
 
+/// Why a wait for readiness ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ready {
+    /// A readiness tier fired.
+    Reason(WaitReason),
+    /// The framed command's end marker arrived and bash is back at its prompt.
+    Framed(i32),
+    /// The cancel token fired.
+    Cancelled,
+}
+
 /// The session handle handed to the terminals service.
 #[derive(Debug)]
 pub(crate) struct BashSession {
@@ -220,73 +274,92 @@ impl BashSession {
     /// After a signal to a foreground command, waits (bounded) until the command's own
     /// prompt arrived with bash back in the foreground. A command that survives the signal
     /// (it trapped it) costs one bounded wait.
-    async fn settle_signal(&self, cancel: &CancellationToken) {
+    async fn settle_signal(&self, cancel: &CancellationToken) -> Result<()> {
         let sh = &self.shared;
-        let Some((before, at)) = sh.lock().signalled.take() else { return };
+        let Some((before, at)) = sh.lock().signalled.take() else { return Ok(()) };
         let deadline = at + SIGNAL_SETTLE;
         let poll = Duration::from_millis(sh.config.poll_interval_ms);
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
                 let st = sh.lock();
-                (st.prompts, st.eof)
+                (st.prompts, st.eof || st.lost.is_some())
             };
-            if (prompts > before && sh.shell_owns_foreground()) || eof || cancel.is_cancelled() {
-                return;
+            if eof || cancel.is_cancelled() {
+                return Ok(());
+            }
+            if prompts > before && sh.observe(Probe::Foreground).await?.leader_owns_foreground {
+                return Ok(());
             }
             if !pause(notified, poll, deadline).await {
-                return;
+                return Ok(());
             }
         }
     }
 
+    /// Waits for the first readiness tier (or, for a framed command, its end marker), the
+    /// deadline, or cancellation. `framed` turns the send tiers into the command's: the
+    /// prompt only counts after the end marker, and silence is not an answer.
     async fn readiness(
         &self,
         start_prompts: u64,
+        timeout: Duration,
+        framed: bool,
         cancel: &CancellationToken,
-    ) -> Option<WaitReason> {
+    ) -> Result<Ready> {
         let sh = &self.shared;
         let cfg = &sh.config;
         let started = Instant::now();
-        let timeout = Duration::from_millis(cfg.timeout_ms);
         let idle = Duration::from_millis(cfg.idle_silence_ms);
         let probe_after = Duration::from_millis(cfg.exact_probe_after_ms);
         let poll = Duration::from_millis(cfg.poll_interval_ms);
         let mut stable = 0;
         loop {
             let notified = sh.changed.notified();
-            let (prompts, eof, last_output) = {
+            let (prompts, eof, last_output, code) = {
                 let st = sh.lock();
-                (st.prompts, st.eof, st.last_output)
+                if let Some(why) = &st.lost {
+                    return Err(lost(why));
+                }
+                (st.prompts, st.eof, st.last_output, st.frame.as_ref().and_then(FrameScanner::code))
             };
-            // Tier 0: our own prompt, accepted only while bash owns the foreground group.
-            if prompts > start_prompts && sh.shell_owns_foreground() {
-                return Some(WaitReason::StdinRead);
+            // Tier 0: our own prompt, accepted only while bash owns the foreground group. A
+            // framed command's prompt counts only once its end marker came.
+            let prompt_counts = !framed || code.is_some();
+            if prompts > start_prompts
+                && prompt_counts
+                && sh.observe(Probe::Foreground).await?.leader_owns_foreground
+            {
+                return Ok(match code {
+                    Some(c) if framed => Ready::Framed(c),
+                    _ => Ready::Reason(WaitReason::StdinRead),
+                });
             }
             if eof && sh.process.try_status().is_some() {
-                return Some(WaitReason::SessionExit);
+                return Ok(Ready::Reason(WaitReason::SessionExit));
             }
             if cancel.is_cancelled() {
-                return None;
+                return Ok(Ready::Cancelled);
             }
             let elapsed = started.elapsed();
             if elapsed >= timeout {
-                return Some(WaitReason::Timeout);
+                return Ok(Ready::Reason(WaitReason::Timeout));
             }
-            // Tier 1: an exact stdin-wait observation, stable over several samples.
-            if elapsed >= probe_after && !eof {
-                if sh.process.stdin_wait_probe() {
+            // Tier 1: an exact stdin-wait observation, stable over several samples. Once a
+            // framed command's end marker is in, only its prompt is awaited.
+            if elapsed >= probe_after && !eof && code.is_none() {
+                if sh.observe(Probe::Stdin).await?.stdin == StdinWait::Waiting {
                     stable += 1;
                     if stable >= STABLE_SAMPLES {
-                        return Some(WaitReason::StdinRead);
+                        return Ok(Ready::Reason(WaitReason::StdinRead));
                     }
                 } else {
                     stable = 0;
                 }
             }
-            // Tier 2: output silence.
-            if last_output.elapsed() >= idle && elapsed >= idle {
-                return Some(WaitReason::InferredIdle);
+            // Tier 2: output silence (a framed command keeps waiting for its marker).
+            if !framed && last_output.elapsed() >= idle && elapsed >= idle {
+                return Ok(Ready::Reason(WaitReason::InferredIdle));
             }
             tokio::select! {
                 () = notified => {}
@@ -301,9 +374,8 @@ impl BashSession {
     /// The line may still be queued for readline or between readline and the new job when we
     /// first look, so every group that takes the foreground before the shell settles gets
     /// its own SIGINT.
-    async fn interrupt(&self, start_prompts: u64) {
+    async fn interrupt(&self, start_prompts: u64) -> Result<()> {
         let sh = &self.shared;
-        let shell = sh.shell_pid();
         let deadline = Instant::now() + Duration::from_millis(sh.config.dispose_grace_ms);
         let poll = Duration::from_millis(sh.config.poll_interval_ms);
         let mut signalled: Vec<i32> = Vec::new();
@@ -311,42 +383,58 @@ impl BashSession {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
                 let st = sh.lock();
-                (st.prompts, st.eof)
+                (st.prompts, st.eof || st.lost.is_some())
             };
-            let fg = sh.process.foreground_pgid();
+            if eof {
+                return Ok(());
+            }
             // Settled means bash is back at its prompt AND blocked reading the terminal: a
             // SIGINT that reached readline before it read the queued line leaves that line to
             // run next, and readline only blocks once no input is pending.
-            if eof
-                || (prompts > start_prompts && fg == Some(shell) && sh.process.stdin_wait_probe())
+            let probe = if prompts > start_prompts { Probe::Stdin } else { Probe::Foreground };
+            let obs = sh.observe(probe).await?;
+            if prompts > start_prompts
+                && obs.leader_owns_foreground
+                && obs.stdin == StdinWait::Waiting
             {
-                return;
+                return Ok(());
             }
-            if let Some(pg) = fg
+            if let Some(pg) = obs.foreground
                 && !signalled.contains(&pg)
             {
-                let _ = sh.process.signal_group(pg, nix::sys::signal::Signal::SIGINT as i32);
                 signalled.push(pg);
+                // The foreground may have changed since the sample: record who really got it.
+                if let Ok(Some(d)) =
+                    sh.process.signal_foreground(Signal::Int, ForegroundTarget::Any).await
+                    && !signalled.contains(&d.pgid)
+                {
+                    signalled.push(d.pgid);
+                }
             }
             if !pause(notified, poll, deadline).await {
-                return;
+                return Ok(());
             }
         }
     }
 
-    fn take_delta(&self) -> String {
-        let mut st = self.shared.lock();
-        let mut out = st.op.take().unwrap_or_default();
-        let cap = self.shared.config.max_read_bytes;
-        let truncated = std::mem::take(&mut st.op_truncated) || out.len() > cap;
-        if truncated {
-            out = format!("[earlier output omitted]\n{}", conch_output::tail_utf8(&out, cap));
+    /// Refuses work on a session that is being closed.
+    fn check_open(&self) -> Result<()> {
+        if self.shared.closing.load(Ordering::Acquire) {
+            return Err(Error::new(ErrorCode::NotFound, "session is closing").with_provider(NAME));
         }
-        out
+        Ok(())
     }
 
-    async fn write(&self, data: &[u8]) -> Result<()> {
-        self.shared.process.write(data).await
+    /// Ends a failed write: no op is active any more.
+    fn abandon_op(&self) {
+        let mut st = self.shared.lock();
+        st.op = None;
+        st.frame = None;
+    }
+
+    fn rendered_delta(&self) -> String {
+        let (text, omitted) = self.shared.take_op();
+        if omitted > 0 { format!("[earlier output omitted]\n{text}") } else { text }
     }
 }
 
@@ -361,56 +449,120 @@ impl TerminalSession for BashSession {
         text: &str,
         submit: bool,
         cancel: CancellationToken,
-    ) -> Result<SendSettle> {
+    ) -> Result<SendOutcome> {
         // A send cancelled before it began types nothing (a background send killed at once).
         if cancel.is_cancelled() {
-            return Err(Error::new(
-                ErrorCode::Cancelled,
-                "send cancelled before any text was typed",
-            )
-            .with_provider(NAME)
-            .with_context(conch_seams::terminal::SEND_OUTPUT_CONTEXT, String::new()));
+            return Ok(SendOutcome::Interrupted(Interrupted {
+                delta: String::new(),
+                typed: false,
+                session_status: self.shared.status(),
+            }));
         }
-        if self.shared.closing.load(Ordering::Acquire) {
-            return Err(Error::new(ErrorCode::NotFound, "session is closing").with_provider(NAME));
-        }
-        self.settle_signal(&cancel).await;
-        let start_prompts = {
-            let mut st = self.shared.lock();
-            st.op = Some(String::new());
-            st.op_truncated = false;
-            st.last_output = Instant::now();
-            st.prompts
-        };
+        self.check_open()?;
+        self.settle_signal(&cancel).await?;
+        let start_prompts = self.shared.lock().begin_op(self.shared.config.max_read_bytes);
         let mut bytes = text.as_bytes().to_vec();
         if submit {
             bytes.push(b'\r');
         }
         if !bytes.is_empty()
-            && let Err(e) = self.write(&bytes).await
+            && let Err(e) = self.shared.process.write(&bytes).await
         {
-            self.shared.lock().op = None;
+            self.abandon_op();
             return Err(e);
         }
-        let Some(reason) = self.readiness(start_prompts, &cancel).await else {
-            self.interrupt(start_prompts).await;
-            let delta = self.take_delta();
-            return Err(Error::new(
-                ErrorCode::Cancelled,
-                "send cancelled; SIGINT delivered to the foreground group",
-            )
-            .with_provider(NAME)
-            .with_context(conch_seams::terminal::SEND_OUTPUT_CONTEXT, delta));
+        let timeout = Duration::from_millis(self.shared.config.timeout_ms);
+        let ready = self.readiness(start_prompts, timeout, false, &cancel).await;
+        let reason = match ready {
+            Ok(Ready::Reason(r)) => r,
+            Ok(Ready::Framed(_)) => WaitReason::StdinRead,
+            Ok(Ready::Cancelled) => {
+                let interrupted = self.interrupt(start_prompts).await;
+                let delta = self.rendered_delta();
+                interrupted?;
+                return Ok(SendOutcome::Interrupted(Interrupted {
+                    delta,
+                    typed: true,
+                    session_status: self.shared.status(),
+                }));
+            }
+            Err(e) => {
+                self.abandon_op();
+                return Err(e);
+            }
         };
         // Let a racing final chunk land before taking the delta when the session ended.
         if reason == WaitReason::SessionExit {
             tokio::task::yield_now().await;
         }
-        Ok(SendSettle {
-            delta: self.take_delta(),
+        Ok(SendOutcome::Ready(SendSettle {
+            delta: self.rendered_delta(),
             wait_reason: reason,
             session_status: self.shared.status(),
-        })
+        }))
+    }
+
+    async fn run_command(
+        &self,
+        command: &str,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<CommandOutcome> {
+        let outcome = |output: String, omitted_bytes: u64, end: CommandEnd| CommandOutcome {
+            output,
+            omitted_bytes,
+            end,
+            session_status: self.shared.status(),
+        };
+        if cancel.is_cancelled() {
+            return Ok(outcome(String::new(), 0, CommandEnd::Cancelled));
+        }
+        self.check_open()?;
+        self.settle_signal(&cancel).await?;
+        let nonce = conch_seams::terminal::marker_nonce();
+        let start_prompts = {
+            let mut st = self.shared.lock();
+            st.frame = Some(FrameScanner::new(&nonce));
+            st.begin_op(self.shared.config.max_read_bytes)
+        };
+        let mut line = framing::frame(command, &nonce).into_bytes();
+        line.push(b'\r');
+        if let Err(e) = self.shared.process.write(&line).await {
+            self.abandon_op();
+            return Err(e);
+        }
+        let ready = match self.readiness(start_prompts, timeout, true, &cancel).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.abandon_op();
+                return Err(e);
+            }
+        };
+        let end = match ready {
+            Ready::Framed(code) => CommandEnd::Exited(code),
+            Ready::Reason(WaitReason::SessionExit) => {
+                tokio::task::yield_now().await;
+                CommandEnd::SessionExited
+            }
+            Ready::Reason(WaitReason::StdinRead) => CommandEnd::WaitingForInput,
+            Ready::Reason(WaitReason::Timeout | WaitReason::InferredIdle) => CommandEnd::TimedOut,
+            Ready::Cancelled => CommandEnd::Cancelled,
+        };
+        if matches!(end, CommandEnd::TimedOut | CommandEnd::Cancelled) {
+            // Interrupt what is still running so the shell is usable (or closable) again.
+            if let Err(e) = self.interrupt(start_prompts).await {
+                self.abandon_op();
+                return Err(e);
+            }
+        }
+        let frame = self.shared.lock().frame.take();
+        let (retained, _) = self.shared.take_op();
+        let body = framing::extract(&retained, &nonce).to_string();
+        // Exact: the scanner counted every byte between the markers, even those the
+        // retained tail no longer holds.
+        let total = frame.map_or(0, |f| f.body_bytes());
+        let omitted = total.saturating_sub(body.len() as u64);
+        Ok(outcome(body, omitted, end))
     }
 
     fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage {
@@ -418,26 +570,24 @@ impl TerminalSession for BashSession {
         st.scrollback.page(offset_lines, max_lines, self.shared.config.max_read_bytes)
     }
 
-    fn signal(&self, signal: i32) -> Result<i32> {
-        let Some(pg) = self.shared.process.foreground_pgid() else {
-            return Err(Error::new(
-                ErrorCode::NotFound,
-                "cannot find the terminal's foreground process group",
-            )
-            .with_provider(NAME));
+    async fn signal(&self, signal: Signal) -> Result<SignalDelivery> {
+        // The shell itself must not be SIGKILLed through here: that is what close is for.
+        let target = if signal == Signal::Kill {
+            ForegroundTarget::NotLeader
+        } else {
+            ForegroundTarget::Any
         };
-        if signal == nix::sys::signal::Signal::SIGKILL as i32 && pg == self.shared.shell_pid() {
+        let Some(delivery) = self.shared.process.signal_foreground(signal, target).await? else {
             return Err(Error::invalid(
                 "SIGKILL would target the shell itself; use terminal_close to end the session",
             )
             .with_provider(NAME));
-        }
-        self.shared.process.signal_group(pg, signal)?;
-        if pg != self.shared.shell_pid() {
+        };
+        if !delivery.leader {
             let mut st = self.shared.lock();
             st.signalled = Some((st.prompts, Instant::now()));
         }
-        Ok(pg)
+        Ok(delivery)
     }
 
     fn status(&self) -> SessionStatus {
@@ -451,44 +601,27 @@ impl TerminalSession for BashSession {
         }
         self.shared.closing.store(true, Ordering::Release);
         let grace = Duration::from_millis(self.shared.config.dispose_grace_ms);
-        let shell = self.shared.shell_pid();
-        let shell_id = proctree::ident(shell);
-        // Descendants first, while the shell is alive to anchor the tree.
-        let survivors =
-            if shell > 0 { proctree::kill_descendants(shell, grace).await } else { Vec::new() };
-        if !survivors.is_empty() {
+        let reopen = |e: Error| {
             self.shared.closing.store(false, Ordering::Release);
-            return Err(Error::internal(format!(
-                "terminal close could not stop descendants {survivors:?}; retry terminal_close"
-            ))
-            .with_provider(NAME));
-        }
-        // Then the shell: HUP (interactive bash ignores TERM), grace, KILL.
-        if let Some(id) = shell_id
-            && proctree::alive(id)
-        {
-            let _ =
-                self.shared.process.signal_group(shell, nix::sys::signal::Signal::SIGHUP as i32);
-            if tokio::time::timeout(grace, self.shared.process.wait()).await.is_err() {
-                let _ = self
-                    .shared
-                    .process
-                    .signal_group(shell, nix::sys::signal::Signal::SIGKILL as i32);
-            }
-        }
-        let Ok(status) =
-            tokio::time::timeout(Duration::from_secs(30), self.shared.process.wait()).await
-        else {
-            self.shared.closing.store(false, Ordering::Release);
-            return Err(Error::internal(
-                "the shell did not exit after SIGKILL; retry terminal_close",
-            )
-            .with_provider(NAME));
+            e
         };
-        let report = CloseReport {
-            root_exit: SessionStatus::Exited { code: status.code, signal: status.signal },
-            survivors: Vec::new(),
+        let report = self.shared.process.terminate(grace).await.map_err(reopen)?;
+        if !report.survivors.is_empty() || report.leader.is_none() {
+            return Err(reopen(
+                Error::internal(format!(
+                    "terminal close could not stop {:?}; retry terminal_close",
+                    report.survivors
+                ))
+                .with_provider(NAME),
+            ));
+        }
+        // Teardown saw the exit; the pump's wait makes the status visible to readers too.
+        let status = match tokio::time::timeout(REAP_LIMIT, self.shared.process.wait()).await {
+            Ok(s) => s.map_err(reopen)?,
+            Err(_) => report.leader.unwrap_or_default(),
         };
+        let report =
+            CloseReport { root_exit: SessionStatus::Exited(status), survivors: Vec::new() };
         *done = Some(report.clone());
         Ok(report)
     }

@@ -10,6 +10,7 @@
 pub mod shell;
 pub mod subprocess;
 pub mod terminal;
+pub mod terminal_process;
 
 use std::future::Future;
 use std::time::Duration;
@@ -94,7 +95,8 @@ macro_rules! shell_suite {
             abort_kills_and_reports_aborted,
             already_aborted_request_does_not_run,
             resolve_fills_defaults_and_caps_timeout,
-            resolve_rejects_missing_workdir_and_empty_command,
+            resolve_rejects_an_empty_command,
+            a_missing_workdir_is_refused_where_the_world_is,
             workdir_is_used,
             long_output_keeps_tail_and_complete_spill,
             background_reads_are_incremental_and_consuming,
@@ -112,6 +114,50 @@ macro_rules! shell_suite {
             async fn $case() {
                 let provider = ($make)();
                 $crate::shell::$case(provider.as_ref()).await;
+            }
+        )*
+    };
+}
+
+/// Instantiates the terminal process suite for a subprocess provider:
+/// `terminal_process_suite!(|| Arc<dyn Subprocess>)`. Cases skip visibly without terminals.
+#[macro_export]
+macro_rules! terminal_process_suite {
+    ($make:expr) => {
+        $crate::terminal_process_suite!(@cases $make;
+            output_then_eof_then_exit_code_without_zombie,
+            bad_cwd_is_spawn_failed,
+            missing_program_is_spawn_failed,
+            empty_argv_is_invalid_argument,
+            the_default_directory_is_used_without_a_cwd,
+            overlay_is_applied_after_the_scrub,
+            child_env_is_exactly_the_scrubbed_map,
+            cwd_is_honoured,
+            initial_size_and_resize_reach_the_tty,
+            write_then_read_roundtrip_with_cat,
+            probe_sees_python_input_read,
+            probe_sees_python_select,
+            probe_sees_python_poll,
+            probe_sees_python_epoll,
+            probe_sees_a_worker_thread_reading,
+            probe_sees_interactive_bash_prompt,
+            a_foreground_only_sample_does_not_probe,
+            probe_follows_the_foreground_job,
+            probe_is_false_for_sleep_and_a_kill_reports_the_signal,
+            a_signal_reaches_the_foreground_group_not_the_leader,
+            terminate_stops_descendants_then_the_leader,
+            terminate_after_the_leader_exited_reports_its_status,
+            shutdown_kills_live_terminals,
+            shutdown_kills_dropped_terminals_and_their_jobs,
+            probe_misses_waits_on_other_fds
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let provider = ($make)();
+                $crate::terminal_process::$case(provider.as_ref()).await;
             }
         )*
     };

@@ -15,7 +15,7 @@ async fn run(p: &dyn ShellExecutor, req: ShellExecRequest) -> conch_seams::Shell
 
 pub async fn run_returns_output_and_zero_exit(p: &dyn ShellExecutor) {
     let r = run(p, ShellExecRequest::new("echo hello; echo oops >&2")).await;
-    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.status.code, Some(0));
     assert_eq!(r.output.text, "hello\noops\n", "stdout and stderr are merged in order");
     assert!(!r.timed_out && !r.aborted);
     assert_eq!(r.output.total_bytes, 11);
@@ -24,18 +24,18 @@ pub async fn run_returns_output_and_zero_exit(p: &dyn ShellExecutor) {
 
 pub async fn nonzero_exit_is_a_result(p: &dyn ShellExecutor) {
     let r = run(p, ShellExecRequest::new("echo partial; exit 7")).await;
-    assert_eq!(r.exit_code, Some(7));
+    assert_eq!(r.status.code, Some(7));
     assert_eq!(r.output.text, "partial\n");
     let r = run(p, ShellExecRequest::new("conch-no-such-command-xyz")).await;
     assert_eq!(
-        r.exit_code,
+        r.status.code,
         Some(127),
         "command not found is the shell's answer, not an infrastructure error"
     );
 }
 
 pub async fn terminal_overrides_are_applied(p: &dyn ShellExecutor) {
-    if p.dialect() != "bash" {
+    if p.dialect().name != "bash" {
         println!("SKIP terminal_overrides_are_applied: requires bash dialect");
         return;
     }
@@ -62,7 +62,7 @@ pub async fn timeout_kills_and_reports_timed_out(p: &dyn ShellExecutor) {
     assert!(r.timed_out, "timeout was the first cause");
     assert!(!r.aborted, "timed_out and aborted are exclusive");
     assert_eq!(r.timeout_ms, 300);
-    assert!(r.signal.is_some(), "the tree was killed by a signal");
+    assert!(r.status.signal.is_some(), "the tree was killed by a signal");
     assert_eq!(r.output.text, "started\n", "partial output is kept");
 }
 
@@ -82,7 +82,7 @@ pub async fn abort_kills_and_reports_aborted(p: &dyn ShellExecutor) {
     let r = r.unwrap();
     assert!(r.aborted, "abort was the first cause");
     assert!(!r.timed_out);
-    assert_ne!(r.exit_code, Some(0), "sleep 1000 did not finish normally");
+    assert_ne!(r.status.code, Some(0), "sleep 1000 did not finish normally");
 }
 
 pub async fn already_aborted_request_does_not_run(p: &dyn ShellExecutor) {
@@ -108,13 +108,24 @@ pub async fn resolve_fills_defaults_and_caps_timeout(p: &dyn ShellExecutor) {
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
 }
 
-pub async fn resolve_rejects_missing_workdir_and_empty_command(p: &dyn ShellExecutor) {
-    let err =
-        p.resolve(ShellExecRequest::new("true").with_workdir("/nonexistent/conch-wd")).unwrap_err();
-    assert_eq!(err.code(), ErrorCode::InvalidArgument);
-    assert!(err.to_string().contains("/nonexistent/conch-wd"), "{err}");
+pub async fn resolve_rejects_an_empty_command(p: &dyn ShellExecutor) {
     let err = p.resolve(ShellExecRequest::new("   ")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
+}
+
+pub async fn a_missing_workdir_is_refused_where_the_world_is(p: &dyn ShellExecutor) {
+    // Resolve computes no filesystem facts; the subprocess provider refuses at spawn.
+    let spec = p.resolve(ShellExecRequest::new("true").with_workdir("/nonexistent/conch-wd"));
+    let spec = spec.expect("resolve does not look at the filesystem");
+    let err = within("run in a missing workdir", p.run(spec)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
+    assert!(err.to_string().contains("/nonexistent/conch-wd"), "names the directory: {err}");
+    // In the background the same refusal settles the process as killed, with the reason.
+    let spec = p.resolve(ShellExecRequest::new("true").with_workdir("/nonexistent/conch-wd"));
+    let proc = p.start(spec.unwrap()).await;
+    within("background settles", proc.wait()).await;
+    assert_eq!(proc.status(), ShellProcessStatus::Killed);
+    assert!(proc.snapshot().text.contains("/nonexistent/conch-wd"), "{:?}", proc.snapshot());
 }
 
 pub async fn workdir_is_used(p: &dyn ShellExecutor) {
@@ -130,7 +141,7 @@ pub async fn long_output_keeps_tail_and_complete_spill(p: &dyn ShellExecutor) {
     assert_eq!(r.output.total_bytes, 200_006);
     assert!(r.output.text.ends_with("a\nTAIL\n"), "the tail is retained");
     assert_eq!(r.output.omitted_bytes, 200_006 - 1000);
-    let spill = r.output.spill_path.expect("complete spill published");
+    let spill = r.output.spill.expect("complete spill published").path;
     assert_eq!(std::fs::metadata(&spill).unwrap().len(), 200_006);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&spill).unwrap().permissions().mode() & 0o777, 0o600);
@@ -157,7 +168,7 @@ pub async fn background_reads_are_incremental_and_consuming(p: &dyn ShellExecuto
     within("background exit", proc.wait()).await;
     assert_eq!(proc.read_output().text, "second\n");
     assert_eq!(proc.status(), ShellProcessStatus::Completed);
-    assert_eq!(proc.exit_code(), Some(0));
+    assert_eq!(proc.exit().and_then(|e| e.code), Some(0));
     assert_eq!(proc.snapshot().text, "first\nsecond\n", "snapshot is non-consuming");
 }
 
@@ -179,7 +190,7 @@ pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) {
 }
 
 fn bash_only(p: &dyn ShellExecutor, case: &str) -> bool {
-    let ok = p.dialect() == "bash";
+    let ok = p.dialect().name == "bash";
     if !ok {
         println!("SKIP {case}: the script is bash");
     }
@@ -209,7 +220,7 @@ pub async fn a_background_child_holding_the_output_does_not_hold_the_call(p: &dy
     // ended with bash rather than with the pipe.
     let r = run(p, ShellExecRequest::new("sleep 1000 & echo $!").with_timeout_ms(600_000)).await;
     assert!(!r.timed_out && !r.aborted, "{r:?}");
-    assert_eq!(r.exit_code, Some(0), "bash's own exit status: {r:?}");
+    assert_eq!(r.status.code, Some(0), "bash's own exit status: {r:?}");
     let pid = first_pid(&r.output.text);
     let left = r.leftovers.iter().find(|l| l.pid as i32 == pid);
     assert!(left.is_some_and(|l| l.held_output), "sleep {pid} is reported: {:?}", r.leftovers);
@@ -226,7 +237,7 @@ pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecu
     if !bash_only(p, case) {
         return;
     }
-    if run(p, ShellExecRequest::new("command -v setsid")).await.exit_code.is_none_or(|c| c != 0) {
+    if run(p, ShellExecRequest::new("command -v setsid")).await.status.code.is_none_or(|c| c != 0) {
         println!("SKIP {case}: needs the setsid utility");
         return;
     }

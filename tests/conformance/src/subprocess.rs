@@ -24,7 +24,8 @@ fn tmp() -> std::path::PathBuf {
 
 async fn stdout_of(p: &dyn Subprocess, spec: SpawnSpec) -> (String, conch_seams::ExitStatus) {
     let proc = p.spawn(spec).await.expect("spawn");
-    let status = within("process exit", proc.wait()).await;
+    let status =
+        within("process exit", proc.wait()).await.expect("the provider keeps track of its process");
     let r = proc.read(StreamId::Stdout, 0, 1 << 20).expect("stdout is collected");
     (String::from_utf8(r.data).expect("utf8"), status)
 }
@@ -130,7 +131,7 @@ pub async fn separate_stderr_is_collected_apart(p: &dyn Subprocess) {
         .with_stdout(collect())
         .with_stderr(collect());
     let proc = p.spawn(spec).await.unwrap();
-    within("exit", proc.wait()).await;
+    within("exit", proc.wait()).await.expect("the provider keeps track of its process");
     assert_eq!(proc.read(StreamId::Stdout, 0, 100).unwrap().data, b"out\n");
     assert_eq!(proc.read(StreamId::Stderr, 0, 100).unwrap().data, b"err\n");
     let s = proc.collected(StreamId::Stderr).unwrap();
@@ -139,7 +140,7 @@ pub async fn separate_stderr_is_collected_apart(p: &dyn Subprocess) {
 
 pub async fn stdin_bytes_reach_the_child(p: &dyn Subprocess) {
     let spec = SpawnSpec::new(argv(&["cat"]), tmp())
-        .with_stdin(StdinSpec::Bytes(b"xyz".to_vec()))
+        .with_stdin(StdinSpec::bytes(b"xyz".to_vec()))
         .with_stdout(collect());
     let (out, status) = stdout_of(p, spec).await;
     assert_eq!(out, "xyz");
@@ -153,7 +154,9 @@ pub async fn stdin_pipe_is_writable_and_closable(p: &dyn Subprocess) {
     proc.write_stdin(b"one ").await.unwrap();
     proc.write_stdin(b"two").await.unwrap();
     proc.close_stdin();
-    within("cat to exit after EOF", proc.wait()).await;
+    within("cat to exit after EOF", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     assert_eq!(proc.read(StreamId::Stdout, 0, 100).unwrap().data, b"one two");
 }
 
@@ -161,7 +164,7 @@ pub async fn offset_reads_are_caller_owned(p: &dyn Subprocess) {
     let spec =
         SpawnSpec::new(argv(&["sh", "-c", "printf 0123456789"]), tmp()).with_stdout(collect());
     let proc = p.spawn(spec).await.unwrap();
-    within("exit", proc.wait()).await;
+    within("exit", proc.wait()).await.expect("the provider keeps track of its process");
     let a = proc.read(StreamId::Stdout, 0, 4).unwrap();
     assert_eq!(
         (a.data.as_slice(), a.start_offset, a.next_offset, a.lossy),
@@ -184,13 +187,13 @@ pub async fn stale_offset_read_is_lossy_tail(p: &dyn Subprocess) {
     )
     .with_stdout(OutputSpec::Collect { max_bytes: 1000, spill_cap: 1 << 20 });
     let proc = p.spawn(spec).await.unwrap();
-    within("exit", proc.wait()).await;
+    within("exit", proc.wait()).await.expect("the provider keeps track of its process");
     let r = proc.read(StreamId::Stdout, 0, 1 << 20).unwrap();
     assert!(r.lossy, "offset 0 fell out of the 1000-byte window");
     assert_eq!(r.start_offset, 100_003 - 1000);
     assert_eq!(r.data.len(), 1000);
     assert!(r.data.ends_with(b"END"));
-    let spill = r.spill_path.expect("a complete spill is published");
+    let spill = r.spill.expect("a complete spill is published").path;
     assert_eq!(std::fs::metadata(spill).unwrap().len(), 100_003);
 }
 
@@ -219,9 +222,13 @@ pub async fn kill_terminates_group_when_children_ignore_sigterm(p: &dyn Subproce
     let pids = grandchild_pids(&out);
     assert!(!pids.is_empty(), "script printed a child pid: {out}");
     proc.kill();
-    let status = within("killed process to exit", proc.wait()).await;
+    let status = within("killed process to exit", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     assert_eq!(status.signal.as_deref(), Some("SIGKILL"), "TERM was trapped, so KILL ended it");
-    within("the whole group to be gone", proc.wait_group_gone()).await;
+    within("the whole group to be gone", proc.wait_group_gone())
+        .await
+        .expect("the provider keeps track of its process");
     for pid in pids {
         within("grandchild to disappear", async {
             while !pid_gone(pid) {
@@ -237,7 +244,9 @@ pub async fn cancel_token_kills_the_tree(p: &dyn Subprocess) {
     let spec = SpawnSpec::new(argv(&["sleep", "1000"]), tmp()).with_cancel(cancel.clone());
     let proc = p.spawn(spec).await.unwrap();
     cancel.cancel();
-    let status = within("cancelled process to exit", proc.wait()).await;
+    let status = within("cancelled process to exit", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     assert_eq!(status.signal.as_deref(), Some("SIGTERM"));
 }
 
@@ -327,11 +336,15 @@ pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subpr
     let script =
         format!("(while [ ! -e '{}' ]; do sleep 0.02; done; echo late) & echo early", go.display());
     let proc = p.spawn(merged(&script)).await.unwrap();
-    let status = within("the direct child to exit", proc.wait_exit()).await;
+    let status = within("the direct child to exit", proc.wait_exit())
+        .await
+        .expect("the provider keeps track of its process");
     assert_eq!(status.code, Some(0));
     assert!(proc.try_status().is_none(), "not settled while a descendant holds stdout");
     std::fs::write(&go, b"").unwrap();
-    within("settlement once the descendant finished", proc.wait()).await;
+    within("settlement once the descendant finished", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     let out = proc.collected(StreamId::Stdout).unwrap();
     assert_eq!(out.text, "early\nlate\n", "the descendant's output is part of the stream");
     assert!(proc.leftovers().is_empty(), "nothing was stopped: {:?}", proc.leftovers());
@@ -340,7 +353,9 @@ pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subpr
 pub async fn stop_leftovers_stops_a_background_child_holding_the_output(p: &dyn Subprocess) {
     let proc =
         p.spawn(merged("sleep 1000 & echo $!").with_after_exit(stop_leftovers(100))).await.unwrap();
-    let status = within("settlement despite the held pipe", proc.wait()).await;
+    let status = within("settlement despite the held pipe", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     assert_eq!(status.code, Some(0), "the direct child's status is reported");
     let out = proc.collected(StreamId::Stdout).unwrap();
     let pid = first_pid(&out.text);
@@ -357,7 +372,7 @@ pub async fn stop_leftovers_stops_group_members_that_redirected_output(p: &dyn S
         .spawn(merged("sleep 1000 >/dev/null 2>&1 & echo $!").with_after_exit(stop_leftovers(100)))
         .await
         .unwrap();
-    within("settlement", proc.wait()).await;
+    within("settlement", proc.wait()).await.expect("the provider keeps track of its process");
     let pid = first_pid(&proc.collected(StreamId::Stdout).unwrap().text);
     let left = proc.leftovers();
     let entry = left.iter().find(|l| l.pid as i32 == pid);
@@ -375,7 +390,9 @@ pub async fn stop_leftovers_reaches_a_pipe_holder_outside_the_group(p: &dyn Subp
         .spawn(merged("setsid sleep 1000 & echo $!").with_after_exit(stop_leftovers(100)))
         .await
         .unwrap();
-    within("settlement despite an escaped holder", proc.wait()).await;
+    within("settlement despite an escaped holder", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     let left = proc.leftovers();
     assert!(left.iter().any(|l| l.held_output && l.name == "sleep"), "{left:?}");
     for l in &left {
@@ -386,7 +403,9 @@ pub async fn stop_leftovers_reaches_a_pipe_holder_outside_the_group(p: &dyn Subp
 pub async fn stop_leftovers_escalates_to_kill_for_term_trappers(p: &dyn Subprocess) {
     let script = "(trap '' TERM; while :; do sleep 1; done) & echo $!";
     let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(100))).await.unwrap();
-    within("settlement after KILL", proc.wait()).await;
+    within("settlement after KILL", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     let pid = first_pid(&proc.collected(StreamId::Stdout).unwrap().text);
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the TERM-trapping leftover to be gone", pid).await;
@@ -395,7 +414,7 @@ pub async fn stop_leftovers_escalates_to_kill_for_term_trappers(p: &dyn Subproce
 pub async fn output_written_within_the_drain_is_kept(p: &dyn Subprocess) {
     let script = "(sleep 0.2; echo late) & echo early";
     let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(20_000))).await.unwrap();
-    within("settlement", proc.wait()).await;
+    within("settlement", proc.wait()).await.expect("the provider keeps track of its process");
     assert_eq!(proc.collected(StreamId::Stdout).unwrap().text, "early\nlate\n");
     assert!(proc.leftovers().is_empty(), "it finished by itself: {:?}", proc.leftovers());
 }
@@ -411,7 +430,9 @@ pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(p: &dyn 
     let out = await_output(proc.as_ref(), "ready").await;
     let pid = first_pid(&out);
     proc.kill();
-    within("settlement after the kill", proc.wait()).await;
+    within("settlement after the kill", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the escaped holder to be gone", pid).await;
 }

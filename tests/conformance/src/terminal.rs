@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use conch_seams::{
-    ErrorCode, SendSettle, SessionStatus, TerminalBackend, TerminalOpenSpec, TerminalSession,
-    WaitReason,
+    ErrorCode, ExitStatus, SendOutcome, SendSettle, SessionStatus, Signal, TerminalBackend,
+    TerminalOpenSpec, TerminalSession, WaitReason,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -17,9 +17,13 @@ async fn open(p: &dyn TerminalBackend) -> Arc<dyn TerminalSession> {
 }
 
 async fn send(s: &dyn TerminalSession, text: &str) -> SendSettle {
-    within(text, s.send(text, true, CancellationToken::new()))
+    match within(text, s.send(text, true, CancellationToken::new()))
         .await
         .unwrap_or_else(|e| panic!("send {text:?}: {e}"))
+    {
+        SendOutcome::Ready(settle) => settle,
+        SendOutcome::Interrupted(i) => panic!("send {text:?} was interrupted: {i:?}"),
+    }
 }
 
 async fn close(s: &dyn TerminalSession) {
@@ -123,8 +127,8 @@ pub async fn a_silent_program_is_inferred_idle_not_stdin_read(p: &dyn TerminalBa
     let s = open(p).await;
     let r = send(s.as_ref(), "sleep 1000").await;
     assert_eq!(r.wait_reason, WaitReason::InferredIdle, "sleep never reads stdin: {r:?}");
-    let pgid = s.signal(2).expect("SIGINT the foreground group");
-    assert!(pgid > 0);
+    let d = s.signal(Signal::Int).await.expect("SIGINT the foreground group");
+    assert!(d.pgid > 0 && !d.leader, "sleep's group, not the shell's: {d:?}");
     let r = send(s.as_ref(), "echo usable").await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     assert!(r.delta.contains("usable"), "{r:?}");
@@ -140,8 +144,11 @@ pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend)
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         trigger.cancel();
     });
-    let e = within("cancelled send", s.send("sleep 1000", true, cancel)).await.unwrap_err();
-    assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
+    let out = within("cancelled send", s.send("sleep 1000", true, cancel)).await.unwrap();
+    assert!(
+        matches!(&out, SendOutcome::Interrupted(i) if i.typed),
+        "the partial outcome is a value: {out:?}"
+    );
     let r = send(s.as_ref(), "echo back").await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     assert!(r.delta.contains("back"), "{r:?}");
@@ -152,14 +159,14 @@ pub async fn exit_is_session_exit_with_the_code(p: &dyn TerminalBackend) {
     let s = open(p).await;
     let r = send(s.as_ref(), "exit 7").await;
     assert_eq!(r.wait_reason, WaitReason::SessionExit, "{r:?}");
-    assert_eq!(r.session_status, SessionStatus::Exited { code: Some(7), signal: None });
+    assert_eq!(r.session_status, SessionStatus::Exited(ExitStatus::code(7)));
     let report = within("close after exit", s.close()).await.unwrap();
-    assert_eq!(report.root_exit, SessionStatus::Exited { code: Some(7), signal: None });
+    assert_eq!(report.root_exit, SessionStatus::Exited(ExitStatus::code(7)));
 }
 
 pub async fn sigkill_at_the_shell_is_rejected(p: &dyn TerminalBackend) {
     let s = open(p).await;
-    let e = s.signal(9).unwrap_err();
+    let e = s.signal(Signal::Kill).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     assert_eq!(send(s.as_ref(), "echo alive").await.wait_reason, WaitReason::StdinRead);
     close(s.as_ref()).await;
@@ -178,7 +185,7 @@ pub async fn close_leaves_no_descendant_even_one_ignoring_term(p: &dyn TerminalB
     for pid in [bg, stubborn, shell] {
         assert!(pid_gone(pid), "pid {pid} survived close");
     }
-    assert!(matches!(s.status(), SessionStatus::Exited { .. }), "{:?}", s.status());
+    assert!(matches!(s.status(), SessionStatus::Exited(_)), "{:?}", s.status());
 }
 
 pub async fn scrollback_pages_backward(p: &dyn TerminalBackend) {

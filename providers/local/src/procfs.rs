@@ -1,0 +1,360 @@
+//! The one reader of `/proc`: stat parsing, process identity (pid + start time), group,
+//! session and descendant membership, pipe holders, and the single TERM → grace → KILL
+//! escalation loop every kill path in this crate uses.
+//!
+//! # Invariants
+//! - A process is named by [`ProcId`] (pid and start time in clock ticks); a signal is only
+//!   sent after the identity was re-read, so a recycled pid is never signalled.
+//! - Zombies count as gone: they have no work left, and where nobody reaps orphans they would
+//!   otherwise keep a "live" group forever.
+//! - [`stop`] never trusts one snapshot: every round rescans, so processes forked while the
+//!   set is being stopped are found, and a process once targeted stays targeted even after
+//!   it leaves the group or is reparented away.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+/// How often a set being stopped (or a group being waited for) is rescanned.
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+/// After KILL, how long to keep proving a set is gone before reporting survivors.
+pub(crate) const AFTER_KILL_LIMIT: Duration = Duration::from_secs(30);
+
+/// One process identity that survives pid reuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ProcId {
+    pub(crate) pid: i32,
+    /// Start time in clock ticks since boot (field 22 of stat).
+    pub(crate) start: u64,
+}
+
+/// The fields of `/proc/<pid>/stat` that conch uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Stat {
+    pub(crate) pid: i32,
+    pub(crate) comm: String,
+    pub(crate) state: char,
+    pub(crate) ppid: i32,
+    pub(crate) pgrp: i32,
+    pub(crate) session: i32,
+    /// The controlling terminal's device number (0: none).
+    pub(crate) tty_nr: u64,
+    pub(crate) start: u64,
+}
+
+impl Stat {
+    pub(crate) fn id(&self) -> ProcId {
+        ProcId { pid: self.pid, start: self.start }
+    }
+
+    /// Not a zombie or dead entry.
+    pub(crate) fn live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X')
+    }
+}
+
+/// Parses one stat line. The comm may contain spaces and parens, so fields are split after
+/// the last `)`: state (3), ppid (4), pgrp (5), session (6), tty_nr (7), starttime (22).
+pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<Stat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let f: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    Some(Stat {
+        pid,
+        comm,
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        session: f.get(3)?.parse().ok()?,
+        tty_nr: f.get(4)?.parse::<i64>().ok()?.try_into().unwrap_or(0),
+        start: f.get(19)?.parse().ok()?,
+    })
+}
+
+/// Reads a stat file (`/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat`).
+pub(crate) fn read_stat(path: &Path, pid: i32) -> Option<Stat> {
+    parse_stat(pid, &std::fs::read_to_string(path).ok()?)
+}
+
+/// The stat of `pid` now.
+pub(crate) fn stat(pid: i32) -> Option<Stat> {
+    read_stat(Path::new(&format!("/proc/{pid}/stat")), pid)
+}
+
+/// Every process visible now (zombies included), except entries that vanished mid-scan.
+pub(crate) fn all() -> Vec<Stat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter_map(stat)
+        .collect()
+}
+
+/// Pids whose process group is `pgid` (zombies included).
+pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
+    all().into_iter().filter(|s| s.pgrp == pgid).map(|s| s.pid).collect()
+}
+
+/// True while any non-zombie process has process group `pgid`.
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    // No member at all (not even a zombie): no scan needed.
+    if killpg(Pid::from_raw(pgid), None) == Err(Errno::ESRCH) {
+        return false;
+    }
+    if !Path::new("/proc/self").exists() {
+        // Without /proc fall back to the kernel's view (zombies count as alive there).
+        return killpg(Pid::from_raw(pgid), None).is_ok();
+    }
+    all().iter().any(|s| s.pgrp == pgid && s.live())
+}
+
+/// Probes until group `pgid` is gone (true) or `limit` passed (false).
+pub(crate) async fn wait_group_gone(pgid: i32, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if !group_alive(pgid) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+/// True while the identified process exists and is not a zombie.
+pub(crate) fn alive(id: ProcId) -> bool {
+    stat(id.pid).is_some_and(|s| s.start == id.start && s.live())
+}
+
+/// The identity of `pid` now.
+pub(crate) fn ident(pid: i32) -> Option<ProcId> {
+    stat(pid).map(|s| s.id())
+}
+
+/// Sends `sig` to `id` only if that exact process is still there.
+fn signal_id(id: ProcId, sig: Signal) {
+    if alive(id) {
+        let _ = kill(Pid::from_raw(id.pid), sig);
+    }
+}
+
+/// The inode of a pipe end (both ends of a pipe share it).
+pub(crate) fn pipe_inode(fd: impl AsFd) -> Option<u64> {
+    nix::sys::stat::fstat(fd).ok().map(|s| s.st_ino)
+}
+
+/// True when `pid` has an open fd on one of the pipes `inodes`.
+fn holds_pipe(pid: i32, inodes: &[u64]) -> bool {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    dir.flatten().any(|e| {
+        std::fs::read_link(e.path()).ok().is_some_and(|target| {
+            let t = target.to_string_lossy();
+            t.strip_prefix("pipe:[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|ino| inodes.contains(&ino))
+        })
+    })
+}
+
+/// Live descendants of `root` in `procs`, children before their parents (not `root`).
+fn descendants(root: ProcId, procs: &[Stat]) -> Vec<ProcId> {
+    if !procs.iter().any(|s| s.id() == root) {
+        // The anchor is gone: its children were reparented and are no longer findable.
+        return Vec::new();
+    }
+    let mut children: HashMap<i32, Vec<&Stat>> = HashMap::new();
+    for s in procs.iter().filter(|s| s.live()) {
+        children.entry(s.ppid).or_default().push(s);
+    }
+    fn walk(pid: i32, children: &HashMap<i32, Vec<&Stat>>, out: &mut Vec<ProcId>, depth: usize) {
+        // Bounded: a pid loop cannot exist, but a scan taken mid-fork could look like one.
+        if depth > 256 {
+            return;
+        }
+        for c in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+            walk(c.pid, children, out, depth + 1);
+            out.push(c.id());
+        }
+    }
+    let mut out = Vec::new();
+    walk(root.pid, &children, &mut out, 0);
+    out
+}
+
+/// What [`stop`] targets; a process matching any field is stopped.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Targets<'a> {
+    /// Every member of this process group (also signalled as a group, which reaches
+    /// members forked after the scan).
+    pub(crate) group: Option<i32>,
+    /// Every process holding one of these pipes (found by inode, even after `setsid`).
+    pub(crate) pipe_inodes: &'a [u64],
+    /// Every descendant of this process (not the process itself).
+    pub(crate) descendants_of: Option<ProcId>,
+    /// Every member of this session.
+    pub(crate) session: Option<i32>,
+}
+
+/// One process [`stop`] signalled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Stopped {
+    pub(crate) id: ProcId,
+    pub(crate) name: String,
+    /// It held one of the target pipes.
+    pub(crate) held_output: bool,
+}
+
+/// What [`stop`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StopReport {
+    /// Every process signalled, in pid order.
+    pub(crate) stopped: Vec<Stopped>,
+    /// Processes still alive when the KILL phase ran out (empty: all proven gone).
+    pub(crate) survivors: Vec<ProcId>,
+}
+
+/// Stops every live process matching `targets`: `first` (TERM or HUP, plus CONT so stopped
+/// processes can act on it) once per process, rescanning for new matches, then KILL for
+/// whatever is left once `grace` has passed, until the set is proven gone or
+/// [`AFTER_KILL_LIMIT`] runs out. Descendants are signalled children first.
+pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) -> StopReport {
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    let term_until = tokio::time::Instant::now() + grace;
+    let kill_until = term_until + AFTER_KILL_LIMIT;
+    let mut tracked: BTreeMap<ProcId, Stopped> = BTreeMap::new();
+    let mut signalled: HashSet<ProcId> = HashSet::new();
+    let mut first_round = true;
+    let only_group = targets.pipe_inodes.is_empty()
+        && targets.descendants_of.is_none()
+        && targets.session.is_none();
+    let mut survivors = Vec::new();
+    loop {
+        // A group with no member at all and nothing else tracked needs no scan.
+        if only_group
+            && tracked.is_empty()
+            && targets.group.is_some_and(|g| killpg(Pid::from_raw(g), None) == Err(Errno::ESRCH))
+        {
+            break;
+        }
+        let procs = all();
+        let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
+        let desc_set: HashSet<ProcId> = desc.iter().copied().collect();
+        let mut live: Vec<(ProcId, &Stat, bool)> = Vec::new();
+        for s in procs.iter().filter(|s| s.live() && s.pid != me) {
+            let id = s.id();
+            let held = !targets.pipe_inodes.is_empty() && holds_pipe(s.pid, targets.pipe_inodes);
+            let matched = targets.group == Some(s.pgrp)
+                || targets.session == Some(s.session)
+                || desc_set.contains(&id)
+                || held;
+            if matched || tracked.contains_key(&id) {
+                live.push((id, s, held));
+            }
+        }
+        if live.is_empty() {
+            break;
+        }
+        // Children first: descendants in walk order, then everything else.
+        live.sort_by_key(|(id, _, _)| desc.iter().position(|d| d == id).unwrap_or(usize::MAX));
+        let now = tokio::time::Instant::now();
+        if now >= kill_until {
+            survivors = live.iter().map(|(id, _, _)| *id).collect();
+            break;
+        }
+        let killing = now >= term_until;
+        for (id, s, held) in &live {
+            let entry = tracked.entry(*id).or_insert_with(|| Stopped {
+                id: *id,
+                name: s.comm.clone(),
+                held_output: false,
+            });
+            entry.held_output |= *held;
+            if killing {
+                signal_id(*id, Signal::SIGKILL);
+            } else if signalled.insert(*id) {
+                signal_id(*id, first);
+                signal_id(*id, Signal::SIGCONT);
+            }
+        }
+        // The group signal reaches members forked between the scan and the signals. It goes
+        // after the scan, so every process it stops has been recorded first.
+        if let Some(g) = targets.group {
+            if killing {
+                let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+            } else if first_round {
+                let _ = killpg(Pid::from_raw(g), first);
+                let _ = killpg(Pid::from_raw(g), Signal::SIGCONT);
+            }
+        }
+        first_round = false;
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+    let mut stopped: Vec<Stopped> = tracked.into_values().collect();
+    stopped.sort_by_key(|s| s.id.pid);
+    survivors.sort();
+    StopReport { stopped, survivors }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parses_names_with_spaces_and_parens() {
+        let s = parse_stat(
+            42,
+            "42 (a) (b c) S 1 42 42 34816 42 4194560 0 0 0 0 0 0 0 0 20 0 1 0 777 0",
+        )
+        .unwrap();
+        assert_eq!(s.comm, "a) (b c");
+        assert_eq!(
+            (s.state, s.ppid, s.pgrp, s.session, s.tty_nr, s.start),
+            ('S', 1, 42, 42, 34816, 777)
+        );
+        let me = i32::try_from(std::process::id()).unwrap();
+        let own = stat(me).expect("own stat");
+        assert!(matches!(own.state, 'R' | 'S' | 'D'), "{own:?}");
+        assert_eq!(own.pgrp, nix::unistd::getpgrp().as_raw());
+        assert!(own.start > 0 && alive(own.id()));
+        assert!(
+            !alive(ProcId { pid: me, start: own.start + 1 }),
+            "a different start time is another process"
+        );
+    }
+
+    #[test]
+    fn truncated_stat_lines_are_misses() {
+        assert_eq!(parse_stat(1, "1 (init) S 0"), None);
+        assert_eq!(parse_stat(1, "garbage"), None);
+    }
+
+    #[test]
+    fn descendants_come_children_first() {
+        let mk = |pid, ppid, state| Stat {
+            pid,
+            comm: format!("p{pid}"),
+            state,
+            ppid,
+            pgrp: 1,
+            session: 1,
+            tty_nr: 0,
+            start: u64::try_from(pid).unwrap(),
+        };
+        let procs = vec![mk(1, 0, 'S'), mk(2, 1, 'S'), mk(3, 2, 'S'), mk(4, 1, 'Z'), mk(5, 9, 'S')];
+        let root = procs[0].id();
+        let d: Vec<i32> = descendants(root, &procs).iter().map(|p| p.pid).collect();
+        assert_eq!(d, vec![3, 2], "grandchild before child; zombies and strangers left out");
+        assert!(
+            descendants(ProcId { pid: 1, start: 99 }, &procs).is_empty(),
+            "a gone anchor finds nothing"
+        );
+    }
+}

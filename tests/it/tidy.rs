@@ -1,0 +1,196 @@
+//! Tidy checks: the layering rule and house conventions, as ordinary tests over the source
+//! tree.
+//!
+//! The layering rule: only `providers/local` touches the OS process world (processes,
+//! signals, pids, `/proc`, PTYs). Test crates (`tests/`, `tests/conformance`) are exempt:
+//! they judge providers by their effect on the machine. The binary's `src/bench.rs` spawns a
+//! raw `bash -c true` as the floor it measures against, and nothing else.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Every crate directory of the workspace (each with a Cargo.toml), from the root manifest.
+fn members() -> Vec<PathBuf> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let list = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
+    let mut out: Vec<PathBuf> = list
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .map(|m| root().join(m))
+        .collect();
+    out.push(root());
+    out
+}
+
+fn is_test_crate(dir: &Path) -> bool {
+    dir.starts_with(root().join("tests"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            // Nested crates are visited as members of their own; `target` is build output.
+            if name != "target" && !p.join("Cargo.toml").exists() {
+                rust_files(&p, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// A crate's own source files (not those of crates nested below it).
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for sub in ["src", "tests", "benches"] {
+        rust_files(&dir.join(sub), &mut out);
+    }
+    if dir != root() {
+        // Crates whose sources sit at the top (tests/lib.rs, tests/it).
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            } else if p.is_dir() && e.file_name() != "src" && !p.join("Cargo.toml").exists() {
+                rust_files(&p, &mut out);
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Product code of a file: everything before its `#[cfg(test)] mod tests`, and nothing of
+/// files that are test modules themselves.
+fn product_code(path: &Path) -> String {
+    let name = path.file_name().unwrap().to_string_lossy();
+    if name == "tests.rs"
+        || name.ends_with("_tests.rs")
+        || path.components().any(|c| c.as_os_str() == "tests")
+    {
+        return String::new();
+    }
+    let text = std::fs::read_to_string(path).unwrap();
+    match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    }
+}
+
+/// `pat` occurs in `line` not as the tail of a longer name (`unix::` is not `nix::`).
+fn mentions(line: &str, pat: &str) -> bool {
+    line.match_indices(pat).any(|(i, _)| {
+        let before = line[..i].chars().next_back();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(root()).unwrap_or(p).display().to_string()
+}
+
+#[test]
+fn only_the_local_provider_touches_the_process_world() {
+    let local = root().join("providers/local");
+    let forbidden_deps = ["nix", "libc", "portable-pty", "procfs"];
+    let forbidden_code = [
+        "\"/proc",
+        "tokio::process",
+        "std::process::Command",
+        "nix::",
+        "libc::",
+        "killpg",
+        "portable_pty",
+    ];
+    let mut offences = Vec::new();
+    for dir in members() {
+        if dir == local || is_test_crate(&dir) {
+            continue;
+        }
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        for line in manifest.lines() {
+            let key = line.split(['=', '.']).next().unwrap_or("").trim();
+            if forbidden_deps.contains(&key) && !manifest.starts_with("[workspace]") {
+                offences.push(format!("{}: depends on {key}", rel(&dir.join("Cargo.toml"))));
+            }
+        }
+        for file in sources(&dir) {
+            let code = product_code(&file);
+            for (n, line) in code.lines().enumerate() {
+                let trimmed = line.trim_start();
+                if trimmed.starts_with("//") {
+                    continue;
+                }
+                for pat in forbidden_code {
+                    let bench_floor = rel(&file) == "src/bench.rs" && pat == "tokio::process";
+                    if mentions(line, pat) && !bench_floor {
+                        offences.push(format!("{}:{}: `{pat}`", rel(&file), n + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(offences.is_empty(), "OS access outside providers/local:\n{}", offences.join("\n"));
+}
+
+#[test]
+fn the_root_manifest_keeps_nix_and_libc_for_the_local_provider_only() {
+    // The workspace table may name them (versions live there); members may not, except local.
+    let local = std::fs::read_to_string(root().join("providers/local/Cargo.toml")).unwrap();
+    assert!(local.contains("nix.workspace") && local.contains("libc.workspace"));
+    assert!(
+        local.contains("[target.'cfg(unix)'.dependencies]"),
+        "the local world states its platform"
+    );
+}
+
+#[test]
+fn folders_name_their_crates() {
+    for dir in members() {
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        let Some(name) = manifest
+            .lines()
+            .skip_while(|l| l.trim() != "[package]")
+            .find_map(|l| l.strip_prefix("name = "))
+            .map(|n| n.trim_matches('"').to_string())
+        else {
+            continue;
+        };
+        let r = rel(&dir);
+        let expected = if let Some(x) = r.strip_prefix("core/") {
+            format!("conch-{x}")
+        } else if let Some(x) = r.strip_prefix("providers/") {
+            format!("conch-provider-{x}")
+        } else {
+            continue;
+        };
+        assert_eq!(name, expected, "{r} must be the crate {expected}");
+    }
+}
+
+#[test]
+fn every_source_file_says_what_it_is_and_no_test_is_ignored() {
+    let mut offences = Vec::new();
+    for dir in members() {
+        for file in sources(&dir) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            if !text.starts_with("//!") {
+                offences.push(format!("{}: does not start with a `//!` doc", rel(&file)));
+            }
+            for bad in ["#[ignore", "#[should_panic"] {
+                if text.contains(bad) && !file.ends_with("tidy.rs") {
+                    offences.push(format!("{}: uses {bad}]", rel(&file)));
+                }
+            }
+        }
+    }
+    assert!(offences.is_empty(), "{}", offences.join("\n"));
+}

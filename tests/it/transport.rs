@@ -1,0 +1,135 @@
+//! A lost transport is an error, never an exit or EOF: terminal-bash over a subprocess
+//! provider whose PTY stream breaks. The only test double in the suites: a wrapper around
+//! the real local provider that cuts the output stream on demand, the way a dropped
+//! connection to a remote world would.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conch_provider_local::{LocalConfig, LocalSubprocess};
+use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+use conch_seams::{
+    Error, ErrorCode, ExitStatus, ForegroundTarget, Probe, Process, Result, SendOutcome,
+    SessionStatus, Signal, SignalDelivery, SpawnSpec, Subprocess, SubprocessCapabilities,
+    TeardownReport, TerminalBackend, TerminalObservation, TerminalOpenSpec, TerminalProcess,
+    TerminalSize, TerminalSpawnSpec, WaitReason,
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The local provider, with a switch that breaks every terminal's output stream.
+#[derive(Debug)]
+struct Cuttable {
+    inner: LocalSubprocess,
+    cut: watch::Sender<bool>,
+}
+
+#[derive(Debug)]
+struct CutTerminal {
+    inner: Arc<dyn TerminalProcess>,
+    cut: watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl TerminalProcess for CutTerminal {
+    fn pid(&self) -> Option<u32> {
+        self.inner.pid()
+    }
+    async fn read_chunk(&self) -> Result<Option<Vec<u8>>> {
+        let mut cut = self.cut.clone();
+        tokio::select! {
+            r = self.inner.read_chunk() => r,
+            _ = cut.wait_for(|c| *c) => {
+                Err(Error::new(ErrorCode::ConnectionFailed, "connection reset by peer"))
+            }
+        }
+    }
+    async fn write(&self, data: &[u8]) -> Result<()> {
+        self.inner.write(data).await
+    }
+    async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {
+        self.inner.observe(probe).await
+    }
+    async fn signal_foreground(
+        &self,
+        signal: Signal,
+        target: ForegroundTarget,
+    ) -> Result<Option<SignalDelivery>> {
+        self.inner.signal_foreground(signal, target).await
+    }
+    async fn resize(&self, size: TerminalSize) -> Result<()> {
+        self.inner.resize(size).await
+    }
+    async fn terminate(&self, grace: Duration) -> Result<TeardownReport> {
+        self.inner.terminate(grace).await
+    }
+    async fn wait(&self) -> Result<ExitStatus> {
+        self.inner.wait().await
+    }
+    fn try_status(&self) -> Option<ExitStatus> {
+        self.inner.try_status()
+    }
+}
+
+#[async_trait]
+impl Subprocess for Cuttable {
+    fn provider_name(&self) -> &'static str {
+        "cuttable-local"
+    }
+    fn capabilities(&self) -> SubprocessCapabilities {
+        self.inner.capabilities()
+    }
+    async fn which(&self, program: &str) -> Option<PathBuf> {
+        self.inner.which(program).await
+    }
+    async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
+        self.inner.spawn(spec).await
+    }
+    async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
+        let inner = self.inner.spawn_terminal(spec).await?;
+        Ok(Arc::new(CutTerminal { inner, cut: self.cut.subscribe() }))
+    }
+    async fn shutdown(&self) {
+        self.inner.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
+    let sub = Arc::new(Cuttable {
+        inner: LocalSubprocess::new(LocalConfig::default()),
+        cut: watch::Sender::new(false),
+    });
+    let backend = TerminalBash::new(
+        TerminalBashConfig { idle_silence_ms: 60_000, ..TerminalBashConfig::default() },
+        Arc::clone(&sub) as Arc<dyn Subprocess>,
+    )
+    .unwrap();
+    let session = backend.open(TerminalOpenSpec::default()).await.expect("open");
+    let first = session.send("echo fine", true, CancellationToken::new()).await.unwrap();
+    assert!(
+        matches!(&first, SendOutcome::Ready(s) if s.wait_reason == WaitReason::StdinRead && s.delta.contains("fine")),
+        "{first:?}"
+    );
+    // The command is running when the stream breaks: silence, not an exit.
+    let send = session.send("sleep 1000", true, CancellationToken::new());
+    let cutter = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sub.cut.send_replace(true);
+    };
+    let (r, ()) =
+        tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(send, cutter) })
+            .await
+            .expect("the send returns once the stream is lost");
+    let e = r.expect_err("a lost stream is an error");
+    assert_eq!(e.code(), ErrorCode::ConnectionFailed, "{e}");
+    assert_eq!(session.status(), SessionStatus::Running, "the shell did not exit");
+    let again = session.send("echo more", true, CancellationToken::new()).await.unwrap_err();
+    assert_eq!(again.code(), ErrorCode::ConnectionFailed, "the session stays lost: {again}");
+    // Teardown still goes through the provider, which can reach its world.
+    let report = session.close().await.expect("close");
+    assert!(report.survivors.is_empty(), "{report:?}");
+    sub.shutdown().await;
+}
