@@ -18,9 +18,8 @@
 //!   done with it (a deleted job record). An incomplete spill is never kept.
 
 use std::collections::VecDeque;
-use std::fs::{self, File, Permissions};
+use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -101,19 +100,34 @@ struct SpillFile {
     writer: Option<BufWriter<File>>,
 }
 
+/// Requests owner-only permissions where the platform has Unix modes.
+#[cfg(unix)]
+fn private<'b, 'p, 's>(
+    builder: &'b mut tempfile::Builder<'p, 's>,
+    mode: u32,
+) -> &'b mut tempfile::Builder<'p, 's> {
+    use std::os::unix::fs::PermissionsExt;
+    builder.permissions(std::fs::Permissions::from_mode(mode))
+}
+
+/// Elsewhere the temp directory's own access rules apply.
+#[cfg(not(unix))]
+fn private<'b, 'p, 's>(
+    builder: &'b mut tempfile::Builder<'p, 's>,
+    _mode: u32,
+) -> &'b mut tempfile::Builder<'p, 's> {
+    builder
+}
+
 impl SpillFile {
     /// Creates the private directory and the exclusive file inside it.
     fn create(parent: &Path) -> io::Result<Self> {
         // tempfile gives random names and O_EXCL creation; the modes are requested
         // explicitly so the privacy does not depend on the library's defaults.
-        let dir = tempfile::Builder::new()
-            .prefix("conch-spill-")
-            .permissions(Permissions::from_mode(0o700))
-            .tempdir_in(parent)?;
-        let file = tempfile::Builder::new()
-            .prefix("stream-")
-            .permissions(Permissions::from_mode(0o600))
-            .tempfile_in(dir.path())?;
+        let dir =
+            private(tempfile::Builder::new().prefix("conch-spill-"), 0o700).tempdir_in(parent)?;
+        let file =
+            private(tempfile::Builder::new().prefix("stream-"), 0o600).tempfile_in(dir.path())?;
         let (file, path) = file.keep().map_err(|e| e.error)?;
         // Only now that both exist do we take over cleanup from tempfile.
         let dir = dir.keep();

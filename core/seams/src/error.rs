@@ -108,16 +108,25 @@ impl ErrorCode {
     }
 }
 
+/// The member of `all` spelled `s`; an unknown spelling from a peer is a protocol error.
+fn by_name<T: Copy>(
+    all: &[T],
+    name: fn(T) -> &'static str,
+    s: &str,
+    what: &str,
+) -> Result<T, Error> {
+    all.iter()
+        .copied()
+        .find(|v| name(*v) == s)
+        .ok_or_else(|| Error::new(ErrorCode::Protocol, format!("unknown {what} `{s}`")))
+}
+
 impl FromStr for ErrorCode {
     type Err = Error;
 
     /// Parses the exact `as_str` spelling.
     fn from_str(s: &str) -> Result<Self, Error> {
-        ErrorCode::ALL
-            .iter()
-            .copied()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| Error::new(ErrorCode::Protocol, format!("unknown error code `{s}`")))
+        by_name(ErrorCode::ALL, ErrorCode::as_str, s, "error code")
     }
 }
 
@@ -184,11 +193,7 @@ impl FromStr for ErrorReason {
 
     /// Parses the exact `as_str` spelling.
     fn from_str(s: &str) -> Result<Self, Error> {
-        ErrorReason::ALL
-            .iter()
-            .copied()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| Error::new(ErrorCode::Protocol, format!("unknown error reason `{s}`")))
+        by_name(ErrorReason::ALL, ErrorReason::as_str, s, "error reason")
     }
 }
 

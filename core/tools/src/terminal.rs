@@ -415,7 +415,7 @@ impl ReadTool {
     }
 }
 
-/// Signals the model may send (a subset of the seam's [`Signal`]).
+/// Signals the model may send.
 #[derive(Debug, Deserialize, JsonSchema, Clone, Copy)]
 enum SignalName {
     /// Interrupt.

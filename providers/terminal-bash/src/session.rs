@@ -372,13 +372,14 @@ impl BashSession {
     /// Cancellation: a real SIGINT to the foreground group (works even when the application
     /// disabled ISIG), holding the send until the shell's prompt is back or the grace ends.
     /// The line may still be queued for readline or between readline and the new job when we
-    /// first look, so every group that takes the foreground before the shell settles gets
-    /// its own SIGINT.
+    /// first look, so every command group that takes the foreground before the shell settles
+    /// gets its own SIGINT, and the shell's own group gets one only while no command was seen.
     async fn interrupt(&self, start_prompts: u64) -> Result<()> {
         let sh = &self.shared;
         let deadline = Instant::now() + Duration::from_millis(sh.config.dispose_grace_ms);
         let poll = Duration::from_millis(sh.config.poll_interval_ms);
         let mut signalled: Vec<i32> = Vec::new();
+        let mut command_seen = false;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
@@ -399,16 +400,28 @@ impl BashSession {
             {
                 return Ok(());
             }
+            // The shell's own group gets a SIGINT only while no command group has been seen:
+            // then the line may still sit in readline, and the signal discards it. Once a
+            // command ran, the shell in the foreground means it is back, and a SIGINT would
+            // be left pending in readline and eat the next line typed.
+            let shell_may_get_one = !obs.leader_owns_foreground || !command_seen;
             if let Some(pg) = obs.foreground
                 && !signalled.contains(&pg)
+                && shell_may_get_one
             {
                 signalled.push(pg);
-                // The foreground may have changed since the sample: record who really got it.
-                if let Ok(Some(d)) =
-                    sh.process.signal_foreground(Signal::Int, ForegroundTarget::Any).await
-                    && !signalled.contains(&d.pgid)
-                {
-                    signalled.push(d.pgid);
+                // The foreground may have changed since the sample: never let a change hand the
+                // shell a signal meant for a command, and record who really got it.
+                let target = if obs.leader_owns_foreground {
+                    ForegroundTarget::Any
+                } else {
+                    ForegroundTarget::NotLeader
+                };
+                if let Ok(Some(d)) = sh.process.signal_foreground(Signal::Int, target).await {
+                    command_seen |= !d.leader;
+                    if !signalled.contains(&d.pgid) {
+                        signalled.push(d.pgid);
+                    }
                 }
             }
             if !pause(notified, poll, deadline).await {

@@ -177,6 +177,7 @@ macro_rules! terminal_suite {
             a_program_reading_dev_tty_is_stdin_read,
             a_silent_program_is_inferred_idle_not_stdin_read,
             a_cancelled_send_interrupts_the_foreground,
+            an_interrupted_command_leaves_no_sigint_for_the_shell,
             exit_is_session_exit_with_the_code,
             sigkill_at_the_shell_is_rejected,
             close_leaves_no_descendant_even_one_ignoring_term,

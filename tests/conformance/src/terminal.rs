@@ -155,6 +155,35 @@ pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend)
     close(s.as_ref()).await;
 }
 
+pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    // The shell reports any SIGINT that reaches it, and renders its prompt slowly, so it owns
+    // the foreground for a while after the command died and before its prompt is back.
+    send(s.as_ref(), "trap 'echo SHELL_GOT_$((1))INT' INT").await;
+    send(s.as_ref(), "PROMPT_COMMAND=\"for ((i=0;i<100000;i++)); do :; done; $PROMPT_COMMAND\"")
+        .await;
+    let cancel = CancellationToken::new();
+    let running = {
+        let s = Arc::clone(&s);
+        let cancel = cancel.clone();
+        tokio::spawn(async move { s.send("echo st''arted; sleep 1000", true, cancel).await })
+    };
+    within("the command to start", async {
+        while !s.read(0, 50).text.contains("\nstarted") {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    cancel.cancel();
+    let out = within("the interrupted send", running).await.unwrap().unwrap();
+    assert!(matches!(out, SendOutcome::Interrupted(_)), "{out:?}");
+    let r = send(s.as_ref(), "echo $((6*7))").await;
+    assert!(r.delta.contains("42\n"), "the next line arrives whole: {r:?}");
+    let all = s.read(0, 1000).text;
+    assert!(!all.contains("SHELL_GOT_1INT"), "only the command was interrupted: {all}");
+    close(s.as_ref()).await;
+}
+
 pub async fn exit_is_session_exit_with_the_code(p: &dyn TerminalBackend) {
     let s = open(p).await;
     let r = send(s.as_ref(), "exit 7").await;
