@@ -297,6 +297,18 @@ mod persistent {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_command_that_times_out_still_returns_its_tail() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let cmd = json!({"command": "seq 1 100000; sleep 1000", "timeout_ms": 3000});
+        let out = bash(&rt, &o, cmd).await;
+        assert!(out.starts_with("[output truncated to its last "), "{out:.200}");
+        assert!(out.contains("99999\n100000\n"), "the tail survives the lost start marker");
+        assert!(out.ends_with("[timed out after 3000ms; the shell was reset]"), "{out:.200}");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn timeout_resets_the_shell_and_the_next_call_starts_fresh() {
         let rt = minimal();
         let (o, _) = owner("s");

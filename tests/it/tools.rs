@@ -317,16 +317,24 @@ async fn spills_go_with_their_job_record_and_with_the_runtime() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keep_spills_keeps_them_after_shutdown() {
+async fn keep_spills_keeps_them_after_disposal_and_shutdown() {
     let parent = tempfile::tempdir().unwrap();
     let rt = crate::runtime(&format!(
-        "plugins:\n  subprocess-local: {{ keep_spills: true, spill_dir: {:?} }}\n  bash-local: {{}}\n  tool-bash: {{}}\n",
+        "plugins:\n  subprocess-local: {{ keep_spills: true, spill_dir: {:?} }}\n  bash-local: {{}}\n  jobs: {{}}\n  tool-bash: {{}}\n  tool-jobs: {{}}\n",
         parent.path()
     ));
     let (o, _) = owner("s");
     let fg = spill_of(&call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await.text);
     assert!(fg.starts_with(parent.path()), "{fg:?} is under the configured spill_dir");
+    let out =
+        call(&rt, &o, "bash", json!({"command": "seq 1 100000", "run_in_background": true})).await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let done =
+        call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 30000})).await;
+    let bg: std::path::PathBuf = done.structured.unwrap()["spill_path"].as_str().unwrap().into();
     o.dispose().await;
     rt.shutdown().await;
-    assert_eq!(std::fs::read_to_string(&fg).unwrap().lines().count(), 100_000);
+    for spill in [&fg, &bg] {
+        assert_eq!(std::fs::read_to_string(spill).unwrap().lines().count(), 100_000, "{spill:?}");
+    }
 }

@@ -126,10 +126,22 @@ async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
     let e = r.expect_err("a lost stream is an error");
     assert_eq!(e.code(), ErrorCode::ConnectionFailed, "{e}");
     assert_eq!(session.status(), SessionStatus::Running, "the shell did not exit");
-    let again = session.send("echo more", true, CancellationToken::new()).await.unwrap_err();
+    // A lost session refuses before typing: a retry must not run the command again.
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let again = session
+        .send(&format!("touch {}", marker.display()), true, CancellationToken::new())
+        .await
+        .unwrap_err();
     assert_eq!(again.code(), ErrorCode::ConnectionFailed, "the session stays lost: {again}");
+    let cmd = session
+        .run_command("true", Duration::from_secs(5), CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(cmd.code(), ErrorCode::ConnectionFailed, "{cmd}");
     // Teardown still goes through the provider, which can reach its world.
     let report = session.close().await.expect("close");
     assert!(report.survivors.is_empty(), "{report:?}");
+    assert!(!marker.exists(), "nothing was typed into the lost session");
     sub.shutdown().await;
 }

@@ -348,8 +348,9 @@ pub struct SubprocessCapabilities {
     pub terminals: bool,
     /// Tree kill proves group disappearance (not just direct-child exit).
     pub group_liveness: bool,
-    /// [`TerminalProcess::observe`] can answer `stdin` with a positive observation
-    /// (otherwise it always says [`StdinWait::Unavailable`]).
+    /// [`TerminalProcess::observe`] can see a foreground task waiting for input (without
+    /// it, `stdin` is never [`StdinWait::Waiting`]: a terminal with a foreground group is
+    /// [`StdinWait::Unavailable`]).
     pub stdin_probe: bool,
 }
 

@@ -100,10 +100,11 @@ pub enum CommandEnd {
 /// The result of one framed command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommandOutcome {
-    /// The command's own output: no echo, no prompt, no framing (bounded; the tail is
-    /// kept and `omitted_bytes` counts what was dropped).
+    /// The command's own output: no echo, no framing (bounded; the tail is kept and
+    /// `omitted_bytes` counts what was dropped). After `Exited` it ends where the command's
+    /// output ended; after an interruption it runs on to the shell's next prompt.
     pub output: String,
-    /// Bytes of the command's output that were dropped before `output` began.
+    /// Bytes of the command's output that were dropped before `output` began (exact).
     pub omitted_bytes: u64,
     /// How it ended.
     pub end: CommandEnd,

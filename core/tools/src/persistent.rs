@@ -190,10 +190,8 @@ impl Tool for PersistentBashTool {
         let cap = self.config.max_output_bytes;
         let mut out = outcome.output;
         if out.len() > cap || outcome.omitted_bytes > 0 {
-            out = format!(
-                "[output truncated to its last {cap} bytes]\n{}",
-                conch_output::tail_utf8(&out, cap)
-            );
+            let tail = conch_output::tail_utf8(&out, cap);
+            out = format!("[output truncated to its last {} bytes]\n{tail}", tail.len());
         }
         let note = match outcome.end {
             CommandEnd::Exited(0) => return Ok(ToolOutput::text(out)),

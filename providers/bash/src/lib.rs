@@ -287,6 +287,8 @@ struct Background {
     /// Set when the provider lost the process (its world went away): the job settles as
     /// killed with this text, instead of waiting forever or faking an exit.
     lost: Mutex<Option<String>>,
+    /// The lost note was handed to a consuming read (it is delivered once).
+    lost_read: AtomicBool,
 }
 
 impl Background {
@@ -298,6 +300,7 @@ impl Background {
             max_read,
             cursor: Mutex::new((0, Vec::new())),
             lost: Mutex::new(None),
+            lost_read: AtomicBool::new(false),
         }
     }
 
@@ -356,7 +359,9 @@ impl ShellProcess for Background {
             .map(|c| c.total_bytes)
             .unwrap_or(r.next_offset);
         let mut text = String::from_utf8_lossy(&bytes).into_owned();
-        if let Some(lost) = self.lost.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(lost) = self.lost()
+            && !self.lost_read.swap(true, Ordering::AcqRel)
+        {
             text.push_str(&lost);
         }
         ShellProcessRead { text, lossy, spill: r.spill, total_bytes: total }

@@ -42,7 +42,8 @@ pub struct LocalConfig {
     /// Where this provider's private spill directory is created (default: the system temp
     /// dir).
     pub spill_dir: Option<PathBuf>,
-    /// Keep spill files after shutdown (default false: they go with the runtime).
+    /// Keep spill files after shutdown and after their job records are deleted (default
+    /// false: they go with the runtime, or with their record).
     pub keep_spills: bool,
 }
 
@@ -151,7 +152,7 @@ impl Subprocess for LocalSubprocess {
             |o: &conch_seams::OutputSpec| matches!(o, conch_seams::OutputSpec::Collect { .. });
         let root =
             if collects(&spec.stdout) || collects(&spec.stderr) { self.spill_root() } else { None };
-        let p = process::spawn(spec, root.as_deref())?;
+        let p = process::spawn(spec, root.as_deref(), self.config.keep_spills)?;
         self.track(&p.inner);
         Ok(Arc::new(p))
     }

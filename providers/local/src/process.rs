@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     /// Inodes of the collected output pipes, to find processes still holding them.
     pipe_inodes: Vec<u64>,
     leftovers: Mutex<Vec<Leftover>>,
+    /// `keep_spills`: releasing the output must not delete the spill.
+    keep_spills: bool,
     /// Pumps still reading (each decrements at EOF).
     open_pumps: watch::Sender<usize>,
 }
@@ -165,9 +167,12 @@ pub struct LocalProcess {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// Releases both collectors' spills.
 impl Inner {
+    /// Releases both collectors' spills, unless the provider keeps spills.
     pub(crate) fn release(&self) {
+        if self.keep_spills {
+            return;
+        }
         for sink in [&self.stdout, &self.stderr].into_iter().flatten() {
             sink.discard_spill();
         }
@@ -259,7 +264,11 @@ pub(crate) fn resolve_cwd(cwd: Option<&Path>, op: &'static str) -> Result<std::p
 }
 
 /// Spawns `spec`.
-pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalProcess> {
+pub(crate) fn spawn(
+    spec: SpawnSpec,
+    spill_dir: Option<&Path>,
+    keep_spills: bool,
+) -> Result<LocalProcess> {
     let Some(program) = spec.argv.first() else {
         return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation("spawn"));
     };
@@ -352,6 +361,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spill_dir: Option<&Path>) -> Result<LocalPr
         group_gone: watch::Sender::new(false),
         pipe_inodes,
         leftovers: Mutex::new(Vec::new()),
+        keep_spills,
         open_pumps,
     });
 

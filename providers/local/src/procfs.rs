@@ -3,8 +3,11 @@
 //! escalation loop every kill path in this crate uses.
 //!
 //! # Invariants
-//! - A process is named by [`ProcId`] (pid and start time in clock ticks); a signal is only
-//!   sent after the identity was re-read, so a recycled pid is never signalled.
+//! - A process is named by [`ProcId`] (pid and start time in clock ticks); a per-process
+//!   signal is sent only right after the identity was re-read, so a recycled pid is not
+//!   signalled (the remaining window is the instant between that read and the `kill`).
+//!   Group-wide signals rely on the kernel keeping a group id reserved while any member
+//!   lives; they are sent only while the scan finds members.
 //! - Zombies count as gone: they have no work left, and where nobody reaps orphans they would
 //!   otherwise keep a "live" group forever.
 //! - [`stop`] never trusts one snapshot: every round rescans, so processes forked while the
@@ -286,7 +289,9 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         }
         // The group signal reaches members forked between the scan and the signals. It goes
         // after the scan, so every process it stops has been recorded first.
-        if let Some(g) = targets.group {
+        if let Some(g) = targets.group
+            && live.iter().any(|(_, s, _)| s.pgrp == g)
+        {
             if killing {
                 let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
             } else if first_round {

@@ -18,7 +18,7 @@ use conch_seams::{
     TeardownReport, TerminalObservation, TerminalProcess, TerminalSize, TerminalSpawnSpec,
 };
 use nix::errno::Errno;
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
 use tokio::sync::{mpsc, watch};
@@ -46,6 +46,9 @@ type SharedWriter = Arc<Mutex<Option<Box<dyn Write + Send>>>>;
 /// caller handle is dropped.
 pub(crate) struct TermInner {
     pid: u32,
+    /// The leader's start time, so a recycled pid is never taken for it (read while the
+    /// leader is unreaped, so it is the leader's own).
+    start: Option<u64>,
     /// `MasterPty` is `Send` but not `Sync`.
     master: Mutex<Box<dyn MasterPty + Send>>,
     writer: SharedWriter,
@@ -75,6 +78,10 @@ impl TermInner {
         i32::try_from(self.pid).unwrap_or(i32::MAX)
     }
 
+    fn is_leader(&self, id: procfs::ProcId) -> bool {
+        id.pid == self.sid() && self.start.is_none_or(|s| s == id.start)
+    }
+
     fn foreground_pgid(&self) -> Option<i32> {
         lock(&self.master).process_group_leader()
     }
@@ -100,6 +107,11 @@ impl TermInner {
     /// too), gives them [`HANGUP_GRACE`], KILLs what is left until the session is proven
     /// empty, then waits for the leader to be reaped.
     pub(crate) async fn shutdown(&self) {
+        // A reaped leader's pid can be recycled; once it names another process (another
+        // start time), the session id may be a stranger's: sweep nothing.
+        if procfs::ident(self.sid()).is_some_and(|id| !self.is_leader(id)) {
+            return;
+        }
         let session = Targets { session: Some(self.sid()), ..Targets::default() };
         // Stopped members cannot act on HUP until continued; `stop` sends CONT too.
         procfs::stop(&session, Signal::SIGHUP, HANGUP_GRACE).await;
@@ -113,10 +125,16 @@ impl TermInner {
             // The leader is reaped: its children were reparented and are not ours to find.
             return TeardownReport { leader: Some(status), survivors: Vec::new() };
         }
-        if let Some(leader) = procfs::ident(self.sid()) {
+        if let Some(leader) = procfs::ident(self.sid()).filter(|id| self.is_leader(*id)) {
+            // Freeze the leader first: a shell running a loop would fork a new child for
+            // every one stopped, and the sweep would never end.
+            let pid = Pid::from_raw(leader.pid);
+            let _ = kill(pid, Signal::SIGSTOP);
             let tree = Targets { descendants_of: Some(leader), ..Targets::default() };
             let report = procfs::stop(&tree, Signal::SIGTERM, grace).await;
             if !report.survivors.is_empty() {
+                // Leave the shell as it was, so a retry (or the user) finds it running.
+                let _ = kill(pid, Signal::SIGCONT);
                 return TeardownReport {
                     leader: None,
                     survivors: report.survivors.iter().map(|id| id.pid.unsigned_abs()).collect(),
@@ -325,8 +343,10 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
     };
 
     let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
+    let start = i32::try_from(pid).ok().and_then(procfs::ident).map(|id| id.start);
     let inner = Arc::new(TermInner {
         pid,
+        start,
         master: Mutex::new(pair.master),
         writer: Arc::new(Mutex::new(Some(writer))),
         output: tokio::sync::Mutex::new(rx),

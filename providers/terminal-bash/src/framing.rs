@@ -68,9 +68,26 @@ impl FrameScanner {
         self.code
     }
 
-    /// Bytes of command output between the markers so far.
+    /// Bytes of command output between the markers so far (what the window still holds
+    /// back is counted by [`FrameScanner::finish`]).
+    #[cfg(test)]
     pub(crate) fn body_bytes(&self) -> u64 {
         self.body_bytes
+    }
+
+    /// True once the start marker arrived (the command began printing).
+    pub(crate) fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Ends the scan: every byte after the start marker, up to the end marker when it came,
+    /// including text held back in case it began a marker.
+    pub(crate) fn finish(self) -> u64 {
+        if self.started && self.code.is_none() {
+            self.body_bytes + self.window.len() as u64
+        } else {
+            self.body_bytes
+        }
     }
 
     /// Feeds parsed text.
@@ -125,17 +142,18 @@ impl FrameScanner {
     }
 }
 
-/// The command's output inside `retained` (the tail of everything the send produced):
-/// after the start marker when it is still there, up to the end marker when it arrived.
-pub(crate) fn extract<'a>(retained: &'a str, nonce: &str) -> &'a str {
+/// The command's output inside `retained` (the tail of everything the command's line
+/// produced): after the start marker when it is still there, up to the end marker when it
+/// arrived. `started` says the scanner saw the start marker go by, so a tail that lost it
+/// is still all command output.
+pub(crate) fn extract<'a>(retained: &'a str, nonce: &str, started: bool) -> &'a str {
     let start = format!("{TAG}_START_{nonce}__\n");
     let end = format!("\n{TAG}_END_{nonce}:");
     let body = match retained.find(&start) {
         Some(i) => &retained[i + start.len()..],
-        // The tail can lose the start marker under long output; the end marker still
-        // delimits the command's output.
-        None if retained.contains(&end) => retained,
-        // Neither marker: the command never started printing (or the tail lost both).
+        // The tail can lose the start marker under long output; what is left is output.
+        None if started || retained.contains(&end) => retained,
+        // The command never started printing: the text is the echoed line.
         None => return "",
     };
     match body.find(&end) {
@@ -199,11 +217,22 @@ mod tests {
     fn extract_returns_output_between_markers() {
         let acc =
             format!("# {}\n\n{TAG}_START_n1__\nhello\n\n{TAG}_END_n1:3__\n# ", frame("x", "n1"));
-        assert_eq!(extract(&acc, "n1"), "hello\n");
+        assert_eq!(extract(&acc, "n1", true), "hello\n");
         let cut = format!("99\n100\n\n{TAG}_END_n1:0__\n# ");
-        assert_eq!(extract(&cut, "n1"), "99\n100\n");
+        assert_eq!(extract(&cut, "n1", true), "99\n100\n");
         let partial = format!("\n{TAG}_START_n1__\nName? ");
-        assert_eq!(extract(&partial, "n1"), "Name? ");
-        assert_eq!(extract("no markers", "n1"), "");
+        assert_eq!(extract(&partial, "n1", true), "Name? ");
+        assert_eq!(extract("echoed line only", "n1", false), "");
+        // A timed-out command whose tail lost the start marker still returns that tail.
+        assert_eq!(extract("99998\n99999\n", "n1", true), "99998\n99999\n");
+    }
+
+    #[test]
+    fn finish_counts_what_the_window_held_back() {
+        let mut s = FrameScanner::new("n");
+        s.push(&format!("{TAG}_START_n__\n"));
+        s.push(&"x".repeat(100));
+        assert!(s.body_bytes() < 100, "a possible marker start is held back");
+        assert_eq!(s.finish(), 100, "an unfinished frame counts every byte after the start");
     }
 }

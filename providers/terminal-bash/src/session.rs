@@ -283,7 +283,10 @@ impl BashSession {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
                 let st = sh.lock();
-                (st.prompts, st.eof || st.lost.is_some())
+                if let Some(why) = &st.lost {
+                    return Err(lost(why));
+                }
+                (st.prompts, st.eof)
             };
             if eof || cancel.is_cancelled() {
                 return Ok(());
@@ -384,7 +387,10 @@ impl BashSession {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
                 let st = sh.lock();
-                (st.prompts, st.eof || st.lost.is_some())
+                if let Some(why) = &st.lost {
+                    return Err(lost(why));
+                }
+                (st.prompts, st.eof)
             };
             if eof {
                 return Ok(());
@@ -430,10 +436,14 @@ impl BashSession {
         }
     }
 
-    /// Refuses work on a session that is being closed.
+    /// Refuses work on a session that is being closed, or whose world was lost: typing into
+    /// it could run the command again while reporting a failure.
     fn check_open(&self) -> Result<()> {
         if self.shared.closing.load(Ordering::Acquire) {
             return Err(Error::new(ErrorCode::NotFound, "session is closing").with_provider(NAME));
+        }
+        if let Some(why) = &self.shared.lock().lost {
+            return Err(lost(why));
         }
         Ok(())
     }
@@ -570,10 +580,11 @@ impl TerminalSession for BashSession {
         }
         let frame = self.shared.lock().frame.take();
         let (retained, _) = self.shared.take_op();
-        let body = framing::extract(&retained, &nonce).to_string();
-        // Exact: the scanner counted every byte between the markers, even those the
-        // retained tail no longer holds.
-        let total = frame.map_or(0, |f| f.body_bytes());
+        let started = frame.as_ref().is_some_and(FrameScanner::started);
+        let body = framing::extract(&retained, &nonce, started).to_string();
+        // Exact: the scanner counted every byte after the start marker (up to the end marker
+        // when it came), even those the retained tail no longer holds.
+        let total = frame.map_or(0, FrameScanner::finish);
         let omitted = total.saturating_sub(body.len() as u64);
         Ok(outcome(body, omitted, end))
     }

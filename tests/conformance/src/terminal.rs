@@ -184,6 +184,14 @@ pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(p: &dyn Termi
     close(s.as_ref()).await;
 }
 
+pub async fn close_works_while_the_shell_runs_a_loop(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let r = send(s.as_ref(), "while true; do sleep 1; done").await;
+    assert_eq!(r.wait_reason, WaitReason::InferredIdle, "{r:?}");
+    close(s.as_ref()).await;
+    assert!(matches!(s.status(), SessionStatus::Exited(_)), "{:?}", s.status());
+}
+
 pub async fn exit_is_session_exit_with_the_code(p: &dyn TerminalBackend) {
     let s = open(p).await;
     let r = send(s.as_ref(), "exit 7").await;

@@ -461,6 +461,20 @@ pub async fn terminate_stops_descendants_then_the_leader(p: &dyn Subprocess) {
     assert!(t.try_status().is_some());
 }
 
+pub async fn terminate_stops_a_leader_that_keeps_forking(p: &dyn Subprocess) {
+    if !terminals(p, "terminate_stops_a_leader_that_keeps_forking") {
+        return;
+    }
+    // Every child stopped is replaced at once: teardown must not chase them forever.
+    let t =
+        open(p, &["bash", "--norc", "--noprofile", "-c", "echo ready; while :; do sleep 1; done"])
+            .await;
+    read_until(t.as_ref(), |s| s.contains("ready")).await;
+    let report = within("terminate", t.terminate(Duration::from_millis(500))).await.unwrap();
+    assert!(report.survivors.is_empty(), "{report:?}");
+    assert!(report.leader.is_some(), "{report:?}");
+}
+
 pub async fn terminate_after_the_leader_exited_reports_its_status(p: &dyn Subprocess) {
     if !terminals(p, "terminate_after_the_leader_exited_reports_its_status") {
         return;
