@@ -322,6 +322,80 @@ mod persistent {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regression_10_set_e_stops_the_call_but_never_the_shell() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        bash(&rt, &o, json!({"command": "cd /tmp; export PB_E=kept; plain=also"})).await;
+        let cmd = "set -euo pipefail; echo step1; false; echo step2";
+        assert_eq!(bash(&rt, &o, json!({"command": cmd})).await, "step1\n[exit code: 1]");
+        // The shell, its cwd and its variables survived.
+        let out = bash(&rt, &o, json!({"command": "echo $PWD $PB_E $plain"})).await;
+        assert_eq!(out, "/tmp kept also\n");
+        // errexit is still in force for later calls, and still stops only the command.
+        let out = bash(&rt, &o, json!({"command": "false; echo not-reached"})).await;
+        assert_eq!(out, "[exit code: 1]");
+        let out = bash(&rt, &o, json!({"command": "f() { false; echo in-f; }; f"})).await;
+        assert_eq!(out, "[exit code: 1]", "errexit inside a function");
+        let out = bash(&rt, &o, json!({"command": "(echo sub; false; echo no); echo no2"})).await;
+        assert_eq!(out, "sub\n[exit code: 1]", "errexit in a subshell");
+        // set -u's unbound variable: reported, and the shell lives on.
+        let out = bash(&rt, &o, json!({"command": "echo $PB_NOPE"})).await;
+        assert!(
+            out.contains("PB_NOPE: unbound variable") && out.ends_with("[exit code: 1]"),
+            "{out:?}"
+        );
+        // Positional parameters still belong to the caller; errexit comes off again.
+        let out = bash(&rt, &o, json!({"command": "set -- a b c; echo $# $2"})).await;
+        assert_eq!(out, "3 b\n");
+        let out = bash(&rt, &o, json!({"command": "set +eu; false; echo went-on"})).await;
+        assert_eq!(out, "went-on\n");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo $PB_E"})).await, "kept\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regression_10_an_unterminated_escape_does_not_swallow_the_end_marker() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let out =
+            bash(&rt, &o, json!({"command": "printf '\\033]0;title'; echo; echo visible"})).await;
+        assert_eq!(out, "\nvisible\n", "the result arrives, not a stdin wait: {out:?}");
+        let out =
+            bash(&rt, &o, json!({"command": "printf '\\033[12'; echo; echo after-csi"})).await;
+        assert!(out.ends_with("after-csi\n"), "{out:?}");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo same-shell"})).await, "same-shell\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regression_10_framed_lines_stay_out_of_the_history() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        bash(&rt, &o, json!({"command": "echo one"})).await;
+        let out = bash(&rt, &o, json!({"command": "history"})).await;
+        assert!(!out.contains("__conch") && !out.contains("CONCH_PB"), "{out:?}");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regression_10_a_timeout_leaves_no_prompt_and_no_process_behind() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let cmd = "trap '' INT TERM; echo $$ started; sleep 1000";
+        let out = bash(&rt, &o, json!({"command": cmd, "timeout_ms": 500})).await;
+        let shell: i32 = out.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(
+            out.ends_with("started\n[timed out after 500ms; the shell was reset]"),
+            "no prompt residue: {out:?}"
+        );
+        assert!(
+            conch_conformance::pid_gone(shell),
+            "the reset stopped the shell that ignored INT and TERM"
+        );
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_interactive_child_returns_partial_output() {
         let rt = minimal();
         let (o, _) = owner("s");
@@ -341,7 +415,10 @@ mod persistent {
         bash(&rt, &o, json!({"command": "export PB_Z=set"})).await;
         let out = bash(&rt, &o, json!({"command": "echo bye; exit 3"})).await;
         assert!(out.starts_with("bye\n"), "{out:?}");
-        assert!(out.contains("[shell exited"), "{out:?}");
+        assert!(
+            out.contains("[exit code: 3]\n[the shell exited;"),
+            "the status is reported: {out:?}"
+        );
         assert_eq!(bash(&rt, &o, json!({"command": "echo \"${PB_Z-unset}\""})).await, "unset\n");
         rt.shutdown().await;
     }
@@ -378,6 +455,22 @@ mod persistent {
         assert_eq!(bash(&rt, &a, json!({"command": "echo $WHO"})).await, "a\n");
         rt.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_10_a_send_to_an_exited_session_is_a_typed_error() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let r = send(&rt, &o, &id, "exit 4").await;
+    assert_eq!(r["wait_reason"], "session_exit", "{r}");
+    let e = rt
+        .call(&o, "terminal_send", json!({"session_id": id, "text": "echo lost"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), Some(conch_seams::ErrorReason::SessionExited), "{e}");
+    assert!(e.to_string().contains("exited with code 4"), "{e}");
+    rt.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ mod utf8;
 
 pub use collector::{Collector, CollectorConfig};
 pub use retain::{Retained, Strategy, TextRetainer, format_retention_notice};
-pub use utf8::{tail_utf8, truncate_utf8, utf8_tail};
+pub use utf8::{tail_lines_utf8, tail_utf8, truncate_utf8, utf8_tail};
 
 #[cfg(test)]
 mod tests;

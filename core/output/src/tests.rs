@@ -588,3 +588,16 @@ fn retainers_hold_bounded_memory_for_unbounded_input() {
         assert!(got.omitted_bytes >= total - max as u64);
     }
 }
+
+#[test]
+fn regression_10_a_cut_tail_starts_at_a_line_boundary_or_says_it_does_not() {
+    use crate::tail_lines_utf8;
+    assert_eq!(tail_lines_utf8("one\ntwo\nthree\n", 100), ("one\ntwo\nthree\n", false));
+    // Cut inside "two": the fragment is dropped and the tail starts at "three".
+    assert_eq!(tail_lines_utf8("one\ntwo\nthree\n", 8), ("three\n", false));
+    // Cut exactly after a newline: nothing to drop.
+    assert_eq!(tail_lines_utf8("one\ntwo\n", 4), ("two\n", false));
+    // One endless line: it has to start mid-line, and says so.
+    assert_eq!(tail_lines_utf8("abcdefgh", 3), ("fgh", true));
+    assert_eq!(tail_lines_utf8("ééé\nx", 4), ("x", false));
+}

@@ -40,6 +40,21 @@ pub fn tail_utf8(s: &str, max_bytes: usize) -> &str {
     &s[start..]
 }
 
+/// Like [`tail_utf8`], but a tail that would begin in the middle of a line begins at the next
+/// line instead, so a reader never takes a fragment for a whole line. Only when the kept part
+/// holds no line break at all does it start mid-line; the flag says so.
+pub fn tail_lines_utf8(s: &str, max_bytes: usize) -> (&str, bool) {
+    let tail = tail_utf8(s, max_bytes);
+    let start = s.len() - tail.len();
+    if start == 0 || s.as_bytes()[start - 1] == b'\n' {
+        return (tail, false);
+    }
+    match tail.find('\n') {
+        Some(i) if i + 1 < tail.len() => (&tail[i + 1..], false),
+        _ => (tail, true),
+    }
+}
+
 /// True for a UTF-8 continuation byte (`10xxxxxx`).
 fn is_continuation(b: u8) -> bool {
     b & 0b1100_0000 == 0b1000_0000

@@ -158,6 +158,8 @@ pub enum ErrorReason {
     NoBackend,
     /// A session name is malformed or looks like an id.
     BadName,
+    /// The session's shell has exited; it takes no more input.
+    SessionExited,
 }
 
 impl ErrorReason {
@@ -171,6 +173,7 @@ impl ErrorReason {
         ErrorReason::ServiceDisposing,
         ErrorReason::NoBackend,
         ErrorReason::BadName,
+        ErrorReason::SessionExited,
     ];
 
     /// The stable upper-case spelling.
@@ -184,6 +187,7 @@ impl ErrorReason {
             ErrorReason::ServiceDisposing => "SERVICE_DISPOSING",
             ErrorReason::NoBackend => "NO_BACKEND",
             ErrorReason::BadName => "BAD_NAME",
+            ErrorReason::SessionExited => "SESSION_EXITED",
         }
     }
 }
@@ -483,7 +487,8 @@ mod tests {
                 "OWNER_NOT_LIVE",
                 "SERVICE_DISPOSING",
                 "NO_BACKEND",
-                "BAD_NAME"
+                "BAD_NAME",
+                "SESSION_EXITED"
             ]
         );
         for r in ErrorReason::ALL {

@@ -87,9 +87,10 @@ pub enum SendOutcome {
 pub enum CommandEnd {
     /// The command finished and the shell reported its status.
     Exited(i32),
-    /// The deadline passed first; the foreground was interrupted.
+    /// The deadline passed first. The command may still be running: close the session (or
+    /// signal it) to stop it.
     TimedOut,
-    /// The cancel token fired first; the foreground was interrupted.
+    /// The cancel token fired first. As with `TimedOut`, the command may still be running.
     Cancelled,
     /// A program is waiting for input on the terminal (the framing cannot answer it).
     WaitingForInput,
@@ -100,9 +101,9 @@ pub enum CommandEnd {
 /// The result of one framed command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommandOutcome {
-    /// The command's own output: no echo, no framing (bounded; the tail is kept and
-    /// `omitted_bytes` counts what was dropped). After `Exited` it ends where the command's
-    /// output ended; after an interruption it runs on to the shell's next prompt.
+    /// The command's own output: no echo, no prompt, no framing (bounded; the tail is kept
+    /// and `omitted_bytes` counts what was dropped). After `TimedOut` or `Cancelled` it is
+    /// what the command printed so far.
     pub output: String,
     /// Bytes of the command's output that were dropped before `output` began (exact).
     pub omitted_bytes: u64,
@@ -170,8 +171,10 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     ) -> Result<SendOutcome>;
     /// Runs one command line in the shell, framed in the backend's dialect so only the
     /// command's own output and exit status come back; state changes (cwd, variables)
-    /// persist. Ends at the command's exit, at `timeout` or `cancel` (the foreground is
-    /// interrupted), when a program waits for input, or when the shell exits.
+    /// persist, and no shell option the command sets (such as `set -e`) makes the shell exit.
+    /// Ends at the command's exit, at `timeout` or `cancel` (the command is left running for
+    /// the caller to close or signal), when a program waits for input, or when the shell
+    /// exits.
     ///
     /// # Errors
     /// As [`TerminalSession::send`].

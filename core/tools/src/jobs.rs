@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conch_output::tail_utf8;
+use conch_output::tail_lines_utf8;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{JobInfo, JobRead, Jobs, Result, Tool, ToolContext, ToolOutput};
 use schemars::JsonSchema;
@@ -28,7 +28,8 @@ fn info_json(info: &JobInfo) -> serde_json::Value {
 }
 
 fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
-    let text = tail_utf8(&read.text, info.output_cap);
+    // Cut by the cap: start the kept tail at a line, so no fragment passes for a line.
+    let (text, mid_line) = tail_lines_utf8(&read.text, info.output_cap);
     let cut = text.len() < read.text.len();
     let mut head = format!("[job {}: {}", info.id, info.status.as_str());
     if let Some(d) = &info.detail {
@@ -40,6 +41,9 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
         match &read.spill_path {
             Some(p) => out.push_str(&format!("\n[output truncated; full output: {p}]")),
             None => out.push_str("\n[output truncated]"),
+        }
+        if cut && mid_line {
+            out.push_str("\n[the kept output starts mid-line]");
         }
     }
     if !text.is_empty() {

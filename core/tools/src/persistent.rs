@@ -190,8 +190,20 @@ impl Tool for PersistentBashTool {
         let cap = self.config.max_output_bytes;
         let mut out = outcome.output;
         if out.len() > cap || outcome.omitted_bytes > 0 {
-            let tail = conch_output::tail_utf8(&out, cap);
-            out = format!("[output truncated to its last {} bytes]\n{tail}", tail.len());
+            // The backend's own tail may already start mid-line: say so, or start at a line.
+            let dropped_before = outcome.omitted_bytes > 0;
+            let (tail, mid_line) = if dropped_before && !out.contains('\n') {
+                (conch_output::tail_utf8(&out, cap), true)
+            } else if dropped_before && out.len() <= cap {
+                match out.find('\n') {
+                    Some(i) if i + 1 < out.len() => (&out[i + 1..], false),
+                    _ => (out.as_str(), true),
+                }
+            } else {
+                conch_output::tail_lines_utf8(&out, cap)
+            };
+            let mid = if mid_line { ", starting mid-line" } else { "" };
+            out = format!("[output truncated to its last {} bytes{mid}]\n{tail}", tail.len());
         }
         let note = match outcome.end {
             CommandEnd::Exited(0) => return Ok(ToolOutput::text(out)),
@@ -208,9 +220,22 @@ impl Tool for PersistentBashTool {
             CommandEnd::TimedOut => {
                 format!("[timed out after {timeout_ms}ms; the shell was reset]")
             }
-            CommandEnd::SessionExited => {
-                "[shell exited; the next call starts a fresh shell]".to_string()
-            }
+            CommandEnd::SessionExited => match &outcome.session_status {
+                conch_seams::SessionStatus::Exited(e) => match (e.code, &e.signal) {
+                    (Some(c), _) => format!(
+                        "[exit code: {c}]\n[the shell exited; the next call starts a fresh shell]"
+                    ),
+                    (None, Some(sig)) => format!(
+                        "[killed by signal: {sig}]\n[the shell exited; the next call starts a fresh shell]"
+                    ),
+                    (None, None) => {
+                        "[the shell exited; the next call starts a fresh shell]".to_string()
+                    }
+                },
+                conch_seams::SessionStatus::Running => {
+                    "[the shell exited; the next call starts a fresh shell]".to_string()
+                }
+            },
             CommandEnd::WaitingForInput => "[command is waiting for input; the shell was reset — \
                  use the terminal tools for interactive programs]"
                 .to_string(),

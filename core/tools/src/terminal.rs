@@ -38,15 +38,20 @@ impl PluginConfig for TerminalToolsConfig {
     }
 }
 
-/// Caps `body` so that `body + suffix` fits in `max` bytes, on a code-point boundary.
-/// The newest output (the tail, where the prompt is) is what survives.
+/// Caps `body` so that `body + suffix` fits in `max` bytes, on a code-point boundary and,
+/// where the kept part has a line break, at the start of a line. The newest output (the
+/// tail, where the prompt is) is what survives.
 pub(crate) fn cap_result(body: &str, suffix: &str, max: usize) -> String {
     if body.len() + suffix.len() <= max {
         return format!("{body}{suffix}");
     }
     let note = "[result truncated; older output via terminal_read]\n";
-    let room = max.saturating_sub(suffix.len() + note.len());
-    format!("{note}{}{suffix}", conch_output::tail_utf8(body, room))
+    let mid = "[result truncated mid-line; older output via terminal_read]\n";
+    let room = max.saturating_sub(suffix.len() + mid.len());
+    match conch_output::tail_lines_utf8(body, room) {
+        (tail, false) => format!("{note}{tail}{suffix}"),
+        (tail, true) => format!("{mid}{tail}{suffix}"),
+    }
 }
 
 pub(crate) fn status_json(s: &SessionStatus) -> serde_json::Value {

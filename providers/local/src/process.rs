@@ -32,6 +32,9 @@ const SEAL_LIMIT: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub(crate) struct Inner {
     pid: u32,
+    /// The child's start time, read while tokio had not reaped it yet: after the reap its
+    /// pid (and so its group id) may be recycled.
+    leader_start: Option<u64>,
     grace: Duration,
     stdout: Option<Arc<Collector>>,
     stderr: Option<Arc<Collector>>,
@@ -60,7 +63,7 @@ impl Inner {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             // The child is its own group leader, so its pid is the pgid.
-            let group = Targets { group: Some(me.pgid()), ..Targets::default() };
+            let group = Targets { group: Some(me.group()), ..Targets::default() };
             let report = procfs::stop(&group, nix::sys::signal::Signal::SIGTERM, me.grace).await;
             if report.survivors.is_empty() {
                 me.group_gone.send_replace(true);
@@ -68,9 +71,12 @@ impl Inner {
         });
     }
 
-    /// The child is its own group leader, so its pid is the group id.
-    fn pgid(&self) -> i32 {
-        i32::try_from(self.pid).unwrap_or(i32::MAX)
+    /// The child's group: it is its own group leader, so its pid is the group id.
+    fn group(&self) -> procfs::Group {
+        procfs::Group {
+            pgid: i32::try_from(self.pid).unwrap_or(i32::MAX),
+            leader_start: self.leader_start,
+        }
     }
 
     pub(crate) async fn wait_settled(&self) -> ExitStatus {
@@ -85,7 +91,7 @@ impl Inner {
     async fn stop_leftovers(&self, pipes_open: bool) {
         let inodes: &[u64] = if pipes_open { &self.pipe_inodes } else { &[] };
         let targets =
-            Targets { group: Some(self.pgid()), pipe_inodes: inodes, ..Targets::default() };
+            Targets { group: Some(self.group()), pipe_inodes: inodes, ..Targets::default() };
         let report = procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, self.grace).await;
         let stopped = report.stopped.into_iter().map(|s| Leftover {
             pid: s.id.pid.unsigned_abs(),
@@ -98,7 +104,6 @@ impl Inner {
     /// The part of settlement after the direct child exited: streams reach EOF, or the
     /// processes keeping them open are stopped as `after_exit` and kills require.
     async fn settle_streams(&self, after_exit: AfterExit, pumps: Vec<JoinHandle<()>>) {
-        let pgid = self.pgid();
         match after_exit {
             AfterExit::StopLeftovers { drain } => {
                 let deadline = tokio::time::Instant::now() + drain;
@@ -107,7 +112,7 @@ impl Inner {
                 let finished = async {
                     let _ = drain_pumps(&self.open_pumps, None).await;
                     // The pipes are closed; wait for the rest of the group, if any.
-                    procfs::wait_group_gone(pgid, drain).await;
+                    procfs::wait_group_gone(self.group(), drain).await;
                 };
                 let killed = async {
                     let _ = gone.wait_for(|g| *g).await;
@@ -119,7 +124,7 @@ impl Inner {
                 }
                 // Closed pipes have no holders: only an open one is worth an fd scan.
                 let pipes_open = *self.open_pumps.borrow() > 0;
-                if pipes_open || procfs::group_alive(pgid) {
+                if pipes_open || procfs::group_alive(self.group()) {
                     self.stop_leftovers(pipes_open).await;
                 }
             }
@@ -152,7 +157,7 @@ impl Inner {
     pub(crate) async fn wait_group_gone(&self) {
         let mut rx = self.group_gone.subscribe();
         loop {
-            if *rx.borrow_and_update() || !procfs::group_alive(self.pgid()) {
+            if *rx.borrow_and_update() || !procfs::group_alive(self.group()) {
                 return;
             }
             // Either the kill task reports, or we re-probe: a group can also empty by itself.
@@ -349,8 +354,10 @@ pub(crate) fn spawn(
         });
     }
 
+    let leader_start = i32::try_from(pid).ok().and_then(procfs::ident).map(|id| id.start);
     let inner = Arc::new(Inner {
         pid,
+        leader_start,
         grace: spec.grace,
         stdout: stdout_sink,
         stderr: stderr_sink,

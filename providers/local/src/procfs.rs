@@ -104,24 +104,44 @@ pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
     all().into_iter().filter(|s| s.pgrp == pgid).map(|s| s.pid).collect()
 }
 
-/// True while any non-zombie process has process group `pgid`.
-pub(crate) fn group_alive(pgid: i32) -> bool {
+/// One of our process groups: its id is the pid of the process that made it, so once that
+/// leader is reaped and the group has emptied, the kernel may hand the id to a stranger's
+/// new group. The leader's start time tells the two apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Group {
+    pub(crate) pgid: i32,
+    /// The leader's start time, read while it was unreaped (`None`: unknown).
+    pub(crate) leader_start: Option<u64>,
+}
+
+impl Group {
+    /// True when a process other than our leader now owns the id: the group we made is
+    /// gone for good, and everything in "the group" now is a stranger's.
+    fn recycled(&self, procs: &[Stat]) -> bool {
+        self.leader_start
+            .is_some_and(|start| procs.iter().any(|s| s.pid == self.pgid && s.start != start))
+    }
+}
+
+/// True while any non-zombie process is in `group` (and the id is still ours).
+pub(crate) fn group_alive(group: Group) -> bool {
     // No member at all (not even a zombie): no scan needed.
-    if killpg(Pid::from_raw(pgid), None) == Err(Errno::ESRCH) {
+    if killpg(Pid::from_raw(group.pgid), None) == Err(Errno::ESRCH) {
         return false;
     }
     if !Path::new("/proc/self").exists() {
         // Without /proc fall back to the kernel's view (zombies count as alive there).
-        return killpg(Pid::from_raw(pgid), None).is_ok();
+        return killpg(Pid::from_raw(group.pgid), None).is_ok();
     }
-    all().iter().any(|s| s.pgrp == pgid && s.live())
+    let procs = all();
+    !group.recycled(&procs) && procs.iter().any(|s| s.pgrp == group.pgid && s.live())
 }
 
-/// Probes until group `pgid` is gone (true) or `limit` passed (false).
-pub(crate) async fn wait_group_gone(pgid: i32, limit: Duration) -> bool {
+/// Probes until `group` is gone (true) or `limit` passed (false).
+pub(crate) async fn wait_group_gone(group: Group, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        if !group_alive(pgid) {
+        if !group_alive(group) {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -196,8 +216,8 @@ fn descendants(root: ProcId, procs: &[Stat]) -> Vec<ProcId> {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Targets<'a> {
     /// Every member of this process group (also signalled as a group, which reaches
-    /// members forked after the scan).
-    pub(crate) group: Option<i32>,
+    /// members forked after the scan), for as long as the id is still ours.
+    pub(crate) group: Option<Group>,
     /// Every process holding one of these pipes (found by inode, even after `setsid`).
     pub(crate) pipe_inodes: &'a [u64],
     /// Every descendant of this process (not the process itself).
@@ -243,18 +263,22 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         // A group with no member at all and nothing else tracked needs no scan.
         if only_group
             && tracked.is_empty()
-            && targets.group.is_some_and(|g| killpg(Pid::from_raw(g), None) == Err(Errno::ESRCH))
+            && targets
+                .group
+                .is_some_and(|g| killpg(Pid::from_raw(g.pgid), None) == Err(Errno::ESRCH))
         {
             break;
         }
         let procs = all();
+        // Once the id names a stranger's group, nothing is matched or signalled by group.
+        let group = targets.group.filter(|g| !g.recycled(&procs)).map(|g| g.pgid);
         let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
         let desc_set: HashSet<ProcId> = desc.iter().copied().collect();
         let mut live: Vec<(ProcId, &Stat, bool)> = Vec::new();
         for s in procs.iter().filter(|s| s.live() && s.pid != me) {
             let id = s.id();
             let held = !targets.pipe_inodes.is_empty() && holds_pipe(s.pid, targets.pipe_inodes);
-            let matched = targets.group == Some(s.pgrp)
+            let matched = group == Some(s.pgrp)
                 || targets.session == Some(s.session)
                 || desc_set.contains(&id)
                 || held;
@@ -289,7 +313,7 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         }
         // The group signal reaches members forked between the scan and the signals. It goes
         // after the scan, so every process it stops has been recorded first.
-        if let Some(g) = targets.group
+        if let Some(g) = group
             && live.iter().any(|(_, s, _)| s.pgrp == g)
         {
             if killing {
@@ -339,6 +363,27 @@ mod tests {
     fn truncated_stat_lines_are_misses() {
         assert_eq!(parse_stat(1, "1 (init) S 0"), None);
         assert_eq!(parse_stat(1, "garbage"), None);
+    }
+
+    #[test]
+    fn a_group_id_owned_by_another_process_is_recycled_not_ours() {
+        let mk = |pid, pgrp, start| Stat {
+            pid,
+            comm: "x".into(),
+            state: 'S',
+            ppid: 1,
+            pgrp,
+            session: pgrp,
+            tty_nr: 0,
+            start,
+        };
+        let ours = Group { pgid: 40, leader_start: Some(100) };
+        // Our leader is gone but a member it left behind still runs: still our group.
+        assert!(!ours.recycled(&[mk(41, 40, 120)]));
+        assert!(!ours.recycled(&[mk(40, 40, 100), mk(41, 40, 120)]));
+        // The id now belongs to a newer process (pid reuse): a stranger's group.
+        assert!(ours.recycled(&[mk(40, 40, 900)]));
+        assert!(!Group { pgid: 40, leader_start: None }.recycled(&[mk(40, 40, 900)]));
     }
 
     #[test]

@@ -144,7 +144,8 @@ impl TermInner {
         // Only signal the leader's group by id while the leader is unreaped: its pid (and so
         // the group id) cannot be recycled before the reaper thread collects it.
         if self.status.borrow().is_none() {
-            let group = Targets { group: Some(self.sid()), ..Targets::default() };
+            let leader = procfs::Group { pgid: self.sid(), leader_start: self.start };
+            let group = Targets { group: Some(leader), ..Targets::default() };
             procfs::stop(&group, Signal::SIGHUP, grace).await;
         }
         match self.wait_exit(REAP_LIMIT).await {

@@ -1,39 +1,81 @@
-//! Command framing in the bash dialect: one typed line that runs a command between private
-//! start/end markers, so only the command's own output and its status come back, and a
-//! scanner that finds those markers in the parsed output stream.
+//! Command framing in the bash dialect: one typed line that runs a command after a private
+//! start marker, an end marker (with the status) printed by the backend's PROMPT_COMMAND,
+//! and a scanner that finds both in the parsed output stream.
 //!
-//! The markers are printed with `%s` pieces, so the echoed command line itself never holds a
-//! complete marker; `eval` keeps state changes (cd, export, functions) in the shell while
-//! stdin stays the terminal. The command travels base64-encoded, so no quoting of its text
-//! can break the frame.
+//! - The end marker comes from PROMPT_COMMAND, which runs before every prompt, so it arrives
+//!   however the command line ended: normally, by a syntax or expansion error, or by an
+//!   interrupt.
+//! - The command travels as one ANSI-C quoted word (`$'...'`, every byte outside printable
+//!   ASCII escaped), so no quoting in its text can break the frame, it stays one typed line,
+//!   and no helper process runs per call. `eval` keeps state changes (cd, export,
+//!   functions) in the shell while stdin stays the terminal.
+//! - Markers are printed from pieces (`%s`), so the echoed line never holds a whole marker.
+//! - `set -e` is emulated instead of enabled (see [`INIT`]): the real errexit stays off and
+//!   an ERR trap stops the command line at the first failure with a SIGINT to the shell
+//!   itself, which an interactive bash answers by abandoning the line and returning to its
+//!   prompt, where a real errexit would make it exit (and with `set -u`, an unset variable
+//!   would too). So `set -e` in one call can never destroy the shell in that or a later
+//!   call.
+//! - The framed line starts with a space; with `HISTCONTROL=ignorespace` it is not recorded,
+//!   so the nonce is not readable from `history`.
 
 /// Prefix of every frame marker.
 const TAG: &str = "__CONCH_PB";
 
-/// Standard base64 (RFC 4648) of `data`, padded.
-fn b64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for c in data.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
+/// Defines the errexit emulation; typed once per session, before the first frame.
+///
+/// `set` is an alias for a guard and the builtin, so `set -- args` still sets the caller's
+/// positional parameters. The guard gives the builtin the true errexit state and marks a
+/// `set` as pending; the DEBUG trap (inherited everywhere through functrace) then looks at
+/// `$-` right after it, turns a real errexit back off and keeps it as the emulation flag.
+/// The ERR trap (inherited through errtrace) fires exactly where errexit would: it exits a
+/// subshell with the status, or stops the shell's command line with a SIGINT to itself.
+const INIT: &str = concat!(
+    "__conch_dbg() { [[ -z ${__conch_set_pending-} || $BASH_COMMAND == \"builtin set\"* ]] && return 0; ",
+    "__conch_set_pending=; if [[ $- == *e* ]]; then builtin set +e; __conch_errexit=1; else __conch_errexit=; fi; }; ",
+    "__conch_set() { [[ -n ${__conch_errexit-} ]] && builtin set -e; __conch_set_pending=1; }; ",
+    "alias set='__conch_set; builtin set'; ",
+    "builtin trap __conch_dbg DEBUG; ",
+    "builtin trap '__conch_last=$?; if [[ -n ${__conch_errexit-} ]]; then __conch_status=$__conch_last; ",
+    "if [[ $BASHPID != \"$$\" ]]; then exit \"$__conch_last\"; fi; builtin kill -INT \"$$\"; fi' ERR; ",
+    "builtin set -ET; ",
+);
+
+/// The PROMPT_COMMAND of a framing shell: the end marker of a pending frame (with the
+/// status, and `:e` when the errexit emulation stopped the line), then PS1 re-asserted.
+pub(crate) fn prompt_command(ps1: &str) -> String {
+    format!(
+        "__conch_rc=$?; if [[ -n ${{__conch_frame-}} ]]; then \
+         if [[ -n ${{__conch_status-}} ]]; then __conch_rc=$__conch_status:e; fi; \
+         builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
+         __conch_frame=; fi; __conch_status=; PS1='{ps1}'"
+    )
+}
+
+/// `$'...'` quoting of arbitrary bytes: printable ASCII stays, `\` and `'` are escaped,
+/// every other byte (controls, newlines, UTF-8) becomes `\xHH`.
+fn ansi_c_quote(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len() + 3);
+    out.push_str("$'");
+    for &b in data {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\'' => out.push_str("\\'"),
+            0x20..=0x7E => out.push(char::from(b)),
+            _ => out.push_str(&format!("\\x{b:02x}")),
         }
     }
+    out.push('\'');
     out
 }
 
-/// The single line typed into the shell for `command` under `nonce`.
-pub(crate) fn frame(command: &str, nonce: &str) -> String {
+/// The single line typed into the shell for `command` under `nonce`; `init` prepends the
+/// errexit emulation (the session's first frame).
+pub(crate) fn frame(command: &str, nonce: &str, init: bool) -> String {
     format!(
-        " printf '\\n%s_START_%s__\\n' {TAG} {nonce}; eval \"$(printf %s '{}' | base64 -d)\"; __conch_rc=$?; printf '\\n%s_END_%s:%s__\\n' {TAG} {nonce} \"$__conch_rc\"",
-        b64(command.as_bytes())
+        " {}__conch_frame={nonce}; builtin printf '\\n%s_START_%s__\\n' {TAG} \"$__conch_frame\"; eval {}",
+        if init { INIT } else { "" },
+        ansi_c_quote(command.as_bytes())
     )
 }
 
@@ -49,6 +91,8 @@ pub(crate) struct FrameScanner {
     body_bytes: u64,
     started: bool,
     code: Option<i32>,
+    /// The errexit emulation stopped the line (bash then printed one newline of its own).
+    errexit: bool,
 }
 
 impl FrameScanner {
@@ -60,6 +104,7 @@ impl FrameScanner {
             body_bytes: 0,
             started: false,
             code: None,
+            errexit: false,
         }
     }
 
@@ -73,6 +118,11 @@ impl FrameScanner {
     #[cfg(test)]
     pub(crate) fn body_bytes(&self) -> u64 {
         self.body_bytes
+    }
+
+    /// True when the errexit emulation ended the command.
+    pub(crate) fn stopped_by_errexit(&self) -> bool {
+        self.errexit
     }
 
     /// True once the start marker arrived (the command began printing).
@@ -112,8 +162,18 @@ impl FrameScanner {
             let after = &self.window[j + self.end.len()..];
             // The status is complete once its closing `__` arrived.
             if let Some(k) = after.find("__") {
+                let status = &after[..k];
+                let (code, errexit) = match status.strip_suffix(":e") {
+                    Some(c) => (c, true),
+                    None => (status, false),
+                };
                 self.body_bytes += j as u64;
-                self.code = Some(after[..k].trim().parse().unwrap_or(-1));
+                self.code = Some(code.trim().parse().unwrap_or(-1));
+                self.errexit = errexit;
+                if errexit && self.body_bytes > 0 {
+                    // The newline bash prints when it abandons the line is not output.
+                    self.body_bytes -= 1;
+                }
                 self.window.clear();
             }
             return;
@@ -146,7 +206,7 @@ impl FrameScanner {
 /// produced): after the start marker when it is still there, up to the end marker when it
 /// arrived. `started` says the scanner saw the start marker go by, so a tail that lost it
 /// is still all command output.
-pub(crate) fn extract<'a>(retained: &'a str, nonce: &str, started: bool) -> &'a str {
+pub(crate) fn extract<'a>(retained: &'a str, nonce: &str, started: bool, errexit: bool) -> &'a str {
     let start = format!("{TAG}_START_{nonce}__\n");
     let end = format!("\n{TAG}_END_{nonce}:");
     let body = match retained.find(&start) {
@@ -157,6 +217,8 @@ pub(crate) fn extract<'a>(retained: &'a str, nonce: &str, started: bool) -> &'a 
         None => return "",
     };
     match body.find(&end) {
+        // After the errexit emulation stopped the line, bash printed one newline itself.
+        Some(j) if errexit => body[..j].strip_suffix('\n').unwrap_or(&body[..j]),
         Some(j) => &body[..j],
         None => body,
     }
@@ -167,17 +229,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base64_matches_known_vectors() {
-        assert_eq!(b64(b""), "");
-        assert_eq!(b64(b"f"), "Zg==");
-        assert_eq!(b64(b"fo"), "Zm8=");
-        assert_eq!(b64(b"foo"), "Zm9v");
-        assert_eq!(b64(b"foobar"), "Zm9vYmFy");
+    fn ansi_c_quoting_escapes_everything_a_line_could_break_on() {
+        assert_eq!(ansi_c_quote(b"echo 'a' \\ $x"), "$'echo \\'a\\' \\\\ $x'");
+        assert_eq!(ansi_c_quote("é\n\x1b".as_bytes()), "$'\\xc3\\xa9\\x0a\\x1b'");
+        let line = frame("a\nb\r\n", "n", true);
+        assert!(!line.contains('\n') && !line.contains('\r'), "one typed line: {line}");
     }
 
     #[test]
     fn the_echoed_frame_never_contains_a_whole_marker() {
-        let w = frame("echo hi", "abc");
+        let w = frame("echo hi", "abc", true);
         assert!(!w.contains("__CONCH_PB_START_abc__"));
         assert!(!w.contains("__CONCH_PB_END_abc:"));
     }
@@ -186,7 +247,7 @@ mod tests {
     fn the_scanner_finds_markers_split_anywhere_and_counts_the_body() {
         let stream = format!(
             "$ {}\n\n{TAG}_START_n1__\nhéllo\nworld\n\n{TAG}_END_n1:3__\n$ ",
-            frame("x", "n1")
+            frame("x", "n1", false)
         );
         for piece in 1..stream.len() {
             let mut s = FrameScanner::new("n1");
@@ -205,6 +266,16 @@ mod tests {
     }
 
     #[test]
+    fn an_errexit_stop_is_flagged_and_bashs_newline_is_not_output() {
+        let mut s = FrameScanner::new("n");
+        s.push(&format!("{TAG}_START_n__\nstep1\n\n\n{TAG}_END_n:1:e__\n"));
+        assert_eq!((s.code(), s.stopped_by_errexit()), (Some(1), true));
+        assert_eq!(s.body_bytes(), "step1\n".len() as u64);
+        let text = format!("{TAG}_START_n__\nstep1\n\n\n{TAG}_END_n:1:e__\n# ");
+        assert_eq!(extract(&text, "n", true, true), "step1\n");
+    }
+
+    #[test]
     fn the_scanner_waits_for_the_whole_status() {
         let mut s = FrameScanner::new("n");
         s.push(&format!("{TAG}_START_n__\nout\n{TAG}_END_n:12"));
@@ -215,16 +286,18 @@ mod tests {
 
     #[test]
     fn extract_returns_output_between_markers() {
-        let acc =
-            format!("# {}\n\n{TAG}_START_n1__\nhello\n\n{TAG}_END_n1:3__\n# ", frame("x", "n1"));
-        assert_eq!(extract(&acc, "n1", true), "hello\n");
+        let acc = format!(
+            "# {}\n\n{TAG}_START_n1__\nhello\n\n{TAG}_END_n1:3__\n# ",
+            frame("x", "n1", false)
+        );
+        assert_eq!(extract(&acc, "n1", true, false), "hello\n");
         let cut = format!("99\n100\n\n{TAG}_END_n1:0__\n# ");
-        assert_eq!(extract(&cut, "n1", true), "99\n100\n");
+        assert_eq!(extract(&cut, "n1", true, false), "99\n100\n");
         let partial = format!("\n{TAG}_START_n1__\nName? ");
-        assert_eq!(extract(&partial, "n1", true), "Name? ");
-        assert_eq!(extract("echoed line only", "n1", false), "");
+        assert_eq!(extract(&partial, "n1", true, false), "Name? ");
+        assert_eq!(extract("echoed line only", "n1", false, false), "");
         // A timed-out command whose tail lost the start marker still returns that tail.
-        assert_eq!(extract("99998\n99999\n", "n1", true), "99998\n99999\n");
+        assert_eq!(extract("99998\n99999\n", "n1", true, false), "99998\n99999\n");
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl TerminalBackend for TerminalBash {
         };
         let payload = format!("{MARKER_OSC};{}", conch_seams::terminal::marker_nonce());
         // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before every
-        // prompt so a user's PS1 change cannot break readiness.
+        // prompt so a user's PS1 change cannot break readiness, and ends a pending frame.
         let ps1 = format!("\\[\\e]{payload}\\a\\]\\$ ");
         let mut tspec = TerminalSpawnSpec::in_default_dir(vec![
             self.config.bash.clone(),
@@ -135,12 +135,14 @@ impl TerminalBackend for TerminalBash {
         for (k, v) in [
             ("PS1", ps1.clone()),
             ("PS2", "> ".into()),
-            ("PROMPT_COMMAND", format!("PS1='{ps1}'")),
+            ("PROMPT_COMMAND", framing::prompt_command(&ps1)),
             ("TERM", "dumb".into()),
             ("NO_COLOR", "1".into()),
             ("PAGER", "cat".into()),
             ("GIT_PAGER", "cat".into()),
             ("HISTFILE", "/dev/null".into()),
+            // Framed command lines start with a space and stay out of the history.
+            ("HISTCONTROL", "ignorespace".into()),
             ("INPUTRC", "/dev/null".into()),
         ] {
             tspec.env.insert(k.into(), Some(v));

@@ -26,9 +26,16 @@ pub(crate) struct Parser {
     marker: Vec<u8>,
     mode: Mode,
     osc: Vec<u8>,
+    /// Bytes inside the current CSI or OSC, to bound it.
+    seq_len: usize,
     text: Vec<u8>,
     pending_cr: bool,
 }
+
+/// Longest CSI parameter run accepted; real ones are a few bytes.
+const MAX_CSI: usize = 64;
+/// Longest OSC accepted (titles, hyperlinks); past it the sequence is dropped.
+const MAX_OSC: usize = 4096;
 
 /// Length of the longest prefix of `b` that does not end inside a UTF-8 sequence.
 fn complete_utf8_prefix(b: &[u8]) -> usize {
@@ -56,6 +63,7 @@ impl Parser {
             marker: marker_payload.as_bytes().to_vec(),
             mode: Mode::Normal,
             osc: Vec::new(),
+            seq_len: 0,
             text: Vec::new(),
             pending_cr: false,
         }
@@ -91,59 +99,96 @@ impl Parser {
         }
     }
 
+    /// Handles one byte inside an escape sequence; true when it was consumed there.
+    fn escape_byte(&mut self, b: u8, out: &mut Vec<Event>) -> bool {
+        match self.mode {
+            Mode::Normal => false,
+            Mode::Esc => {
+                self.seq_len = 0;
+                self.mode = match b {
+                    b'[' => Mode::Csi,
+                    b']' => {
+                        self.osc.clear();
+                        Mode::Osc
+                    }
+                    b'(' | b')' | b'*' | b'+' => Mode::Charset,
+                    // ESC ESC: the second one starts the sequence.
+                    0x1B => Mode::Esc,
+                    _ => Mode::Normal,
+                };
+                true
+            }
+            Mode::Charset => {
+                self.mode = Mode::Normal;
+                true
+            }
+            Mode::Csi => {
+                self.seq_len += 1;
+                match b {
+                    // Final byte.
+                    0x40..=0x7E => {
+                        self.mode = Mode::Normal;
+                        true
+                    }
+                    // Parameter and intermediate bytes, within bounds.
+                    0x20..=0x3F if self.seq_len <= MAX_CSI => true,
+                    // Anything else aborts the sequence, and the byte is handled afresh
+                    // (a newline stays a newline, an ESC starts the next sequence).
+                    _ => {
+                        self.mode = Mode::Normal;
+                        false
+                    }
+                }
+            }
+            Mode::Osc | Mode::OscEsc => {
+                self.seq_len += 1;
+                let was_esc = self.mode == Mode::OscEsc;
+                match b {
+                    0x07 => self.end_osc(out),
+                    b'\\' if was_esc => self.end_osc(out),
+                    // An ESC not followed by `\` begins a new sequence: the OSC is dropped.
+                    _ if was_esc => {
+                        self.mode = Mode::Esc;
+                        return self.escape_byte(b, out);
+                    }
+                    0x1B => self.mode = Mode::OscEsc,
+                    // An unterminated OSC ends at a line break or past its bound, so it can
+                    // never swallow the output (or a prompt marker) that follows it.
+                    b'\n' | b'\r' => {
+                        self.mode = Mode::Normal;
+                        return false;
+                    }
+                    _ if self.seq_len > MAX_OSC => self.mode = Mode::Normal,
+                    _ => {
+                        if self.osc.len() < 256 {
+                            self.osc.push(b);
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    fn end_osc(&mut self, out: &mut Vec<Event>) {
+        self.mode = Mode::Normal;
+        if self.osc == self.marker {
+            self.flush_text(out, true);
+            out.push(Event::Marker);
+        }
+    }
+
     /// Parses one chunk.
     pub(crate) fn feed(&mut self, data: &[u8]) -> Vec<Event> {
         let mut out = Vec::new();
         for &b in data {
-            match self.mode {
-                Mode::Normal => {
-                    if b == 0x1B {
-                        self.mode = Mode::Esc;
-                    } else {
-                        self.push_byte(b);
-                    }
-                }
-                Mode::Esc => {
-                    self.mode = match b {
-                        b'[' => Mode::Csi,
-                        b']' => {
-                            self.osc.clear();
-                            Mode::Osc
-                        }
-                        b'(' | b')' | b'*' | b'+' => Mode::Charset,
-                        _ => Mode::Normal,
-                    }
-                }
-                Mode::Csi => {
-                    if (0x40..=0x7E).contains(&b) {
-                        self.mode = Mode::Normal;
-                    }
-                }
-                Mode::Charset => self.mode = Mode::Normal,
-                Mode::Osc | Mode::OscEsc => {
-                    let end = match (self.mode, b) {
-                        (_, 0x07) => true,
-                        (Mode::OscEsc, b'\\') => true,
-                        (_, 0x1B) => {
-                            self.mode = Mode::OscEsc;
-                            false
-                        }
-                        _ => {
-                            self.mode = Mode::Osc;
-                            if self.osc.len() < 256 {
-                                self.osc.push(b);
-                            }
-                            false
-                        }
-                    };
-                    if end {
-                        self.mode = Mode::Normal;
-                        if self.osc == self.marker {
-                            self.flush_text(&mut out, true);
-                            out.push(Event::Marker);
-                        }
-                    }
-                }
+            if self.escape_byte(b, &mut out) {
+                continue;
+            }
+            if b == 0x1B {
+                self.mode = Mode::Esc;
+            } else {
+                self.push_byte(b);
             }
         }
         self.flush_text(&mut out, false);
@@ -199,6 +244,29 @@ mod tests {
             b"\x1b]0;title\x07\x1b[?2004h\x1b[1;31mred\x1b[0m\x08\x07 ok\x1b(B\n\x1b]7770;zzz\x07",
         );
         assert_eq!(all, vec![Event::Text("red ok\n".into())]);
+    }
+
+    #[test]
+    fn regression_10_an_unterminated_osc_ends_at_the_line_or_the_next_escape() {
+        let mut p = Parser::new("7770;abc");
+        // `printf '\033]0;title'; echo visible`, then the prompt marker and prompt.
+        let all = p.feed(b"\x1b]0;titlevisible\r\nafter\n\x1b]0;again\x1b]7770;abc\x07$ ");
+        assert_eq!(text(&all), "\nafter\n$ ", "{all:?}");
+        assert!(all.contains(&Event::Marker), "the marker survives: {all:?}");
+        // A CSI aborted by a newline keeps the newline and what follows.
+        let all = p.feed(b"\x1b[12\nnext\n");
+        assert_eq!(text(&all), "\nnext\n");
+        // Bounds: an endless OSC or CSI does not eat the stream forever.
+        let mut p = Parser::new("m");
+        let mut long = b"\x1b]".to_vec();
+        long.extend(std::iter::repeat_n(b'x', 5000));
+        long.extend(b"tail");
+        let got = text(&p.feed(&long));
+        assert!(got.ends_with("tail"), "{:?}", &got[got.len().saturating_sub(20)..]);
+        let mut long = b"\x1b[".to_vec();
+        long.extend(std::iter::repeat_n(b'1', 100));
+        long.extend(b"Xok");
+        assert!(text(&p.feed(&long)).ends_with("ok"));
     }
 
     #[test]

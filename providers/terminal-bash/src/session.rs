@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     changed: Notify,
     closing: AtomicBool,
     close_lock: tokio::sync::Mutex<Option<CloseReport>>,
+    /// The framing helpers were typed into this shell (by its first framed command).
+    framing_ready: AtomicBool,
 }
 
 impl Shared {
@@ -171,6 +173,7 @@ pub(crate) fn start(
         changed: Notify::new(),
         closing: AtomicBool::new(false),
         close_lock: tokio::sync::Mutex::new(None),
+        framing_ready: AtomicBool::new(false),
     });
     let pump = Arc::clone(&shared);
     tokio::spawn(async move {
@@ -436,14 +439,28 @@ impl BashSession {
         }
     }
 
-    /// Refuses work on a session that is being closed, or whose world was lost: typing into
-    /// it could run the command again while reporting a failure.
+    /// Refuses work on a session that is being closed, whose shell exited (the text would
+    /// go nowhere), or whose world was lost (typing could run the command again while
+    /// reporting a failure).
     fn check_open(&self) -> Result<()> {
         if self.shared.closing.load(Ordering::Acquire) {
             return Err(Error::new(ErrorCode::NotFound, "session is closing").with_provider(NAME));
         }
         if let Some(why) = &self.shared.lock().lost {
             return Err(lost(why));
+        }
+        if let Some(exit) = self.shared.process.try_status() {
+            let how = match (exit.code, exit.signal) {
+                (Some(c), _) => format!("with code {c}"),
+                (None, Some(s)) => format!("by signal {s}"),
+                (None, None) => String::new(),
+            };
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                format!("the session's shell exited {how}; open a new session"),
+            )
+            .with_reason(conch_seams::ErrorReason::SessionExited)
+            .with_provider(NAME));
         }
         Ok(())
     }
@@ -548,7 +565,8 @@ impl TerminalSession for BashSession {
             st.frame = Some(FrameScanner::new(&nonce));
             st.begin_op(self.shared.config.max_read_bytes)
         };
-        let mut line = framing::frame(command, &nonce).into_bytes();
+        let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
+        let mut line = framing::frame(command, &nonce, init).into_bytes();
         line.push(b'\r');
         if let Err(e) = self.shared.process.write(&line).await {
             self.abandon_op();
@@ -571,17 +589,14 @@ impl TerminalSession for BashSession {
             Ready::Reason(WaitReason::Timeout | WaitReason::InferredIdle) => CommandEnd::TimedOut,
             Ready::Cancelled => CommandEnd::Cancelled,
         };
-        if matches!(end, CommandEnd::TimedOut | CommandEnd::Cancelled) {
-            // Interrupt what is still running so the shell is usable (or closable) again.
-            if let Err(e) = self.interrupt(start_prompts).await {
-                self.abandon_op();
-                return Err(e);
-            }
-        }
+        // A command still running after its deadline or cancellation is left to the caller:
+        // closing the session stops it within the close grace, and interrupting it here
+        // first would only add to that.
         let frame = self.shared.lock().frame.take();
         let (retained, _) = self.shared.take_op();
         let started = frame.as_ref().is_some_and(FrameScanner::started);
-        let body = framing::extract(&retained, &nonce, started).to_string();
+        let errexit = frame.as_ref().is_some_and(FrameScanner::stopped_by_errexit);
+        let body = framing::extract(&retained, &nonce, started, errexit).to_string();
         // Exact: the scanner counted every byte after the start marker (up to the end marker
         // when it came), even those the retained tail no longer holds.
         let total = frame.map_or(0, FrameScanner::finish);
