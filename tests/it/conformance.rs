@@ -55,6 +55,45 @@ mod bash_local_specific {
             exec.run(exec.resolve(ShellExecRequest::new("echo hi")).unwrap()).await.unwrap_err();
         assert_eq!(err.code(), conch_seams::ErrorCode::SpawnFailed);
     }
+
+    fn with_cap(max_command_bytes: usize) -> BashLocal {
+        let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
+        BashLocal::new(BashLocalConfig { max_command_bytes, ..BashLocalConfig::default() }, sub)
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_command_over_the_cap_is_refused_naming_the_cap_and_the_key() {
+        let exec = with_cap(1000);
+        let fits = format!("echo fits #{}", "x".repeat(1000 - "echo fits #".len()));
+        let ok = exec.resolve(ShellExecRequest::new(fits));
+        let r = exec.run(ok.expect("1000 bytes is at the cap")).await.unwrap();
+        assert_eq!(r.output.text, "fits\n");
+        let err = exec.resolve(ShellExecRequest::new("x".repeat(1001))).unwrap_err();
+        assert_eq!(err.code(), conch_seams::ErrorCode::InvalidArgument);
+        assert!(
+            err.message().contains(
+                "command is 1001 bytes; the limit is 1000 (bash-local max_command_bytes)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_command_at_the_default_cap_runs() {
+        // 1 MiB of argv fits under ARG_MAX next to the environment.
+        let exec = with_cap(BashLocalConfig::default().max_command_bytes);
+        let head = "echo $#; #";
+        let chars = (1_048_576 - head.len()) / 2;
+        let cmd = format!(
+            "{head}{}{}",
+            "é".repeat(chars),
+            "y".repeat(1_048_576 - head.len() - 2 * chars)
+        );
+        assert_eq!(cmd.len(), 1_048_576);
+        let r = exec.run(exec.resolve(ShellExecRequest::new(cmd)).unwrap()).await.unwrap();
+        assert_eq!((r.status.code, r.output.text.as_str()), (Some(0), "0\n"));
+    }
 }
 
 mod terminal_bash {

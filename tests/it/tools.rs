@@ -109,6 +109,33 @@ async fn bad_arguments_are_invalid_argument_errors_naming_the_field() {
 }
 
 #[tokio::test]
+async fn bash_writes_a_file_with_a_heredoc_longer_than_one_argument() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.txt");
+    // 150 KB: more than Linux lets one argv string carry, the way models write files.
+    let body: String = (0..5000).map(|i| format!("{i} ünïcødé 'q' \"$q\" \\ `b`\n")).collect();
+    assert!(body.len() > 150_000);
+    let cmd = format!("cat > '{}' <<'EOF'\n{body}EOF\nwc -c < '{0}'", file.display());
+    let out = call(&rt, &o, "bash", json!({ "command": cmd })).await;
+    assert_eq!(out.text, format!("{}\n", body.len()));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), body);
+    let e = rt
+        .call(&o, "bash", json!({ "command": format!("#{}", "x".repeat(1_048_576)) }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    assert!(
+        e.to_string().contains(
+            "command is 1048577 bytes; the limit is 1048576 (bash-local max_command_bytes)"
+        ),
+        "{e}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test]
 async fn background_job_output_is_a_consuming_delta_and_wait_returns_final() {
     let rt = standard();
     let (o, _) = owner("s");

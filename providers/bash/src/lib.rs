@@ -1,5 +1,9 @@
 //! `bash-local`: the shell seam as `bash -c` over the subprocess seam, with model-friendly
 //! terminal overrides, fused timeout/abort, and background handles that never fail.
+//!
+//! A command longer than one argv string may be (Linux refuses a longer one with E2BIG) goes
+//! to bash in several argv strings and a fixed loader joins and evals them, so the argv stays
+//! the only channel and works for any subprocess provider, remote ones included.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +31,53 @@ pub const NAME: &str = "bash-local";
 pub const ENV_OVERRIDES: &[(&str, &str)] =
     &[("NO_COLOR", "1"), ("TERM", "dumb"), ("PAGER", "cat"), ("GIT_PAGER", "cat")];
 
+/// The longest argv string Linux accepts: MAX_ARG_STRLEN is 32 pages (at least 4 KiB each)
+/// and counts the terminating NUL. A command up to this length runs as plain `bash -c`.
+pub const MAX_ARG_BYTES: usize = 128 * 1024 - 1;
+
+/// The largest `max_command_bytes` accepted: the command, its loader and the environment
+/// share ARG_MAX (2 MiB with the usual 8 MiB stack), so the cap stays well below it.
+pub const MAX_COMMAND_BYTES_LIMIT: usize = 1536 * 1024;
+
+/// Runs a command that came in chunks as `"$@"` the way `bash -c` would have run it whole:
+/// - `$_` is read first, before any command of ours changes it, and replayed by `:` as the
+///   last simple command before the user's, quoted by `%q` so `eval` restores it exactly;
+/// - `printf -v` joins the chunks unchanged and `set --` clears them, so `$#` is 0 (`$0` is
+///   the bash name passed after the loader, as `bash -c` sets it);
+/// - the text is expanded once into `eval`'s argument, expansion results are never rescanned,
+///   and `eval` parses it once, command by command like a `-c` string (lines count from 1);
+/// - `BASH_EXECUTION_STRING` is set to the text, and the first thing `eval` runs unsets both
+///   helpers, before any of the user's commands.
+///
+/// Differences left: a syntax error is reported as `eval: line N` instead of `-c: line N`, and
+/// bash forks the last command instead of replacing itself with it (so a last command killed
+/// by a signal shows as bash's exit code 128+N).
+const LOADER: &str = concat!(
+    r#"printf -v __conch_u %q "$_"; printf -v __conch_c %s "$@"; set --; "#,
+    r#"eval "BASH_EXECUTION_STRING=\$__conch_c; unset __conch_c __conch_u; : $__conch_u; $__conch_c""#,
+);
+
+/// The argv that runs `command` with `bash` exactly as `bash -c <command>` would: that argv
+/// itself when the command fits one argv string, else the loader over chunks of at most
+/// [`MAX_ARG_BYTES`], cut on char boundaries (argv strings are UTF-8 here).
+pub fn bash_argv(bash: &str, command: &str) -> Vec<String> {
+    if command.len() <= MAX_ARG_BYTES {
+        return vec![bash.into(), "-c".into(), command.into()];
+    }
+    let mut argv = vec![bash.into(), "-c".into(), LOADER.into(), bash.into()];
+    let mut rest = command;
+    while !rest.is_empty() {
+        let mut end = rest.len().min(MAX_ARG_BYTES);
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let (chunk, tail) = rest.split_at(end);
+        argv.push(chunk.into());
+        rest = tail;
+    }
+    argv
+}
+
 /// bash-local config.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -48,6 +99,9 @@ pub struct BashLocalConfig {
     pub drain_ms: u64,
     /// The bash executable.
     pub bash: String,
+    /// Longest command accepted, in bytes (at most [`MAX_COMMAND_BYTES_LIMIT`]); a longer one
+    /// is refused by `resolve` as `invalid_argument`.
+    pub max_command_bytes: usize,
 }
 
 impl Default for BashLocalConfig {
@@ -61,6 +115,7 @@ impl Default for BashLocalConfig {
             grace_ms: 3_000,
             drain_ms: 250,
             bash: "bash".into(),
+            max_command_bytes: 1024 * 1024,
         }
     }
 }
@@ -76,6 +131,12 @@ impl PluginConfig for BashLocalConfig {
             return Err(ConfigIssue::new("max_spill_bytes", "must be at least max_output_bytes"));
         }
         ConfigIssue::at_most("drain_ms", self.drain_ms, 60_000)?;
+        ConfigIssue::positive("max_command_bytes", self.max_command_bytes as u64)?;
+        ConfigIssue::at_most(
+            "max_command_bytes",
+            self.max_command_bytes as u64,
+            MAX_COMMAND_BYTES_LIMIT as u64,
+        )?;
         if self.bash.is_empty() {
             return Err(ConfigIssue::new("bash", "must name an executable"));
         }
@@ -100,9 +161,10 @@ impl BashLocal {
         Ok(Self { config, subprocess })
     }
 
-    /// The argv that runs `command` (protected-style hook for wrapping executors).
+    /// The argv that runs `command`, see [`bash_argv`] (protected-style hook for wrapping
+    /// executors).
     pub fn argv(&self, command: &str) -> Vec<String> {
-        vec![self.config.bash.clone(), "-c".into(), command.into()]
+        bash_argv(&self.config.bash, command)
     }
 
     fn spawn_spec(&self, spec: &ShellExecSpec, kill: CancellationToken) -> SpawnSpec {
@@ -148,6 +210,14 @@ impl ShellExecutor for BashLocal {
             return Err(Error::invalid("command is empty")
                 .with_provider(NAME)
                 .with_operation("resolve"));
+        }
+        let (len, cap) = (request.command.len(), self.config.max_command_bytes);
+        if len > cap {
+            return Err(Error::invalid(format!(
+                "command is {len} bytes; the limit is {cap} ({NAME} max_command_bytes)"
+            ))
+            .with_provider(NAME)
+            .with_operation("resolve"));
         }
         // No filesystem facts here: the subprocess provider checks the directory in its own
         // world and resolves what is still relative against its default directory.
@@ -477,6 +547,36 @@ mod tests {
         assert_eq!(split_utf8_carry(&s[..s.len() - 1]), s.len() - 4);
         assert_eq!(split_utf8_carry(&s[..2]), 1);
         assert_eq!(split_utf8_carry(b""), 0);
+    }
+
+    #[test]
+    fn a_command_that_fits_one_argv_string_keeps_the_plain_argv() {
+        let cmd = "x".repeat(MAX_ARG_BYTES);
+        assert_eq!(bash_argv("bash", &cmd), ["bash", "-c", cmd.as_str()]);
+    }
+
+    #[test]
+    fn a_longer_command_is_cut_into_strings_that_fit_on_char_boundaries() {
+        // One ASCII byte first, so the 4-byte chars straddle every cut at MAX_ARG_BYTES.
+        let cmd = format!("x{}", "😀".repeat(MAX_ARG_BYTES / 2));
+        let argv = bash_argv("/bin/bash", &cmd);
+        assert_eq!(argv[..4], ["/bin/bash", "-c", LOADER, "/bin/bash"], "$0 is the bash name");
+        let chunks = &argv[4..];
+        assert!(chunks.len() > 1 && chunks.iter().all(|c| c.len() <= MAX_ARG_BYTES));
+        assert!(chunks.iter().any(|c| c.len() < MAX_ARG_BYTES), "a cut moved off a char");
+        assert_eq!(chunks.concat(), cmd);
+        let cmd = "y".repeat(MAX_ARG_BYTES + 1);
+        assert_eq!(bash_argv("bash", &cmd)[4..].concat(), cmd);
+    }
+
+    #[test]
+    fn max_command_bytes_stays_well_below_arg_max() {
+        let at = |max_command_bytes| BashLocalConfig { max_command_bytes, ..Default::default() };
+        assert_eq!(at(MAX_COMMAND_BYTES_LIMIT).check(NAME).map_err(|e| e.to_string()), Ok(()));
+        for bad in [0, MAX_COMMAND_BYTES_LIMIT + 1] {
+            let err = at(bad).check(NAME).unwrap_err();
+            assert!(err.message().contains("max_command_bytes"), "{err}");
+        }
     }
 
     #[test]

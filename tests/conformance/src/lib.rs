@@ -105,7 +105,10 @@ macro_rules! shell_suite {
             a_background_child_holding_the_output_does_not_hold_the_call,
             a_clean_command_reports_no_leftovers,
             the_timeout_holds_despite_an_escaped_pipe_holder,
-            a_background_job_ends_with_its_shell
+            a_background_job_ends_with_its_shell,
+            a_long_heredoc_writes_its_bytes_exactly,
+            a_long_command_runs_as_its_short_self,
+            a_long_command_exits_with_its_code
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

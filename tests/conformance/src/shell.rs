@@ -260,3 +260,74 @@ pub async fn a_background_job_ends_with_its_shell(p: &dyn ShellExecutor) {
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the job's leftover to be stopped", pid).await;
 }
+
+/// Longer than any single argv string Linux accepts (MAX_ARG_STRLEN is 128 KiB with the
+/// NUL), the size a model writes a file with in one heredoc.
+const LONG: usize = 150_000;
+
+/// `text` followed by a comment that makes the command `LONG` bytes longer without doing
+/// anything, so a long command can be compared with its short self.
+fn padded(text: &str) -> String {
+    format!("{text}\n#{}\n", "x".repeat(LONG))
+}
+
+pub async fn a_long_heredoc_writes_its_bytes_exactly(p: &dyn ShellExecutor) {
+    if !bash_only(p, "a_long_heredoc_writes_its_bytes_exactly") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.txt");
+    // Multi-byte chars everywhere, so wherever the command is cut some cut falls inside one,
+    // and everything a second expansion would change: `$`, quotes, backslashes, backticks.
+    let mut body = String::new();
+    let mut i = 0;
+    while body.len() < LONG {
+        body.push_str(&format!(
+            "{i}: é€😀 $HOME ${{x}} $(echo no) `no` \"dq\" 'sq' \\ \\\\ \\n \\$ ü\n"
+        ));
+        i += 1;
+    }
+    let cmd = format!(
+        "cat > '{}' <<'EOF'\n{body}EOF\nprintf '%s|' 'a$b' \"c\\$d\" 'e\\f' \"g\\\"h\" \"é€😀\"; echo",
+        file.display()
+    );
+    let r = run(p, ShellExecRequest::new(cmd)).await;
+    assert_eq!(r.status.code, Some(0), "{}", r.output.text);
+    assert_eq!(r.output.text, "a$b|c$d|e\\f|g\"h|é€😀|\n", "quoting is parsed once");
+    let written = std::fs::read(&file).unwrap();
+    assert!(written == body.as_bytes(), "the heredoc's bytes are written exactly");
+}
+
+pub async fn a_long_command_runs_as_its_short_self(p: &dyn ShellExecutor) {
+    if !bash_only(p, "a_long_command_runs_as_its_short_self") {
+        return;
+    }
+    // What a `bash -c` command can see of how it was started: its name and arguments, `$_`,
+    // stdin, the line numbers, IFS and every variable name.
+    let probe = "echo \"$0 $# [$_] $LINENO\"; read -r x; echo \"read=$? [$x]\"; \
+                 printf '%q\\n' \"$IFS\"; compgen -v | tr '\\n' ' '";
+    let short = run(p, ShellExecRequest::new(probe)).await;
+    assert!(short.output.text.starts_with("bash 0 ["), "{}", short.output.text);
+    assert!(short.output.text.contains("\nread=1 []\n"), "stdin is /dev/null: {short:?}");
+    let long = run(p, ShellExecRequest::new(padded(probe))).await;
+    assert_eq!(long.status.code, Some(0));
+    assert_eq!(long.output.text, short.output.text, "no helper variable, same $0 $# $_ stdin");
+    let mut req = ShellExecRequest::new(padded("read -r x; echo \"read=$? [$x]\""));
+    req.stdin = Some(b"given\n".to_vec());
+    let r = run(p, req).await;
+    assert_eq!(r.output.text, "read=0 [given]\n", "stdin bytes reach a long command");
+    let cmd = padded("echo ${#BASH_EXECUTION_STRING}");
+    let r = run(p, ShellExecRequest::new(cmd.clone())).await;
+    assert_eq!(r.output.text, format!("{}\n", cmd.len()), "the execution string is the command");
+}
+
+pub async fn a_long_command_exits_with_its_code(p: &dyn ShellExecutor) {
+    if !bash_only(p, "a_long_command_exits_with_its_code") {
+        return;
+    }
+    let r = run(p, ShellExecRequest::new(padded("echo partial") + "exit 7\necho never\n")).await;
+    assert_eq!(r.status.code, Some(7), "{}", r.output.text);
+    assert_eq!(r.output.text, "partial\n");
+    let r = run(p, ShellExecRequest::new(padded("(exit 3)"))).await;
+    assert_eq!(r.status.code, Some(3), "the last status is the shell's: {}", r.output.text);
+}
