@@ -386,6 +386,7 @@ impl BashSession {
         let poll = Duration::from_millis(sh.config.poll_interval_ms);
         let mut signalled: Vec<i32> = Vec::new();
         let mut command_seen = false;
+        let mut settled = 0;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
@@ -403,11 +404,18 @@ impl BashSession {
             // run next, and readline only blocks once no input is pending.
             let probe = if prompts > start_prompts { Probe::Stdin } else { Probe::Foreground };
             let obs = sh.observe(probe).await?;
+            // Stable over several samples, like Tier 1: readline can block for an instant
+            // with the interrupted line still queued on the terminal, about to run.
             if prompts > start_prompts
                 && obs.leader_owns_foreground
                 && obs.stdin == StdinWait::Waiting
             {
-                return Ok(());
+                settled += 1;
+                if settled >= STABLE_SAMPLES {
+                    return Ok(());
+                }
+            } else {
+                settled = 0;
             }
             // The shell's own group gets a SIGINT only while no command group has been seen:
             // then the line may still sit in readline, and the signal discards it. Once a
