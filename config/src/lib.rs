@@ -1,13 +1,16 @@
 //! Composition loading: a YAML file (or an embedded one) plus `CONCH_PLUGINS__*`
-//! environment overrides, merged with figment. Duplicate YAML keys and unknown config
-//! fields are errors that name the file and the key.
+//! environment overrides for the plugins it lists, merged with figment. Duplicate YAML keys
+//! and unknown config fields are errors that name the file and the key
+//! (`plugins.<plugin>.<key>`), and the variable when the value came from the environment.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use figment::Figment;
-use figment::providers::{Env, Format};
-use figment::value::{Dict, Value};
+use conch_seams::ConfigIssue;
+use figment::error::Kind;
+use figment::providers::Format;
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -23,6 +26,7 @@ pub const DEFAULT_COMPOSITION: &str = "standard";
 
 /// Prefix of environment overrides: `CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS=5000` sets
 /// `plugins.bash-local.timeout_ms` (underscores in the plugin segment become dashes).
+/// Overrides for plugins the composition does not list are ignored.
 pub const ENV_OVERRIDE_PREFIX: &str = "CONCH_PLUGINS__";
 
 /// Errors loading a composition.
@@ -41,18 +45,23 @@ pub enum CompositionError {
     Invalid {
         /// File path or `embedded:<name>`.
         source_name: String,
-        /// What is wrong.
+        /// What is wrong, naming the key (``key `plugns`: ...``) when there is one.
         message: String,
     },
     /// One plugin's config is invalid.
-    #[error("{source_name}: plugin `{plugin}`: {message}")]
+    #[error("{source_name}: plugin `{plugin}`: key `{key}`{origin}: {problem}")]
     BadConfig {
         /// File path or `embedded:<name>`.
         source_name: String,
         /// The plugin key.
         plugin: String,
-        /// figment's message, which names the key.
-        message: String,
+        /// The full key path as a composition spells it: `plugins.bash-local.timeout_ms`.
+        key: String,
+        /// ` (from environment variable CONCH_PLUGINS__...)` when the value came from an
+        /// environment override, else empty.
+        origin: String,
+        /// What is wrong with the value.
+        problem: String,
     },
 }
 
@@ -82,12 +91,110 @@ impl Format for StrictYaml {
     }
 }
 
+/// One `CONCH_PLUGINS__<P>__<KEY>` variable that applies to a plugin of the composition.
+#[derive(Debug, Clone)]
+struct EnvOverride {
+    /// The variable's name as exported, for messages.
+    var: String,
+    /// Where it lands: `["plugins", "bash-local", "timeout_ms"]`.
+    path: Vec<String>,
+    value: String,
+}
+
+/// The metadata name of the env-override provider: an error whose value carries it came
+/// from the environment.
+const ENV_SOURCE: &str = "`CONCH_PLUGINS__*` environment variables";
+
+/// The env overrides as a figment provider. Our own snapshot rather than figment's `Env`, so
+/// that only the composition's plugins are read and every key traces back to its variable.
+struct EnvProvider(Vec<EnvOverride>);
+
+impl Provider for EnvProvider {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(ENV_SOURCE)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut root = Dict::new();
+        for o in &self.0 {
+            // As figment's `Env` does: `5000` is a number, `[1, 2]` a list, `soon` a string.
+            let value = match o.value.parse::<Value>() {
+                Ok(v) => v,
+                Err(never) => match never {},
+            };
+            insert(&mut root, &o.path, value);
+        }
+        Ok(Profile::Default.collect(root))
+    }
+}
+
+fn insert(dict: &mut Dict, path: &[String], value: Value) {
+    let Some((first, rest)) = path.split_first() else { return };
+    if rest.is_empty() {
+        dict.insert(first.clone(), value);
+        return;
+    }
+    let entry = dict.entry(first.clone()).or_insert_with(|| Dict::new().into());
+    if !matches!(entry, Value::Dict(..)) {
+        *entry = Dict::new().into();
+    }
+    if let Value::Dict(_, inner) = entry {
+        insert(inner, rest, value);
+    }
+}
+
+/// The overrides among `vars` for `plugins`. `CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS` sets
+/// `plugins.bash-local.timeout_ms`; names match case-insensitively and keys are lowercased,
+/// as with figment's `Env`.
+fn env_overrides(vars: &[(String, String)], plugins: &BTreeSet<String>) -> Vec<EnvOverride> {
+    let mut found: Vec<EnvOverride> = vars
+        .iter()
+        .filter_map(|(var, value)| {
+            let name = var.trim();
+            let head = name.get(..ENV_OVERRIDE_PREFIX.len())?;
+            if !head.eq_ignore_ascii_case(ENV_OVERRIDE_PREFIX) {
+                return None;
+            }
+            let segments: Vec<String> = name[ENV_OVERRIDE_PREFIX.len()..]
+                .split("__")
+                .map(str::to_ascii_lowercase)
+                .collect();
+            if segments.iter().any(String::is_empty) {
+                return None;
+            }
+            let plugin = segments[0].replace('_', "-");
+            // An override for a plugin the composition does not list is ignored rather than
+            // an "unknown plugin": one exported set of overrides must serve every
+            // composition. Nothing is printed (stdout belongs to results); there is no
+            // tracing yet to note it at debug level.
+            if !plugins.contains(&plugin) {
+                return None;
+            }
+            let path =
+                ["plugins".to_string(), plugin].into_iter().chain(segments.into_iter().skip(1));
+            Some(EnvOverride { var: var.clone(), path: path.collect(), value: value.clone() })
+        })
+        .collect();
+    // The environment has no order; sort so that overlapping overrides merge the same way
+    // every time.
+    found.sort_by(|a, b| a.var.cmp(&b.var));
+    found
+}
+
+/// The process environment, read once per load.
+fn process_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .collect()
+}
+
 /// A loaded, shape-checked composition.
 #[derive(Debug, Clone)]
 pub struct Composition {
     source_name: String,
     figment: Figment,
     plugins: Vec<String>,
+    env: Vec<EnvOverride>,
 }
 
 impl Composition {
@@ -100,7 +207,7 @@ impl Composition {
             return Self::from_figment(
                 format!("embedded:{selector}"),
                 Figment::from(StrictYaml::string(text)),
-                true,
+                &process_env(),
             );
         }
         let path = Path::new(selector);
@@ -122,7 +229,7 @@ impl Composition {
         Self::from_figment(
             abs.display().to_string(),
             Figment::from(StrictYaml::file_exact(&abs)),
-            true,
+            &process_env(),
         )
     }
 
@@ -131,18 +238,19 @@ impl Composition {
     /// # Errors
     /// As [`Composition::load`].
     pub fn from_yaml(source_name: &str, text: &str) -> Result<Self, CompositionError> {
-        Self::from_figment(source_name.into(), Figment::from(StrictYaml::string(text)), false)
+        Self::from_figment(source_name.into(), Figment::from(StrictYaml::string(text)), &[])
     }
 
+    /// Checks the file's shape, then merges the overrides among `env` for the plugins the
+    /// file lists: the file alone decides which plugins there are.
     fn from_figment(
         source_name: String,
         figment: Figment,
-        with_env: bool,
+        env: &[(String, String)],
     ) -> Result<Self, CompositionError> {
-        let figment = if with_env { figment.merge(env_overrides()) } else { figment };
         let top: TopLevel = figment.extract().map_err(|e| CompositionError::Invalid {
             source_name: source_name.clone(),
-            message: render(&e),
+            message: render_all(&e),
         })?;
         for name in top.plugins.keys() {
             if name.is_empty()
@@ -156,7 +264,11 @@ impl Composition {
                 });
             }
         }
-        Ok(Self { source_name, figment, plugins: top.plugins.into_keys().collect() })
+        let plugins: BTreeSet<String> = top.plugins.into_keys().collect();
+        let env = env_overrides(env, &plugins);
+        let figment =
+            if env.is_empty() { figment } else { figment.merge(EnvProvider(env.clone())) };
+        Ok(Self { source_name, figment, plugins: plugins.into_iter().collect(), env })
     }
 
     /// File path or `embedded:<name>`.
@@ -172,41 +284,116 @@ impl Composition {
     /// Deserializes one plugin's config; an empty or null entry means all defaults.
     ///
     /// # Errors
-    /// `BadConfig` naming the file, plugin and key (unknown field, wrong type).
+    /// `BadConfig` naming the file, plugin and key (unknown field, wrong type, an entry that
+    /// is not a map).
     pub fn plugin_config<T: DeserializeOwned>(&self, plugin: &str) -> Result<T, CompositionError> {
-        let key = format!("plugins.{plugin}");
-        let bad = |message: String| CompositionError::BadConfig {
+        let base = format!("plugins.{plugin}");
+        match self.figment.find_value(&base) {
+            Ok(Value::Dict(_, d)) if !d.is_empty() => {
+                // `focus` rather than `extract_inner`, which appends the entry's path after
+                // the key inside it (`timeout_ms.plugins.bash-local`); in the focused entry
+                // the error path is just the key inside it.
+                self.figment.focus(&base).extract::<T>().map_err(|e| self.bad(plugin, &e))
+            }
+            Ok(Value::Empty(..) | Value::Dict(..)) | Err(_) => {
+                Value::from(Dict::new()).deserialize::<T>().map_err(|e| self.bad(plugin, &e))
+            }
+            Ok(other) => other.deserialize::<T>().map_err(|e| {
+                // A bare value's error knows no provider: look its tag up in the figment.
+                let md = self.figment.get_metadata(other.tag());
+                let from_env = md.is_some_and(|m| m.name == ENV_SOURCE);
+                self.bad_at(plugin, Vec::new(), from_env, problem(&e.kind))
+            }),
+        }
+    }
+
+    /// The error for a [`ConfigIssue`] that `PluginConfig::validate` found in `plugin`'s
+    /// config, in the same form as a deserialization error (naming the variable when an
+    /// override set the key).
+    pub fn config_issue(&self, plugin: &str, issue: &ConfigIssue) -> CompositionError {
+        let inner: Vec<String> = issue.key.split('.').map(str::to_string).collect();
+        let full = key_path(plugin, inner.clone());
+        // Env overrides win over the file, so an override at exactly this key set it.
+        let from_env = self.env.iter().any(|o| o.path == full);
+        self.bad_at(plugin, inner, from_env, issue.problem.clone())
+    }
+
+    fn bad(&self, plugin: &str, e: &figment::Error) -> CompositionError {
+        // Deserialization stops at its first error, so the chain has one entry.
+        let from_env = e.metadata.as_ref().is_some_and(|m| m.name == ENV_SOURCE);
+        self.bad_at(plugin, e.path.clone(), from_env, problem(&e.kind))
+    }
+
+    fn bad_at(
+        &self,
+        plugin: &str,
+        inner: Vec<String>,
+        from_env: bool,
+        problem: String,
+    ) -> CompositionError {
+        let path = key_path(plugin, inner);
+        let origin = if from_env {
+            // The variable that set this key or the nearest enclosing one; an error about a
+            // whole entry (a missing field) may sit above the variable's key instead.
+            let var = self
+                .env
+                .iter()
+                .filter(|o| path.starts_with(&o.path))
+                .max_by_key(|o| o.path.len())
+                .or_else(|| self.env.iter().find(|o| o.path.starts_with(&path)));
+            match var {
+                Some(o) => format!(" (from environment variable {})", o.var),
+                None => format!(" (from a {ENV_OVERRIDE_PREFIX}* environment variable)"),
+            }
+        } else {
+            String::new()
+        };
+        CompositionError::BadConfig {
             source_name: self.source_name.clone(),
             plugin: plugin.into(),
-            message,
-        };
-        match self.figment.find_value(&key) {
-            Ok(Value::Dict(_, d)) if !d.is_empty() => {
-                self.figment.extract_inner::<T>(&key).map_err(|e| bad(render(&e)))
-            }
-            _ => Value::from(Dict::new()).deserialize::<T>().map_err(|e| bad(render(&e))),
+            key: path.join("."),
+            origin,
+            problem,
         }
     }
 }
 
-fn env_overrides() -> Env {
-    // figment lowercases keys only after filtering and mapping, so compare case-insensitively.
-    Env::prefixed("CONCH_")
-        .filter(|k| k.as_str().to_ascii_lowercase().starts_with("plugins__"))
-        .map(|k| {
-            let parts: Vec<String> =
-                k.as_str().to_ascii_lowercase().split("__").map(str::to_string).collect();
-            let mapped: Vec<String> = parts
-                .iter()
-                .enumerate()
-                .map(|(i, p)| if i == 1 { p.replace('_', "-") } else { p.clone() })
-                .collect();
-            mapped.join(".").into()
-        })
+/// `plugins.<plugin>.<inner...>` as segments.
+fn key_path(plugin: &str, inner: Vec<String>) -> Vec<String> {
+    ["plugins".to_string(), plugin.to_string()].into_iter().chain(inner).collect()
 }
 
-fn render(e: &figment::Error) -> String {
-    e.clone().into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+/// What is wrong, without figment's key and source suffix: callers name both in the
+/// composition's own terms.
+fn problem(kind: &Kind) -> String {
+    let one_of = |names: &[&str]| names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
+    match kind {
+        // figment renders these as "found `x`, expected ``a` or `b``"; the key path already
+        // names `x`, so say only what is accepted.
+        Kind::UnknownField(_, []) => "unknown key; none are accepted here".into(),
+        Kind::UnknownField(_, expected) => {
+            format!("unknown key; expected one of {}", one_of(expected).join(", "))
+        }
+        Kind::UnknownVariant(found, expected) => {
+            format!("unknown variant `{found}`; expected one of {}", one_of(expected).join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Every error of a chain, each naming its key when it has one.
+fn render_all(e: &figment::Error) -> String {
+    e.clone()
+        .into_iter()
+        .map(|e| {
+            if e.path.is_empty() {
+                problem(&e.kind)
+            } else {
+                format!("key `{}`: {}", e.path.join("."), problem(&e.kind))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]

@@ -122,6 +122,100 @@ fn env_overrides_reach_plugin_config() {
 }
 
 #[test]
+fn env_override_errors_name_the_key_and_the_variable() {
+    let out = conch()
+        .env("CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS", "soon")
+        .args(["check", "standard"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error[invalid_composition]: embedded:standard: plugin `bash-local`: key `plugins.bash-local.timeout_ms` (from environment variable CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS): invalid type: found string \"soon\", expected u64\n"
+    );
+    // A range check on an env value says where the value came from too.
+    let out = conch()
+        .env("CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS", "0")
+        .args(["check", "standard"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error[invalid_composition]: embedded:standard: plugin `bash-local`: key `plugins.bash-local.timeout_ms` (from environment variable CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS): must be greater than 0\n"
+    );
+}
+
+#[test]
+fn env_overrides_for_plugins_outside_the_composition_are_ignored() {
+    let standard = concat!(env!("CARGO_MANIFEST_DIR"), "/compositions/standard.yaml");
+    let out = conch()
+        .env("CONCH_PLUGINS__REMOTE_SANDBOX__URL", "http://x")
+        .env("CONCH_PLUGINS__TERMINAL_BASH__TIMEOUT_MS", "soon")
+        .args(["check", standard])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text(&out).starts_with("ok: "), "{}", text(&out));
+    let out = conch()
+        .env("CONCH_PLUGINS__REMOTE_SANDBOX__URL", "http://x")
+        .args(["--composition", "standard", "call", "bash", r#"{"command":"echo ok"}"#])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text(&out), "ok\n");
+    // A typo'd plugin name inside a composition file stays an error.
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo.yaml");
+    std::fs::write(&typo, "plugins:\n  subprocess-local: {}\n  bash-locl: {}\n").unwrap();
+    let out = conch().args(["check", typo.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error[provider_not_found]"), "{err}");
+    assert!(err.contains("unknown plugin `bash-locl` (did you mean `bash-local`?)"), "{err}");
+}
+
+/// The README's error examples, each a `$ command` line followed by what it prints on
+/// stderr, are exactly what the binary prints. They run in /tmp in the README; here in a
+/// private directory holding the same files.
+#[test]
+fn readme_error_examples_are_what_the_binary_prints() {
+    let readme = include_str!("../../README.md");
+    let start = readme.find("Errors are typed").expect("README has the error examples");
+    let block = readme[start..].split("```").nth(1).expect("a fenced block follows");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let files = [
+        ("bad.yaml", "plugins: { subprocess-local: {}, bash-local: { timeout_ms: soon } }\n"),
+        ("typo.yaml", "plugins: { subprocess-local: {}, bash-locl: {} }\n"),
+        ("alone.yaml", "plugins: { bash-local: {} }\n"),
+    ];
+    for (name, yaml) in files {
+        assert!(readme.contains(&format!("`{}`", yaml.trim())), "README shows {name}");
+        std::fs::write(root.join(name), yaml).unwrap();
+    }
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_conch")).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let lines: Vec<&str> = block.lines().filter(|l| !l.is_empty()).collect();
+    let mut checked = 0;
+    for pair in lines.chunks(2) {
+        let [cmd, want] = pair else { panic!("a command without output: {pair:?}") };
+        let cmd = cmd.strip_prefix("$ ").expect("command lines start with `$ `");
+        let cmd = cmd.replace("/tmp/", &format!("{}/", root.display()));
+        let out = Command::new("sh")
+            .env_remove("CONCH_HOME")
+            .env("PATH", &path)
+            .args(["-c", &cmd])
+            .output()
+            .unwrap();
+        let got =
+            String::from_utf8_lossy(&out.stderr).replace(&format!("{}/", root.display()), "/tmp/");
+        assert_eq!(got.trim_end(), *want, "README example `{cmd}`");
+        checked += 1;
+    }
+    assert!(checked >= 4, "{checked} examples");
+}
+
+#[test]
 fn ambient_credentials_and_managed_names_never_reach_commands() {
     let out = conch()
         .env("AWS_SECRET_ACCESS_KEY", "leak1")

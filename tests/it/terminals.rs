@@ -119,6 +119,32 @@ async fn cwd_and_exported_variables_persist_across_sends() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_argument_errors_name_the_field() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("s");
+    let e = rt
+        .call(&o, "terminal_send", json!({"session_id": "pty-1", "text": "x", "submit": "no"}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert_eq!(
+        e.message(),
+        "invalid arguments for `terminal_send`: submit: invalid type: string \"no\", expected a boolean"
+    );
+    let e = rt.call(&o, "terminal_send", json!({"session_id": "pty-1", "text": ["x"]})).await;
+    assert_eq!(
+        e.unwrap_err().message(),
+        "invalid arguments for `terminal_send`: text: invalid type: sequence, expected a string"
+    );
+    let e = rt
+        .call(&o, "terminal_send", json!({"session_id": "pty-1", "text": "x", "sumbit": true}))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("unknown field `sumbit`"), "{e}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_gives_session_exit_and_sigkill_at_the_shell_is_rejected() {
     let rt = terminal_runtime(3000);
     let (o, _) = owner("s");
@@ -293,6 +319,27 @@ mod persistent {
             bash(&rt, &o, json!({"command": "echo out; false"})).await,
             "out\n[exit code: 1]"
         );
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn argument_errors_name_the_field() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let e = rt.call(&o, "bash", json!({"command": "true", "timeout_ms": -5})).await;
+        let e = e.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+        assert_eq!(
+            e.message(),
+            "invalid arguments for `bash`: timeout_ms: invalid value: integer `-5`, expected u64"
+        );
+        let e = rt.call(&o, "bash", json!({"command": "true", "timeout_ms": "5000"})).await;
+        assert_eq!(
+            e.unwrap_err().message(),
+            "invalid arguments for `bash`: timeout_ms: invalid type: string \"5000\", expected u64"
+        );
+        let e = rt.call(&o, "bash", json!({"command": "true", "workdir": "/"})).await;
+        assert!(e.unwrap_err().message().contains("unknown field `workdir`"));
         rt.shutdown().await;
     }
 

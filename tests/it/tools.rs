@@ -136,6 +136,49 @@ async fn bash_writes_a_file_with_a_heredoc_longer_than_one_argument() {
 }
 
 #[tokio::test]
+async fn every_argument_error_names_its_field() {
+    let rt = standard();
+    let (o, _) = owner("s");
+    let cases = [
+        (
+            "bash",
+            json!({"command": "true", "timeout_ms": -5}),
+            "invalid arguments for `bash`: timeout_ms: invalid value: integer `-5`, expected u64",
+        ),
+        (
+            "bash",
+            json!({"command": "true", "timeout_ms": "5000"}),
+            "invalid arguments for `bash`: timeout_ms: invalid type: string \"5000\", expected u64",
+        ),
+        (
+            "bash",
+            json!({"command": "true", "run_in_background": "yes"}),
+            "invalid arguments for `bash`: run_in_background: invalid type: string \"yes\", expected a boolean",
+        ),
+        (
+            "job_output",
+            json!({"job_id": "bash-1", "timeout_ms": "soon"}),
+            "invalid arguments for `job_output`: timeout_ms: invalid type: string \"soon\", expected u64",
+        ),
+        (
+            "job_output",
+            json!({"job_id": 7}),
+            "invalid arguments for `job_output`: job_id: invalid type: integer `7`, expected a string",
+        ),
+    ];
+    for (tool, args, want) in cases {
+        let e = rt.call(&o, tool, args).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+        assert_eq!(e.message(), want);
+    }
+    // An unknown field is named too (deny_unknown_fields).
+    let e = rt.call(&o, "bash", json!({"command": "true", "timeout_mss": 5})).await.unwrap_err();
+    assert!(e.message().starts_with("invalid arguments for `bash`: "), "{e}");
+    assert!(e.message().contains("unknown field `timeout_mss`"), "{e}");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
 async fn background_job_output_is_a_consuming_delta_and_wait_returns_final() {
     let rt = standard();
     let (o, _) = owner("s");

@@ -208,7 +208,12 @@ impl BuildContext<'_> {
         let config: T = self.composition.plugin_config(self.plugin).map_err(|e| {
             Error::new(ErrorCode::InvalidComposition, e.to_string()).with_provider("registry")
         })?;
-        config.check(self.plugin).map_err(|e| self.locate(e))?;
+        // Through the composition rather than `PluginConfig::check`, so that a bad value set
+        // by an environment override names its variable.
+        config.validate().map_err(|issue| {
+            let e = self.composition.config_issue(self.plugin, &issue);
+            Error::new(ErrorCode::InvalidComposition, e.to_string())
+        })?;
         Ok(config)
     }
 

@@ -1,5 +1,6 @@
 //! Plugin configuration: one convention for how every plugin's config is validated and how a
-//! bad value is reported (`<file>: plugin `<name>`: key `<key>`: <problem>`).
+//! bad value is reported (`<file>: plugin `<name>`: key `plugins.<name>.<key>`: <problem>`,
+//! the key spelled as in a composition).
 
 use serde::de::DeserializeOwned;
 
@@ -56,7 +57,7 @@ impl ConfigIssue {
     pub fn into_error(self, plugin: &str) -> Error {
         Error::new(
             ErrorCode::InvalidComposition,
-            format!("plugin `{plugin}`: key `{}`: {}", self.key, self.problem),
+            format!("plugin `{plugin}`: key `plugins.{plugin}.{}`: {}", self.key, self.problem),
         )
     }
 }
@@ -97,7 +98,10 @@ mod tests {
         assert_eq!(ConfigIssue::positive("timeout_ms", 1), Ok(()));
         let e = ConfigIssue::positive("timeout_ms", 0).unwrap_err().into_error("bash-local");
         assert_eq!(e.code(), ErrorCode::InvalidComposition);
-        assert_eq!(e.message(), "plugin `bash-local`: key `timeout_ms`: must be greater than 0");
+        assert_eq!(
+            e.message(),
+            "plugin `bash-local`: key `plugins.bash-local.timeout_ms`: must be greater than 0"
+        );
         let e = ConfigIssue::at_least("max_read_bytes", 10, 64).unwrap_err();
         assert_eq!(e.problem, "must be at least 64");
         assert_eq!(
