@@ -330,3 +330,43 @@ fn terminal_and_persistent_shells_get_the_managed_env_and_not_ambient_secrets() 
     let out = run("minimal", &[&call.to_string()]);
     assert!(out.contains("sid=cli shell=1 pw=none"), "{out}");
 }
+
+#[test]
+fn regression_10_a_child_cannot_read_the_secrets_of_conch_through_proc() {
+    use std::os::unix::process::CommandExt;
+    // Run conch as an unprivileged user (as root, as `nobody`), so the check is the one
+    // same-user children face; root could read anything anyway.
+    let mut c = conch();
+    let as_root = nix_uid_is_root();
+    if as_root {
+        c.uid(65534).gid(65534).env("HOME", "/tmp");
+    }
+    let probe = "cat /proc/$PPID/environ >/dev/null 2>&1 && echo readable || echo closed; \
+                 tr '\\0' '\\n' </proc/$PPID/environ 2>/dev/null | grep -c CONCH_TEST_SECRET_KEY";
+    let out = c
+        .current_dir("/tmp")
+        .env("CONCH_TEST_SECRET_KEY", "hunter2")
+        .env("CONCH_PLUGINS__BASH_LOCAL__CWD", "/tmp")
+        .args(["call", "bash", &serde_json::json!({ "command": probe }).to_string()])
+        .output()
+        .unwrap();
+    let stdout = text(&out);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.starts_with("closed\n"),
+        "the parent's environ is closed to its child: {stdout}"
+    );
+    assert!(!stdout.contains("hunter2"));
+}
+
+/// True when the tests run as root (then conch is run as `nobody` above).
+fn nix_uid_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}

@@ -60,9 +60,26 @@ pub struct LocalSubprocess {
     spill_root: Mutex<Option<PathBuf>>,
 }
 
+/// Makes this process non-dumpable (once): its `/proc/<pid>/environ`, `mem` and the like
+/// then stay closed to processes of the same user, so a child cannot read back the
+/// credentials the environment scrub kept from it through its parent. Children are
+/// dumpable again after their own exec, so the stdin-wait probe still reads their `/proc`.
+fn harden_self() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(target_os = "linux")]
+        {
+            // Best effort: a failure leaves the process as it was, which is no worse.
+            let _ = nix::sys::prctl::set_dumpable(false);
+        }
+    });
+}
+
 impl LocalSubprocess {
-    /// A provider with the given config.
+    /// A provider with the given config. Makes this process non-dumpable (see the README's
+    /// environment policy).
     pub fn new(config: LocalConfig) -> Self {
+        harden_self();
         Self {
             config,
             live: Mutex::default(),
