@@ -495,6 +495,12 @@ pub struct TerminalObservation {
     pub leader_owns_foreground: bool,
     /// The stdin-wait probe's answer.
     pub stdin: StdinWait,
+    /// Total output bytes `read_chunk` had handed out when the sample was taken.
+    pub delivered_bytes: u64,
+    /// The provider held output it had not handed out yet. A consumer that has taken in
+    /// `delivered_bytes` and sees no pending output knows the output written before the
+    /// sample (a prompt printed before a blocking read) has reached it.
+    pub output_pending: bool,
 }
 
 /// Which foreground group a signal may reach.

@@ -77,6 +77,8 @@ fn statuses_reads_and_terminal_specs_round_trip() {
         foreground: Some(12),
         leader_owns_foreground: false,
         stdin: StdinWait::Unavailable,
+        delivered_bytes: 9,
+        output_pending: true,
     };
     assert_eq!(round_trip(&obs), obs);
     assert_eq!(serde_json::to_value(Signal::Winch).unwrap(), "SIGWINCH");

@@ -121,15 +121,36 @@ fn group_waits_on_stdin(pgid: i32) -> bool {
 
 /// What the tasks of group `pgid` are doing about input on an fd that matches `stdin`
 /// (see [`StdinMatch`]).
-pub(crate) fn group_waits_on(pgid: i32, stdin: StdinMatch<'_>) -> StdinWait {
+#[cfg(test)]
+fn group_waits_on(pgid: i32, stdin: StdinMatch<'_>) -> StdinWait {
+    members_wait_on(pgid, &procfs::group_members(pgid), stdin)
+}
+
+/// Like `group_waits_on` for the foreground group of a terminal whose session leader is
+/// `sid`: only the session's process tree is looked at, not every process of the machine.
+pub(crate) fn foreground_waits_on(sid: i32, pgid: i32, stdin: StdinMatch<'_>) -> StdinWait {
+    let members: Vec<i32> = match procfs::tree(sid) {
+        Some(tree) => {
+            let mut m: Vec<i32> = tree.iter().filter(|s| s.pgrp == pgid).map(|s| s.pid).collect();
+            // A job leader the tree walk could miss (reparented away) is still the group id.
+            if !m.contains(&pgid) && procfs::stat(pgid).is_some_and(|s| s.pgrp == pgid) {
+                m.push(pgid);
+            }
+            m
+        }
+        None => procfs::group_members(pgid),
+    };
+    members_wait_on(pgid, &members, stdin)
+}
+
+fn members_wait_on(pgid: i32, members: &[i32], stdin: StdinMatch<'_>) -> StdinWait {
     if !SUPPORTED {
         return StdinWait::Unavailable;
     }
     if pgid <= 0 {
         return StdinWait::NotWaiting;
     }
-    let seen =
-        Seen::any(procfs::group_members(pgid).into_iter().map(|pid| process_waits_on(pid, stdin)));
+    let seen = Seen::any(members.iter().map(|pid| process_waits_on(*pid, stdin)));
     match seen {
         Seen::Waiting => StdinWait::Waiting,
         Seen::NotWaiting => StdinWait::NotWaiting,

@@ -99,6 +99,35 @@ pub(crate) fn all() -> Vec<Stat> {
         .collect()
 }
 
+/// `root` and its descendants, found through `/proc/<pid>/task/<tid>/children` rather than
+/// a scan of every process (bounded; `None` when the kernel has no children files).
+pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
+    const MAX: usize = 4096;
+    let mut out = Vec::new();
+    let mut queue = std::collections::VecDeque::from([root]);
+    let mut seen = HashSet::new();
+    while let Some(pid) = queue.pop_front() {
+        if out.len() >= MAX || !seen.insert(pid) {
+            continue;
+        }
+        let Some(s) = stat(pid) else { continue };
+        out.push(s);
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for t in tasks.flatten() {
+            match std::fs::read_to_string(t.path().join("children")) {
+                Ok(list) => {
+                    queue.extend(list.split_whitespace().filter_map(|c| c.parse::<i32>().ok()))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && out.len() == 1 => {
+                    return None;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    Some(out)
+}
+
 /// Pids whose process group is `pgid` (zombies included).
 pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
     all().into_iter().filter(|s| s.pgrp == pgid).map(|s| s.pid).collect()

@@ -9,6 +9,7 @@
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -55,6 +56,10 @@ pub(crate) struct TermInner {
     output: tokio::sync::Mutex<mpsc::Receiver<Vec<u8>>>,
     status: watch::Sender<Option<ExitStatus>>,
     tty: Option<PathBuf>,
+    /// Bytes read from the master but not handed out by `read_chunk` yet.
+    queued: Arc<AtomicU64>,
+    /// Bytes handed out by `read_chunk` so far.
+    delivered: AtomicU64,
 }
 
 impl fmt::Debug for TermInner {
@@ -155,20 +160,26 @@ impl TermInner {
     }
 
     fn observe(&self, probe_stdin: Probe) -> TerminalObservation {
+        // Read before the sample: output counted as delivered here was written before it.
+        let delivered_bytes = self.delivered.load(Ordering::Acquire);
+        let output_pending = self.queued.load(Ordering::Acquire) > 0;
         let foreground = self.foreground_pgid();
         let stdin = match (probe_stdin, foreground) {
             (Probe::Foreground, _) => StdinWait::NotProbed,
             // No foreground group: nothing can be waiting on the terminal.
             (Probe::Stdin, None) => StdinWait::NotWaiting,
             (Probe::Stdin, Some(pg)) => match &self.tty {
-                Some(tty) => probe::group_waits_on(pg, StdinMatch::Tty(tty)),
-                None => probe::group_waits_on(pg, StdinMatch::AnyPts),
+                Some(tty) => probe::foreground_waits_on(self.sid(), pg, StdinMatch::Tty(tty)),
+                None => probe::foreground_waits_on(self.sid(), pg, StdinMatch::AnyPts),
             },
         };
         TerminalObservation {
             foreground,
             leader_owns_foreground: foreground == Some(self.sid()),
             stdin,
+            delivered_bytes,
+            // Anything read from the master while the sample ran is pending too.
+            output_pending: output_pending || self.queued.load(Ordering::Acquire) > 0,
         }
     }
 
@@ -272,13 +283,16 @@ fn check_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Result<()
     }
 }
 
-fn pump(mut reader: Box<dyn Read + Send>, tx: mpsc::Sender<Vec<u8>>) {
+fn pump(mut reader: Box<dyn Read + Send>, tx: mpsc::Sender<Vec<u8>>, queued: Arc<AtomicU64>) {
     let mut buf = vec![0u8; READ_BUF];
     loop {
         match reader.read(&mut buf) {
             // portable-pty maps the master's EIO (every slave fd closed) to Ok(0).
             Ok(0) => break,
             Ok(n) => {
+                // Counted before the send, so a reader never sees the bytes as delivered
+                // while the counter still says nothing is pending.
+                queued.fetch_add(n as u64, Ordering::AcqRel);
                 if tx.blocking_send(buf[..n].to_vec()).is_err() {
                     // Nobody can read any more; stop holding the master open.
                     break;
@@ -353,10 +367,14 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
         output: tokio::sync::Mutex::new(rx),
         status: watch::Sender::new(None),
         tty,
+        queued: Arc::new(AtomicU64::new(0)),
+        delivered: AtomicU64::new(0),
     });
 
-    if let Err(e) =
-        std::thread::Builder::new().name("conch-pty-read".into()).spawn(move || pump(reader, tx))
+    let queued = Arc::clone(&inner.queued);
+    if let Err(e) = std::thread::Builder::new()
+        .name("conch-pty-read".into())
+        .spawn(move || pump(reader, tx, queued))
     {
         reap.kill_now();
         let _ = reap.wait();
@@ -392,7 +410,15 @@ impl TerminalProcess for LocalTerminal {
 
     async fn read_chunk(&self) -> Result<Option<Vec<u8>>> {
         // A local PTY has no transport to lose: the only end is EOF.
-        Ok(self.inner.output.lock().await.recv().await)
+        let chunk = self.inner.output.lock().await.recv().await;
+        if let Some(c) = &chunk {
+            let n = c.len() as u64;
+            // Delivered first: for an instant a sample may count these bytes twice
+            // (pending and delivered), never zero times.
+            self.inner.delivered.fetch_add(n, Ordering::AcqRel);
+            self.inner.queued.fetch_sub(n, Ordering::AcqRel);
+        }
+        Ok(chunk)
     }
 
     async fn write(&self, data: &[u8]) -> Result<()> {
@@ -419,7 +445,15 @@ impl TerminalProcess for LocalTerminal {
     }
 
     async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {
-        Ok(self.inner.observe(probe))
+        if probe == Probe::Foreground {
+            // One ioctl on the master: cheap enough for the async workers.
+            return Ok(self.inner.observe(probe));
+        }
+        // The probe reads /proc files: keep that blocking work off the async workers.
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.observe(probe))
+            .await
+            .map_err(|e| pty_error("probe the terminal", e))
     }
 
     async fn signal_foreground(

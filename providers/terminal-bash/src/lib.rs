@@ -33,7 +33,7 @@ const MARKER_OSC: &str = "7770";
 pub struct TerminalBashConfig {
     /// How often readiness is re-checked.
     pub poll_interval_ms: u64,
-    /// Delay before the exact stdin-wait probe is trusted after a send.
+    /// Earliest exact stdin-wait probe after a send (probes then follow output quiet).
     pub exact_probe_after_ms: u64,
     /// Output silence that counts as inferred idle.
     pub idle_silence_ms: u64,
@@ -57,7 +57,7 @@ impl Default for TerminalBashConfig {
     fn default() -> Self {
         Self {
             poll_interval_ms: 50,
-            exact_probe_after_ms: 150,
+            exact_probe_after_ms: 0,
             idle_silence_ms: 3000,
             timeout_ms: 30_000,
             dispose_grace_ms: 3000,

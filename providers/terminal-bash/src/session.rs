@@ -5,8 +5,9 @@
 //! # Invariants
 //! - A prompt counts (Tier 0) only once printable text follows our private marker *and* the
 //!   provider observes bash's own group in the foreground.
-//! - The stdin-wait probe (Tier 1) counts only after [`STABLE_SAMPLES`] consecutive positive
-//!   samples; "unavailable" is never taken as waiting.
+//! - The stdin-wait probe (Tier 1) counts only after [`TIER1_CONFIRMATIONS`] consecutive
+//!   positive samples with no output between them, and only once every byte the terminal
+//!   produced before the sample was taken in; "unavailable" is never taken as waiting.
 //! - A lost transport is an error (`connection_failed`), never a session exit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,8 +29,12 @@ use crate::parser::{Event, Parser};
 use crate::scrollback::Scrollback;
 use crate::{NAME, TerminalBashConfig};
 
-/// Consecutive positive probe samples required before trusting Tier 1.
+/// Consecutive positive probe samples before an interrupt counts as settled.
 const STABLE_SAMPLES: u32 = 3;
+/// Positive Tier 1 samples, with no output between them, before readiness is reported.
+const TIER1_CONFIRMATIONS: u32 = 2;
+/// The shortest gap between two Tier 1 probes.
+const MIN_PROBE_GAP: Duration = Duration::from_millis(1);
 /// How long a send right after terminal_signal waits for the signalled command's own prompt,
 /// so that prompt is not taken as the send's result.
 const SIGNAL_SETTLE: Duration = Duration::from_millis(1_000);
@@ -73,6 +78,8 @@ struct State {
     eof: bool,
     /// Set when reading the terminal failed for a reason other than EOF.
     lost: Option<String>,
+    /// Bytes taken in from `read_chunk` so far (compared with the provider's count).
+    ingested: u64,
     /// Prompt count and time of the last signal delivered while bash was not at its prompt.
     signalled: Option<(u64, Instant)>,
 }
@@ -105,6 +112,7 @@ impl Shared {
 
     fn ingest(&self, chunk: &[u8]) {
         let mut st = self.lock();
+        st.ingested += chunk.len() as u64;
         let events = st.parser.feed(chunk);
         st.last_output = Instant::now();
         for ev in events {
@@ -167,6 +175,7 @@ pub(crate) fn start(
             marker_armed: false,
             eof: false,
             lost: None,
+            ingested: 0,
             signalled: None,
         }),
         config,
@@ -319,15 +328,18 @@ impl BashSession {
         let idle = Duration::from_millis(cfg.idle_silence_ms);
         let probe_after = Duration::from_millis(cfg.exact_probe_after_ms);
         let poll = Duration::from_millis(cfg.poll_interval_ms);
-        let mut stable = 0;
+        // Tier 1 confirmations so far, and the output position the first one saw.
+        let mut confirmed: Option<(u32, Instant)> = None;
+        let mut next_probe = started + probe_after;
         loop {
             let notified = sh.changed.notified();
-            let (prompts, eof, last_output, code) = {
+            let (prompts, eof, last_output, code, ingested) = {
                 let st = sh.lock();
                 if let Some(why) = &st.lost {
                     return Err(lost(why));
                 }
-                (st.prompts, st.eof, st.last_output, st.frame.as_ref().and_then(FrameScanner::code))
+                let code = st.frame.as_ref().and_then(FrameScanner::code);
+                (st.prompts, st.eof, st.last_output, code, st.ingested)
             };
             // Tier 0: our own prompt, accepted only while bash owns the foreground group. A
             // framed command's prompt counts only once its end marker came.
@@ -351,25 +363,48 @@ impl BashSession {
             if elapsed >= timeout {
                 return Ok(Ready::Reason(WaitReason::Timeout));
             }
-            // Tier 1: an exact stdin-wait observation, stable over several samples. Once a
-            // framed command's end marker is in, only its prompt is awaited.
-            if elapsed >= probe_after && !eof && code.is_none() {
-                if sh.observe(Probe::Stdin).await?.stdin == StdinWait::Waiting {
-                    stable += 1;
-                    if stable >= STABLE_SAMPLES {
+            // Tier 1: an exact stdin-wait observation, confirmed by a second sample with no
+            // output in between, and only once every byte the terminal produced before the
+            // sample reached us (a prompt printed just before a blocking read). Once a
+            // framed command's end marker is in, only its prompt is awaited. Probes start as
+            // soon as output goes quiet and space out as the quiet lasts (a fraction of it,
+            // capped at the poll interval), so a quick wait is seen quickly and a long
+            // silent command costs few probes.
+            let now = Instant::now();
+            if now >= next_probe && !eof && code.is_none() {
+                let obs = sh.observe(Probe::Stdin).await?;
+                let complete = !obs.output_pending && ingested >= obs.delivered_bytes;
+                if obs.stdin == StdinWait::Waiting && complete {
+                    let (n, since) = match confirmed {
+                        Some((n, since)) if since == last_output => (n + 1, since),
+                        _ => (1, last_output),
+                    };
+                    if n >= TIER1_CONFIRMATIONS {
                         return Ok(Ready::Reason(WaitReason::StdinRead));
                     }
+                    confirmed = Some((n, since));
                 } else {
-                    stable = 0;
+                    confirmed = None;
                 }
+                let quiet = now.saturating_duration_since(last_output.max(started));
+                next_probe = now + (quiet / 8).clamp(MIN_PROBE_GAP, poll.max(MIN_PROBE_GAP));
             }
             // Tier 2: output silence (a framed command keeps waiting for its marker).
             if !framed && last_output.elapsed() >= idle && elapsed >= idle {
                 return Ok(Ready::Reason(WaitReason::InferredIdle));
             }
+            // With nothing to probe (the end marker is in, or the shell hung up), a poll tick
+            // re-checks the prompt and the exit.
+            let now = Instant::now();
+            let probing = !eof && code.is_none();
+            let probe_wake = if probing { next_probe.max(now) } else { now + poll };
+            let mut wake = (started + timeout).min(probe_wake);
+            if !framed {
+                wake = wake.min(last_output.max(started) + idle);
+            }
             tokio::select! {
                 () = notified => {}
-                () = tokio::time::sleep(poll) => {}
+                () = tokio::time::sleep_until(wake.into()) => {}
                 () = cancel.cancelled() => {}
             }
         }

@@ -111,6 +111,22 @@ pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) {
     close(s.as_ref()).await;
 }
 
+pub async fn output_written_before_a_blocking_read_is_all_in_the_result(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    // The program blocks right after a burst of output: readiness must not beat the output.
+    for _ in 0..5 {
+        let r = send(s.as_ref(), "seq 1 20000; read -p 'last? ' x").await;
+        assert_eq!(r.wait_reason, WaitReason::StdinRead, "{:?}", r.wait_reason);
+        assert!(
+            r.delta.ends_with("19999\n20000\nlast? "),
+            "{:?}",
+            &r.delta[r.delta.len().saturating_sub(40)..]
+        );
+        send(s.as_ref(), "y").await;
+    }
+    close(s.as_ref()).await;
+}
+
 pub async fn a_program_reading_dev_tty_is_stdin_read(p: &dyn TerminalBackend) {
     // Stdin is /dev/null; the program asks the terminal itself, as less, ssh and sudo do.
     let s = open(p).await;
