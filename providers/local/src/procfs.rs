@@ -116,7 +116,7 @@ pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
         for t in tasks.flatten() {
             match std::fs::read_to_string(t.path().join("children")) {
                 Ok(list) => {
-                    queue.extend(list.split_whitespace().filter_map(|c| c.parse::<i32>().ok()))
+                    queue.extend(list.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && out.len() == 1 => {
                     return None;
