@@ -2,6 +2,7 @@
 //! and benchmark the one-shot path.
 
 mod bench;
+mod floors;
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -46,15 +47,19 @@ enum Command {
     },
     /// List registered plugins.
     Plugins,
-    /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`) or `terminal` (raw PTY vs
-    /// terminal_send vs persistent bash, and time to stdin_read).
+    /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
+    /// terminal_send vs persistent bash, and time to stdin_read), or `floors` (every goal
+    /// next to its floor measured in the same run, with the ratio).
     Bench {
         /// Which benchmark.
-        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal"])]
+        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors"])]
         suite: String,
         /// Iterations per measurement.
         #[arg(long, default_value_t = 50)]
         iterations: usize,
+        /// Print the `floors` rows as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -118,8 +123,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { suite, iterations } => {
-            let report = if suite == "terminal" {
+        Command::Bench { suite, iterations, json } => {
+            let report = if json || suite == "floors" {
+                floors::run(iterations, json).await
+            } else if suite == "terminal" {
                 bench::run_terminal(iterations.max(1)).await
             } else {
                 let runtime =

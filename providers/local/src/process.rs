@@ -63,7 +63,7 @@ impl Inner {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             // The child is its own group leader, so its pid is the pgid.
-            let group = Targets { group: Some(me.group()), ..Targets::default() };
+            let group = Targets { group: Some(me.group()), unreported: true, ..Targets::default() };
             let report = procfs::stop(&group, nix::sys::signal::Signal::SIGTERM, me.grace).await;
             if report.survivors.is_empty() {
                 me.group_gone.send_replace(true);
@@ -117,10 +117,16 @@ impl Inner {
                 let killed = async {
                     let _ = gone.wait_for(|g| *g).await;
                 };
-                tokio::select! {
-                    () = finished => {}
-                    () = killed => {}
-                    () = tokio::time::sleep_until(deadline) => {}
+                let was_killed = tokio::select! {
+                    () = finished => false,
+                    () = killed => true,
+                    () = tokio::time::sleep_until(deadline) => false,
+                };
+                if was_killed {
+                    // The group is proven gone; its pipe ends close with it, and the pumps
+                    // see EOF a moment later. Only a pipe still open after that has a holder
+                    // outside the group worth the scan of every process's fds.
+                    drain_pumps(&self.open_pumps, Some(KILLED_DRAIN)).await;
                 }
                 // Closed pipes have no holders: only an open one is worth an fd scan.
                 let pipes_open = *self.open_pumps.borrow() > 0;

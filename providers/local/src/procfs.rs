@@ -23,8 +23,11 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
-/// How often a set being stopped (or a group being waited for) is rescanned.
+/// How often a set being stopped (or a group being waited for) is rescanned, at most.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+/// The first rescan comes this soon; the gap doubles up to [`PROBE_INTERVAL`], so a set
+/// that goes at once is seen gone at once, and a stubborn one costs few scans.
+const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(1);
 /// After KILL, how long to keep proving a set is gone before reporting survivors.
 pub(crate) const AFTER_KILL_LIMIT: Duration = Duration::from_secs(30);
 
@@ -253,6 +256,9 @@ pub(crate) struct Targets<'a> {
     pub(crate) descendants_of: Option<ProcId>,
     /// Every member of this session.
     pub(crate) session: Option<i32>,
+    /// Nobody needs to know which processes were stopped: a group target is then signalled
+    /// at once, before any scan (the report lists only what later scans found).
+    pub(crate) unreported: bool,
 }
 
 /// One process [`stop`] signalled.
@@ -288,15 +294,34 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         && targets.descendants_of.is_none()
         && targets.session.is_none();
     let mut survivors = Vec::new();
+    // A plain group kill reports nothing, so it need not look before it signals: the group
+    // signal goes out at once (after a cheap identity check), and the common case, a group
+    // that is gone a moment later, never costs a scan of every process.
+    if let Some(g) = targets.group.filter(|_| only_group && targets.unreported)
+        && stat(g.pgid).is_none_or(|s| g.leader_start.is_none_or(|start| s.start == start))
+    {
+        let _ = killpg(Pid::from_raw(g.pgid), first);
+        let _ = killpg(Pid::from_raw(g.pgid), Signal::SIGCONT);
+        first_round = false;
+    }
+    let mut pause = MIN_PROBE_INTERVAL;
     loop {
-        // A group with no member at all and nothing else tracked needs no scan.
+        // A group with no member at all, and nothing else tracked alive, needs no scan.
         if only_group
-            && tracked.is_empty()
             && targets
                 .group
                 .is_some_and(|g| killpg(Pid::from_raw(g.pgid), None) == Err(Errno::ESRCH))
+            && tracked.keys().all(|id| !alive(*id))
         {
             break;
+        }
+        if only_group && !first_round && tracked.is_empty() && pause < PROBE_INTERVAL {
+            // Give the signalled group a moment to go before the first scan.
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            if tokio::time::Instant::now() < term_until {
+                continue;
+            }
         }
         let procs = all();
         // Once the id names a stranger's group, nothing is matched or signalled by group.
@@ -353,7 +378,8 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
             }
         }
         first_round = false;
-        tokio::time::sleep(PROBE_INTERVAL).await;
+        tokio::time::sleep(pause.min(PROBE_INTERVAL)).await;
+        pause = (pause * 2).min(PROBE_INTERVAL);
     }
     let mut stopped: Vec<Stopped> = tracked.into_values().collect();
     stopped.sort_by_key(|s| s.id.pid);

@@ -150,7 +150,7 @@ impl TermInner {
         // the group id) cannot be recycled before the reaper thread collects it.
         if self.status.borrow().is_none() {
             let leader = procfs::Group { pgid: self.sid(), leader_start: self.start };
-            let group = Targets { group: Some(leader), ..Targets::default() };
+            let group = Targets { group: Some(leader), unreported: true, ..Targets::default() };
             procfs::stop(&group, Signal::SIGHUP, grace).await;
         }
         match self.wait_exit(REAP_LIMIT).await {

@@ -1,0 +1,373 @@
+//! `conch bench --suite floors`: every latency and throughput goal of conch next to the
+//! physical floor measured in the same run (raw spawn, raw PTY, raw pipe), with the ratio
+//! and whether the goal is met. `--json` prints the same rows as JSON.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail, ensure};
+use conch_registry::Runtime;
+use conch_seams::{
+    CollectingSink, NoticeSink, Owner, Probe, StdinWait, TerminalProcess, TerminalSpawnSpec,
+};
+use serde_json::json;
+
+/// A goal: what must hold for a row to count as met.
+#[derive(Clone, Copy, Debug)]
+enum Goal {
+    /// measured <= this many ms.
+    AtMostMs(f64),
+    /// measured <= floor + this many ms.
+    FloorPlusMs(f64),
+    /// measured / floor <= this.
+    Ratio(f64),
+}
+
+impl Goal {
+    fn text(self) -> String {
+        match self {
+            Goal::AtMostMs(ms) => format!("<= {ms} ms"),
+            Goal::FloorPlusMs(ms) => format!("<= floor + {ms} ms"),
+            Goal::Ratio(r) => format!("<= {r:.2}x floor"),
+        }
+    }
+
+    fn met(self, measured: f64, floor: Option<f64>) -> bool {
+        match (self, floor) {
+            (Goal::AtMostMs(ms), _) => measured <= ms,
+            (Goal::FloorPlusMs(ms), Some(f)) => measured <= f + ms,
+            (Goal::Ratio(r), Some(f)) => f > 0.0 && measured / f <= r,
+            (_, None) => false,
+        }
+    }
+}
+
+struct Row {
+    path: &'static str,
+    unit: &'static str,
+    measured: f64,
+    floor: Option<f64>,
+    floor_name: &'static str,
+    goal: Goal,
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1000.0
+}
+
+async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<f64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f().await?;
+        v.push(t.elapsed());
+    }
+    Ok(median(v))
+}
+
+fn owner() -> Arc<Owner> {
+    Owner::new("bench", Arc::new(CollectingSink::default()) as Arc<dyn NoticeSink>)
+}
+
+fn e(err: conch_seams::Error) -> anyhow::Error {
+    anyhow!("{err}")
+}
+
+/// Samples the probe without pause until `pred` holds (the floor: when the program waits).
+async fn until_waiting(
+    t: &dyn TerminalProcess,
+    pred: impl Fn(&conch_seams::TerminalObservation) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let obs = t.observe(Probe::Stdin).await.map_err(e)?;
+        if obs.stdin == StdinWait::Waiting && pred(&obs) {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "the raw terminal never waited for input");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Reads a terminal until its accumulated output contains `needle`.
+async fn read_until(t: &dyn TerminalProcess, needle: &str) -> anyhow::Result<()> {
+    let mut seen = String::new();
+    while !seen.contains(needle) {
+        match t.read_chunk().await.map_err(e)? {
+            Some(c) => seen.push_str(&String::from_utf8_lossy(&c)),
+            None => bail!("the raw terminal exited"),
+        }
+    }
+    Ok(())
+}
+
+async fn terminal_send(rt: &Runtime, o: &Arc<Owner>, id: &str, text: &str) -> anyhow::Result<()> {
+    let r =
+        rt.call(o, "terminal_send", json!({"session_id": id, "text": text})).await.map_err(e)?;
+    let reason = r.structured.as_ref().and_then(|s| s["wait_reason"].as_str()).unwrap_or("");
+    ensure!(reason == "stdin_read", "terminal_send {text:?} returned {reason}");
+    Ok(())
+}
+
+/// Runs every measurement and renders the table (or JSON).
+///
+/// # Errors
+/// When a runtime cannot be built or a measured call fails.
+pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<String> {
+    let n = iterations.max(1);
+    let mut rows = Vec::new();
+
+    // One-shot: the bash tool vs a raw spawn of `bash -c true`.
+    let standard = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+    let o = owner();
+    let raw = timed(n, || async {
+        let s = tokio::process::Command::new("bash").args(["-c", "true"]).status().await?;
+        ensure!(s.success(), "bash -c true failed");
+        Ok(())
+    })
+    .await?;
+    let tool = timed(n, || async {
+        let out = standard.call(&o, "bash", json!({"command": "true"})).await.map_err(e)?;
+        ensure!(out.text.is_empty(), "unexpected output {:?}", out.text);
+        Ok(())
+    })
+    .await?;
+    rows.push(Row {
+        path: "one-shot bash tool `true`",
+        unit: "ms",
+        measured: tool,
+        floor: Some(raw),
+        floor_name: "raw bash -c true",
+        goal: Goal::Ratio(1.10),
+    });
+
+    // The whole CLI process vs a bash process.
+    let exe = std::env::current_exe().context("locating the conch binary")?;
+    let call = timed(n.min(20), || {
+        let exe = exe.clone();
+        async move {
+            let s = tokio::process::Command::new(exe)
+                .args(["call", "bash", r#"{"command":"true"}"#])
+                .stdout(std::process::Stdio::null())
+                .status()
+                .await?;
+            ensure!(s.success(), "conch call failed");
+            Ok(())
+        }
+    })
+    .await?;
+    rows.push(Row {
+        path: "`conch call bash true` process",
+        unit: "ms",
+        measured: call,
+        floor: Some(raw),
+        floor_name: "raw bash -c true",
+        goal: Goal::Ratio(1.5),
+    });
+
+    // Terminals: raw PTY floors through the subprocess seam, then the tools.
+    let terminal = conch::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
+    let minimal = conch::build_runtime("minimal").map_err(|e| anyhow!("{e}"))?;
+    let sub = terminal.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
+    let mut spec = TerminalSpawnSpec::in_default_dir(
+        ["bash", "--norc", "--noprofile", "-i"].iter().map(|s| (*s).to_string()).collect(),
+    );
+    spec.env.insert("PS1".into(), Some("RAW$ ".into()));
+    let raw_bash = sub.spawn_terminal(spec).await.map_err(e)?;
+    read_until(raw_bash.as_ref(), "RAW$ ").await?;
+    let mut read_p_floor = Vec::new();
+    let mut python_floor = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        raw_bash.write(b"read -p 'v? ' v\r").await.map_err(e)?;
+        read_until(raw_bash.as_ref(), "v? ").await?;
+        until_waiting(raw_bash.as_ref(), |o| o.leader_owns_foreground).await?;
+        read_p_floor.push(t0.elapsed());
+        raw_bash.write(b"y\r").await.map_err(e)?;
+        read_until(raw_bash.as_ref(), "RAW$ ").await?;
+        until_waiting(raw_bash.as_ref(), |o| o.leader_owns_foreground).await?;
+        let t0 = Instant::now();
+        raw_bash.write(b"python3 -c 'input()'\r").await.map_err(e)?;
+        until_waiting(raw_bash.as_ref(), |o| !o.leader_owns_foreground).await?;
+        python_floor.push(t0.elapsed());
+        raw_bash.write(b"x\r").await.map_err(e)?;
+        read_until(raw_bash.as_ref(), "RAW$ ").await?;
+        until_waiting(raw_bash.as_ref(), |o| o.leader_owns_foreground).await?;
+    }
+    raw_bash.terminate(Duration::from_secs(1)).await.map_err(e)?;
+
+    let open = terminal.call(&o, "terminal_open", json!({})).await.map_err(e)?;
+    let id = open.structured.as_ref().and_then(|s| s["session_id"].as_str()).unwrap_or_default();
+    let id = id.to_string();
+    let echo = timed(n, || terminal_send(&terminal, &o, &id, "echo x")).await?;
+    let mut read_p = Vec::new();
+    let mut python = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        terminal_send(&terminal, &o, &id, "read -p 'v? ' v").await?;
+        read_p.push(t0.elapsed());
+        terminal_send(&terminal, &o, &id, "y").await?;
+        let t0 = Instant::now();
+        terminal_send(&terminal, &o, &id, "python3 -c 'input()'").await?;
+        python.push(t0.elapsed());
+        terminal_send(&terminal, &o, &id, "x").await?;
+    }
+    let persistent = timed(n, || async {
+        let out = minimal.call(&o, "bash", json!({"command": "echo x"})).await.map_err(e)?;
+        ensure!(out.text == "x\n", "unexpected output {:?}", out.text);
+        Ok(())
+    })
+    .await?;
+    let read_p_floor = median(read_p_floor);
+    rows.push(Row {
+        path: "time to stdin_read, `read -p`",
+        unit: "ms",
+        measured: median(read_p),
+        floor: Some(read_p_floor),
+        floor_name: "raw PTY: bash blocks in read",
+        goal: Goal::AtMostMs(5.0),
+    });
+    rows.push(Row {
+        path: "time to stdin_read, `python3 -c 'input()'`",
+        unit: "ms",
+        measured: median(python),
+        floor: Some(median(python_floor)),
+        floor_name: "raw PTY: python blocks in read",
+        goal: Goal::FloorPlusMs(5.0),
+    });
+    rows.push(Row {
+        path: "persistent bash `echo x`",
+        unit: "ms",
+        measured: persistent,
+        floor: Some(echo),
+        floor_name: "terminal_send `echo x`",
+        goal: Goal::Ratio(2.0),
+    });
+
+    // Teardown of an owner with 100 live background jobs.
+    let many = conch::build_runtime_from_yaml(
+        "bench:many-jobs",
+        "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  jobs: { cap_per_owner: 100 }\n  tool-bash: {}\n  tool-jobs: {}\n",
+        conch_env::ShellEnv::from_process_env(),
+    )
+    .map_err(|e| anyhow!("{e}"))?;
+    let mut teardown = Vec::new();
+    for _ in 0..n.clamp(1, 3) {
+        let jo = owner();
+        for _ in 0..100 {
+            let args = json!({"command": "exec sleep 1000", "run_in_background": true});
+            many.call(&jo, "bash", args).await.map_err(e)?;
+        }
+        let t0 = Instant::now();
+        jo.dispose().await;
+        teardown.push(t0.elapsed());
+    }
+    rows.push(Row {
+        path: "teardown with 100 live background jobs",
+        unit: "ms",
+        measured: median(teardown),
+        floor: None,
+        floor_name: "-",
+        goal: Goal::AtMostMs(20.0),
+    });
+
+    // 1 GiB through a background job vs a raw pipe.
+    const GIB: &str = "1073741824";
+    let pipe = timed(n.clamp(1, 3), || async {
+        use tokio::io::AsyncReadExt;
+        let mut child = tokio::process::Command::new("head")
+            .args(["-c", GIB, "/dev/zero"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let mut out = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0u64;
+        loop {
+            let k = out.read(&mut buf).await?;
+            if k == 0 {
+                break;
+            }
+            total += k as u64;
+        }
+        child.wait().await?;
+        ensure!(total == 1 << 30, "read {total} bytes");
+        Ok(())
+    })
+    .await?;
+    let job = timed(n.clamp(1, 3), || async {
+        let args =
+            json!({"command": format!("head -c {GIB} /dev/zero"), "run_in_background": true});
+        let out = many.call(&o, "bash", args).await.map_err(e)?;
+        let id = out.structured.as_ref().and_then(|s| s["job_id"].as_str()).unwrap_or_default();
+        let args = json!({"job_id": id, "wait": true, "timeout_ms": 600_000});
+        let done = many.call(&o, "job_output", args).await.map_err(e)?;
+        let status = done.structured.as_ref().and_then(|s| s["status"].as_str()).unwrap_or("");
+        ensure!(status == "completed", "the job ended {status}");
+        Ok(())
+    })
+    .await?;
+    rows.push(Row {
+        path: "1 GiB through a background job",
+        unit: "ms",
+        measured: job,
+        floor: Some(pipe),
+        floor_name: "raw pipe read",
+        goal: Goal::Ratio(1.10),
+    });
+
+    o.dispose().await;
+    for rt in [&standard, &terminal, &minimal, &many] {
+        rt.shutdown().await;
+    }
+    render(&rows, n, as_json)
+}
+
+fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::Result<String> {
+    if as_json {
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "path": r.path,
+                    "unit": r.unit,
+                    "measured": r.measured,
+                    "floor": r.floor,
+                    "floor_is": r.floor_name,
+                    "ratio": r.floor.map(|f| r.measured / f),
+                    "goal": r.goal.text(),
+                    "met": r.goal.met(r.measured, r.floor),
+                })
+            })
+            .collect();
+        return Ok(format!("{}\n", json!({ "iterations": iterations, "rows": rows })));
+    }
+    let mut s = String::new();
+    writeln!(s, "iterations: {iterations} (medians)")?;
+    writeln!(
+        s,
+        "{:<44} {:>10} {:>10} {:>8}  {:<22} floor is",
+        "path", "measured", "floor", "ratio", "goal"
+    )?;
+    for r in rows {
+        let floor = r.floor.map_or("-".to_string(), |f| format!("{f:.3}"));
+        let ratio = r.floor.map_or("-".to_string(), |f| format!("{:.2}x", r.measured / f));
+        let met = if r.goal.met(r.measured, r.floor) { "met" } else { "MISSED" };
+        writeln!(
+            s,
+            "{:<44} {:>10.3} {:>10} {:>8}  {:<22} {}",
+            r.path,
+            r.measured,
+            floor,
+            ratio,
+            format!("{} {met}", r.goal.text()),
+            r.floor_name
+        )?;
+    }
+    Ok(s)
+}
