@@ -288,7 +288,22 @@ pub(crate) fn spawn(
         return Err(Error::invalid("stdout cannot merge into itself").with_provider(NAME));
     }
     let env = conch_env::child_env(&spec.env);
-    let mut cmd = tokio::process::Command::new(program);
+    // Resolved here on the child's own PATH, as execvp would: std spawns an absolute path
+    // with posix_spawn (vfork-fast) but falls back to fork + exec for a bare name once the
+    // environment sets PATH. argv[0] stays what the caller wrote (`$0` of `bash -c`).
+    let resolved = if program.contains('/') {
+        None
+    } else {
+        crate::resolve_on_path(program, env.get("PATH").map(String::as_str))
+    };
+    let mut cmd = match &resolved {
+        Some(path) => {
+            let mut c = tokio::process::Command::new(path);
+            c.arg0(program);
+            c
+        }
+        None => tokio::process::Command::new(program),
+    };
     cmd.args(&spec.argv[1..])
         .current_dir(&cwd)
         .env_clear()
