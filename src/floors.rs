@@ -280,24 +280,28 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     // 1 GiB through a background job vs a raw pipe.
     const GIB: &str = "1073741824";
     let pipe = timed(n.clamp(1, 3), || async {
-        use tokio::io::AsyncReadExt;
-        let mut child = tokio::process::Command::new("head")
-            .args(["-c", GIB, "/dev/zero"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()?;
-        let mut out = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut total = 0u64;
-        loop {
-            let k = out.read(&mut buf).await?;
-            if k == 0 {
-                break;
+        // The floor: the same writer into a plain pipe, drained by a blocking reader.
+        tokio::task::spawn_blocking(|| -> anyhow::Result<()> {
+            use std::io::Read;
+            let mut child = std::process::Command::new("head")
+                .args(["-c", GIB, "/dev/zero"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()?;
+            let mut out = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut total = 0u64;
+            loop {
+                let k = out.read(&mut buf)?;
+                if k == 0 {
+                    break;
+                }
+                total += k as u64;
             }
-            total += k as u64;
-        }
-        child.wait().await?;
-        ensure!(total == 1 << 30, "read {total} bytes");
-        Ok(())
+            child.wait()?;
+            ensure!(total == 1 << 30, "read {total} bytes");
+            Ok(())
+        })
+        .await?
     })
     .await?;
     let job = timed(n.clamp(1, 3), || async {
