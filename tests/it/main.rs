@@ -5,6 +5,7 @@
 
 mod compositions;
 mod conformance;
+mod spills;
 mod terminals;
 mod tidy;
 mod tools;

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::{owner, standard};
 
-async fn call(
+pub(crate) async fn call(
     rt: &conch_registry::Runtime,
     o: &std::sync::Arc<conch_seams::Owner>,
     tool: &str,
@@ -16,7 +16,7 @@ async fn call(
     rt.call(o, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
 }
 
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     conch_conformance::within(what, async {
         while !f() {
             tokio::time::sleep(Duration::from_millis(10)).await;

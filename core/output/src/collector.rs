@@ -16,15 +16,24 @@
 //!   subprocess provider keeps every spill under one private directory it removes at
 //!   shutdown, and [`Collector::discard_spill`] deletes one stream's spill when its owner is
 //!   done with it (a deleted job record). An incomplete spill is never kept.
+//! - A collector given a [`SpillRegistry`] reports its spill's creation, growth, seal and
+//!   removal there, and the registry may evict the spill once it is final (sealed, or the
+//!   collector dropped) to keep its owner's spills under a total size cap and an age limit.
+//!   A spill still being written is never evicted; one that alone outgrows the total cap
+//!   keeps its own `spill_cap` rule while it is written and is evicted as soon as it is
+//!   final. After an eviction no path is published again: reads and summaries carry
+//!   `spill: None` with `spill_evicted: true`, so whoever renders them can say the full
+//!   output is gone rather than that it never existed.
 
 use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use conch_seams::{CollectedOutput, SpillRef, StreamRead};
 
+use crate::registry::{SpillRegistry, Ticket};
 use crate::utf8::utf8_tail;
 
 /// Default bytes kept in memory.
@@ -36,7 +45,7 @@ const DEFAULT_SPILL_CAP: u64 = 64 * 1024 * 1024;
 const SPILL_BUFFER: usize = 64 * 1024;
 
 /// How a [`Collector`] retains a stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct CollectorConfig {
     /// Tail bytes kept in memory.
     pub max_bytes: usize,
@@ -44,12 +53,15 @@ pub struct CollectorConfig {
     pub spill_cap: u64,
     /// Parent of the private spill directory; `None` means [`std::env::temp_dir`].
     pub spill_dir: Option<PathBuf>,
+    /// The registry that accounts for this spill and may evict it once it is final; `None`
+    /// leaves the spill to its owner alone.
+    pub registry: Option<Arc<SpillRegistry>>,
 }
 
 impl CollectorConfig {
-    /// A config with these limits and the default spill location.
+    /// A config with these limits, the default spill location and no registry.
     pub fn new(max_bytes: usize, spill_cap: u64) -> Self {
-        Self { max_bytes, spill_cap, spill_dir: None }
+        Self { max_bytes, spill_cap, spill_dir: None, registry: None }
     }
 }
 
@@ -73,6 +85,7 @@ struct State {
     max_bytes: usize,
     spill_cap: u64,
     spill_dir: Option<PathBuf>,
+    registry: Option<Arc<SpillRegistry>>,
     /// The last `max_bytes` bytes of the stream.
     tail: VecDeque<u8>,
     /// Every byte ever pushed (before sealing).
@@ -89,6 +102,8 @@ enum Spill {
     Complete(SpillFile),
     /// Deleted or never created; never comes back, since bytes already left memory.
     Abandoned,
+    /// Was complete and final, then the registry evicted it; never comes back either.
+    Evicted,
 }
 
 #[derive(Debug)]
@@ -98,6 +113,8 @@ struct SpillFile {
     path: PathBuf,
     /// `None` once sealed: the file is closed and final.
     writer: Option<BufWriter<File>>,
+    /// The registry's handle, when one accounts for this spill.
+    ticket: Option<Arc<Ticket>>,
 }
 
 /// Requests owner-only permissions where the platform has Unix modes.
@@ -131,7 +148,12 @@ impl SpillFile {
         let (file, path) = file.keep().map_err(|e| e.error)?;
         // Only now that both exist do we take over cleanup from tempfile.
         let dir = dir.keep();
-        Ok(Self { dir, path, writer: Some(BufWriter::with_capacity(SPILL_BUFFER, file)) })
+        Ok(Self {
+            dir,
+            path,
+            writer: Some(BufWriter::with_capacity(SPILL_BUFFER, file)),
+            ticket: None,
+        })
     }
 
     fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -188,6 +210,8 @@ impl State {
             Spill::Complete(file) => {
                 if self.total > self.spill_cap || file.append(chunk).is_err() {
                     self.abandon();
+                } else if let (Some(registry), Some(ticket)) = (&self.registry, &file.ticket) {
+                    registry.grew(ticket, chunk.len() as u64);
                 }
             }
             Spill::NotNeeded if self.total > self.max_bytes as u64 => {
@@ -201,7 +225,7 @@ impl State {
                     }
                 };
             }
-            Spill::NotNeeded | Spill::Abandoned => {}
+            Spill::NotNeeded | Spill::Abandoned | Spill::Evicted => {}
         }
     }
 
@@ -213,7 +237,14 @@ impl State {
         let written =
             file.append(a).and_then(|()| file.append(b)).and_then(|()| file.append(chunk));
         match written {
-            Ok(()) => Some(file),
+            Ok(()) => {
+                if let Some(registry) = &self.registry {
+                    let size = self.total;
+                    file.ticket =
+                        Some(registry.register(file.path.clone(), file.dir.clone(), size));
+                }
+                Some(file)
+            }
             Err(_) => {
                 file.remove();
                 None
@@ -235,16 +266,55 @@ impl State {
     }
 
     fn abandon(&mut self) {
+        if !matches!(self.spill, Spill::Complete(_)) {
+            // Nothing on disk to delete, and an eviction stays reported as one.
+            return;
+        }
         if let Spill::Complete(file) = std::mem::replace(&mut self.spill, Spill::Abandoned) {
+            if let Some(ticket) = &file.ticket {
+                if ticket.is_evicted() {
+                    // Already gone by the registry's hand: keep saying so.
+                    self.spill = Spill::Evicted;
+                } else if let Some(registry) = &self.registry {
+                    registry.forget(ticket);
+                }
+            }
             file.remove();
         }
     }
 
+    /// Tells the registry that nothing writes the spill any more.
+    fn finalize(&self) {
+        if let (Spill::Complete(file), Some(registry)) = (&self.spill, &self.registry)
+            && let Some(ticket) = &file.ticket
+        {
+            registry.finalized(ticket);
+        }
+    }
+
+    /// Switches to [`Spill::Evicted`] once the registry evicted the spill (it deleted the
+    /// file); true when it did.
+    fn observe_eviction(&mut self) -> bool {
+        let evicted = match &self.spill {
+            Spill::Complete(file) => file.ticket.as_ref().is_some_and(|t| t.is_evicted()),
+            Spill::Evicted => return true,
+            Spill::NotNeeded | Spill::Abandoned => return false,
+        };
+        if evicted {
+            // Only final spills are evicted, so there is no writer left to flush or drop.
+            self.spill = Spill::Evicted;
+        }
+        evicted
+    }
+
     /// The spill path for a reader: flushed first so the file holds everything so far.
     fn published_path(&mut self) -> Option<PathBuf> {
+        if self.observe_eviction() {
+            return None;
+        }
         let flushed = match &mut self.spill {
             Spill::Complete(file) => file.flush().is_ok(),
-            Spill::NotNeeded | Spill::Abandoned => return None,
+            Spill::NotNeeded | Spill::Abandoned | Spill::Evicted => return None,
         };
         if !flushed {
             self.abandon();
@@ -252,8 +322,13 @@ impl State {
         }
         match &self.spill {
             Spill::Complete(file) => Some(file.path.clone()),
-            Spill::NotNeeded | Spill::Abandoned => None,
+            Spill::NotNeeded | Spill::Abandoned | Spill::Evicted => None,
         }
+    }
+
+    /// True once the registry evicted the spill (observed by the last `published_path`).
+    fn evicted(&self) -> bool {
+        matches!(self.spill, Spill::Evicted)
     }
 
     fn window_start(&self) -> u64 {
@@ -264,12 +339,13 @@ impl State {
 impl Collector {
     /// An empty, unsealed collector.
     pub fn new(cfg: CollectorConfig) -> Self {
-        let CollectorConfig { max_bytes, spill_cap, spill_dir } = cfg;
+        let CollectorConfig { max_bytes, spill_cap, spill_dir, registry } = cfg;
         Self {
             state: Mutex::new(State {
                 max_bytes,
                 spill_cap,
                 spill_dir,
+                registry,
                 tail: VecDeque::new(),
                 total: 0,
                 sealed: false,
@@ -290,8 +366,8 @@ impl Collector {
         self.lock().push(chunk);
     }
 
-    /// Marks EOF: flushes and closes the spill, which becomes final. Later pushes are ignored.
-    /// Idempotent.
+    /// Marks EOF: flushes and closes the spill, which becomes final (and so evictable by the
+    /// registry, if there is one). Later pushes are ignored. Idempotent.
     pub fn seal(&self) {
         let mut s = self.lock();
         if s.sealed {
@@ -300,9 +376,11 @@ impl Collector {
         s.sealed = true;
         let closed = match &mut s.spill {
             Spill::Complete(file) => file.close().is_ok(),
-            Spill::NotNeeded | Spill::Abandoned => true,
+            Spill::NotNeeded | Spill::Abandoned | Spill::Evicted => true,
         };
-        if !closed {
+        if closed {
+            s.finalize();
+        } else {
             s.abandon();
         }
     }
@@ -330,12 +408,14 @@ impl Collector {
         let to = from + max_bytes.min(s.tail.len() - from);
         let data: Vec<u8> = s.tail.range(from..to).copied().collect();
         let next_offset = start_offset + data.len() as u64;
+        let spill = s.published_path().map(SpillRef::local);
         StreamRead {
             data,
             start_offset,
             next_offset,
             lossy,
-            spill: s.published_path().map(SpillRef::local),
+            spill,
+            spill_evicted: s.evicted(),
             sealed: s.sealed,
         }
     }
@@ -353,11 +433,13 @@ impl Collector {
             let bytes = if dropped { utf8_tail(bytes) } else { bytes };
             (String::from_utf8_lossy(bytes).into_owned(), bytes.len() as u64)
         };
+        let spill = s.published_path().map(SpillRef::local);
         CollectedOutput {
             text,
             total_bytes,
             omitted_bytes: total_bytes - kept,
-            spill: s.published_path().map(SpillRef::local),
+            spill,
+            spill_evicted: s.evicted(),
         }
     }
 
@@ -381,6 +463,12 @@ impl Collector {
         self.lock().published_path()
     }
 
+    /// True once the registry evicted the spill; no path is published afterwards.
+    pub fn spill_evicted(&self) -> bool {
+        let mut s = self.lock();
+        s.observe_eviction()
+    }
+
     /// Deletes the spill now (file and private directory); no path is published afterwards.
     ///
     /// For owners that are done with the output: dropping the collector deliberately keeps
@@ -398,9 +486,15 @@ impl Drop for Collector {
         // short file behind under a path that was published as complete.
         let flushed = match &mut s.spill {
             Spill::Complete(file) => file.flush().is_ok(),
-            Spill::NotNeeded | Spill::Abandoned => true,
+            Spill::NotNeeded | Spill::Abandoned | Spill::Evicted => true,
         };
-        if !flushed {
+        if flushed {
+            // Nobody writes the file after us, so the registry may now evict it. A sealed
+            // spill was final already, and telling the registry again would restart its age.
+            if !s.sealed {
+                s.finalize();
+            }
+        } else {
             s.abandon();
         }
     }

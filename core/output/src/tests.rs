@@ -7,9 +7,12 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use crate::{
-    Collector, CollectorConfig, Strategy, TextRetainer, format_retention_notice, tail_utf8,
-    truncate_utf8, utf8_tail,
+    Collector, CollectorConfig, SpillLimits, SpillRegistry, Strategy, TextRetainer,
+    format_retention_notice, tail_utf8, truncate_utf8, utf8_tail,
 };
 
 /// Deterministic pseudo-random numbers (xorshift64), so failures reproduce.
@@ -38,7 +41,46 @@ impl XorShift {
 }
 
 fn collector(max_bytes: usize, spill_cap: u64, dir: &Path) -> Collector {
-    Collector::new(CollectorConfig { max_bytes, spill_cap, spill_dir: Some(dir.to_path_buf()) })
+    Collector::new(CollectorConfig {
+        max_bytes,
+        spill_cap,
+        spill_dir: Some(dir.to_path_buf()),
+        registry: None,
+    })
+}
+
+/// A collector keeping 10 bytes in memory whose spill `registry` accounts for.
+fn registered(dir: &Path, spill_cap: u64, registry: &Arc<SpillRegistry>) -> Collector {
+    Collector::new(CollectorConfig {
+        max_bytes: 10,
+        spill_cap,
+        spill_dir: Some(dir.to_path_buf()),
+        registry: Some(Arc::clone(registry)),
+    })
+}
+
+fn registry(max_total_bytes: u64, max_age: Duration) -> Arc<SpillRegistry> {
+    Arc::new(SpillRegistry::new(SpillLimits { max_total_bytes, max_age }))
+}
+
+/// Asserts that `c` had a spill that was evicted: no path anywhere, the flag everywhere.
+fn assert_evicted(c: &Collector, path: &Path) {
+    assert!(!path.exists(), "{path:?} was deleted");
+    assert!(!path.parent().unwrap().exists(), "its private directory went too");
+    assert!(c.spill_path().is_none());
+    assert!(c.spill_evicted());
+    let read = c.read(0, 1000);
+    assert!(read.spill.is_none() && read.spill_evicted, "{read:?}");
+    let summary = c.summary();
+    assert!(summary.spill.is_none() && summary.spill_evicted, "{summary:?}");
+}
+
+fn assert_kept(c: &Collector, len: usize) -> PathBuf {
+    let path = c.spill_path().expect("the spill is still published");
+    assert_eq!(fs::read(&path).unwrap().len(), len, "{path:?} is complete");
+    assert!(!c.spill_evicted());
+    assert!(!c.summary().spill_evicted);
+    path
 }
 
 fn mode(path: &Path) -> u32 {
@@ -600,4 +642,104 @@ fn regression_10_a_cut_tail_starts_at_a_line_boundary_or_says_it_does_not() {
     // One endless line: it has to start mid-line, and says so.
     assert_eq!(tail_lines_utf8("abcdefgh", 3), ("fgh", true));
     assert_eq!(tail_lines_utf8("ééé\nx", 4), ("x", false));
+}
+
+#[test]
+fn over_the_total_cap_the_oldest_final_spill_is_evicted_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(250, Duration::from_secs(3600));
+    let cs: Vec<Collector> = (0..3).map(|_| registered(dir.path(), 1 << 20, &reg)).collect();
+    let mut paths = Vec::new();
+    for (i, c) in cs.iter().enumerate() {
+        c.push(&[b'a' + i as u8; 100]);
+        paths.push(c.spill_path().unwrap());
+        c.seal();
+    }
+    // 300 bytes passed the 250-byte cap when the third spill was created: the first went.
+    assert_evicted(&cs[0], &paths[0]);
+    assert_eq!(assert_kept(&cs[1], 100), paths[1]);
+    assert_eq!(assert_kept(&cs[2], 100), paths[2]);
+    assert_eq!((reg.total_bytes(), reg.spill_count(), reg.evicted_count()), (200, 2, 1));
+    // The tail in memory is untouched by the eviction.
+    assert_eq!(cs[0].summary().text, "aaaaaaaaaa");
+    assert_eq!(cs[0].summary().omitted_bytes, 90);
+    // Growth past the cap evicts too, and a discard afterwards does not hide the eviction.
+    cs[0].discard_spill();
+    assert!(cs[0].spill_evicted());
+    let d = registered(dir.path(), 1 << 20, &reg);
+    d.push(&[b'd'; 20]);
+    assert_kept(&cs[1], 100);
+    d.push(&[b'd'; 40]);
+    assert_evicted(&cs[1], &paths[1]);
+    assert_kept(&d, 60);
+    assert_eq!(reg.total_bytes(), 160);
+}
+
+#[test]
+fn a_spill_still_being_written_is_never_evicted_even_alone_over_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(150, Duration::from_secs(3600));
+    let live = registered(dir.path(), 1 << 20, &reg);
+    live.push(&[b'l'; 200]);
+    let live_path = assert_kept(&live, 200);
+    let done = registered(dir.path(), 1 << 20, &reg);
+    done.push(&[b'd'; 100]);
+    let done_path = assert_kept(&done, 100);
+    assert_eq!(reg.total_bytes(), 300, "over the cap, but nothing is final yet");
+    // Once final, the younger spill goes: the older one is still being written.
+    done.seal();
+    assert_evicted(&done, &done_path);
+    live.push(&[b'l'; 50]);
+    reg.sweep();
+    reg.sweep_at(Instant::now() + Duration::from_secs(7200));
+    assert_eq!(assert_kept(&live, 250), live_path, "neither growth nor sweeps evict it");
+    // Sealed, it could never fit under the cap, so it goes at once.
+    live.seal();
+    assert_evicted(&live, &live_path);
+    assert_eq!((reg.total_bytes(), reg.spill_count()), (0, 0));
+}
+
+#[test]
+fn final_spills_past_the_age_limit_are_evicted_by_a_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(1 << 30, Duration::from_secs(3600));
+    let sealed = registered(dir.path(), 1 << 20, &reg);
+    sealed.push(&[b's'; 30]);
+    sealed.seal();
+    let sealed_path = sealed.spill_path().unwrap();
+    let live = registered(dir.path(), 1 << 20, &reg);
+    live.push(&[b'l'; 30]);
+    let dropped = registered(dir.path(), 1 << 20, &reg);
+    dropped.push(&[b'x'; 30]);
+    let dropped_path = dropped.spill_path().unwrap();
+    // Dropped unsealed: nobody writes it any more, so it is final and ages like a sealed one.
+    drop(dropped);
+    reg.sweep();
+    assert_kept(&sealed, 30);
+    assert!(dropped_path.is_file(), "younger than the limit");
+    reg.sweep_at(Instant::now() + Duration::from_secs(7200));
+    assert_evicted(&sealed, &sealed_path);
+    assert!(!dropped_path.exists(), "a dropped collector's spill ages out too");
+    assert_kept(&live, 30);
+    assert_eq!((reg.total_bytes(), reg.spill_count(), reg.evicted_count()), (30, 1, 2));
+}
+
+#[test]
+fn abandoned_and_discarded_spills_leave_the_books_without_counting_as_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(1 << 30, Duration::from_secs(3600));
+    let capped = registered(dir.path(), 50, &reg);
+    capped.push(&[b'c'; 40]);
+    assert_eq!(reg.total_bytes(), 40);
+    capped.push(&[b'c'; 20]);
+    assert_eq!(reg.total_bytes(), 0, "past its spill cap the spill is forgotten");
+    assert!(capped.summary().spill.is_none());
+    assert!(!capped.summary().spill_evicted, "outgrowing spill_cap is not an eviction");
+    let discarded = registered(dir.path(), 1 << 20, &reg);
+    discarded.push(&[b'd'; 40]);
+    discarded.seal();
+    discarded.discard_spill();
+    assert!(!discarded.spill_evicted());
+    assert_eq!((reg.total_bytes(), reg.spill_count(), reg.evicted_count()), (0, 0, 0));
+    assert!(entries(dir.path()).is_empty());
 }

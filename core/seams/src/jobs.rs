@@ -55,6 +55,9 @@ pub struct JobRead {
     pub lossy: bool,
     /// Where the complete output is, when complete.
     pub spill_path: Option<String>,
+    /// The complete output was kept in a spill that has since been evicted (spill limits):
+    /// renderers say it is gone instead of naming a path.
+    pub spill_evicted: bool,
 }
 
 /// Output hooks a producer may supply.

@@ -152,6 +152,8 @@ pub struct ShellProcessRead {
     pub lossy: bool,
     /// Complete spill file when still complete.
     pub spill: Option<SpillRef>,
+    /// The complete spill was evicted under the subprocess provider's spill limits.
+    pub spill_evicted: bool,
     /// Total bytes produced so far.
     pub total_bytes: u64,
 }

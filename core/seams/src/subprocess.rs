@@ -70,7 +70,9 @@ pub enum OutputSpec {
     #[default]
     Null,
     /// Collected by the provider: the last `max_bytes` stay in memory, the whole stream is
-    /// spilled to a private 0600 file until it passes `spill_cap` bytes.
+    /// spilled to a private 0600 file until it passes `spill_cap` bytes. A provider may
+    /// also evict a finished stream's spill under limits of its own (total size, age);
+    /// reads then say so with `spill_evicted`.
     Collect {
         /// Tail bytes kept in memory.
         max_bytes: usize,
@@ -319,6 +321,11 @@ pub struct StreamRead {
     pub lossy: bool,
     /// The spill file, only while it holds the complete stream so far.
     pub spill: Option<SpillRef>,
+    /// True when the stream had a complete spill that the provider evicted under its spill
+    /// limits (`spill` is then `None`): the full output existed and is gone, which is not
+    /// the same as a stream that outgrew its spill cap.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub spill_evicted: bool,
     /// True once the stream reached EOF and was sealed.
     pub sealed: bool,
 }
@@ -335,6 +342,10 @@ pub struct CollectedOutput {
     pub omitted_bytes: u64,
     /// The complete spill file, if still complete.
     pub spill: Option<SpillRef>,
+    /// True when the complete spill was evicted under the provider's spill limits (see
+    /// [`StreamRead::spill_evicted`]).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub spill_evicted: bool,
 }
 
 /// What a process provider can do.

@@ -61,11 +61,22 @@ fn statuses_reads_and_terminal_specs_round_trip() {
             world: World::Remote { name: "http://10.0.0.2:7070".into() },
             path: "/tmp/conch-spill-x/stream-y".into(),
         }),
+        spill_evicted: false,
         sealed: false,
     };
     assert_eq!(round_trip(&read), read);
-    let out = CollectedOutput { text: "t".into(), total_bytes: 9, omitted_bytes: 8, spill: None };
+    let out = CollectedOutput {
+        text: "t".into(),
+        total_bytes: 9,
+        omitted_bytes: 8,
+        spill: None,
+        spill_evicted: true,
+    };
     assert_eq!(round_trip(&out), out);
+    assert_eq!(serde_json::to_value(&out).unwrap()["spill_evicted"], true);
+    // A peer that predates eviction sends no flag: nothing was evicted.
+    let old = serde_json::json!({"text": "t", "total_bytes": 1, "omitted_bytes": 0, "spill": null});
+    assert!(!serde_json::from_value::<CollectedOutput>(old).unwrap().spill_evicted);
     let left = Leftover { pid: 42, name: "sleep".into(), held_output: true };
     assert_eq!(round_trip(&left), left);
     let mut t = TerminalSpawnSpec::in_default_dir(vec!["bash".into()]);

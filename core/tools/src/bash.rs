@@ -105,12 +105,21 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "es" }
 }
 
+/// What a result says in place of a spill path once the spill was evicted, so the model
+/// learns the full output existed and is gone (rather than reading a path that fails).
+pub(crate) const EVICTED: &str =
+    "the full output was evicted from the spill directory (spill limits)";
+
 /// Renders a foreground result the way the model sees it.
 pub fn render_run(r: &ShellRunResult) -> String {
     let mut out = String::new();
     if r.output.omitted_bytes > 0 {
         match &r.output.spill {
             Some(p) => out.push_str(&format!("[output truncated; full output: {p}]\n")),
+            None if r.output.spill_evicted => out.push_str(&format!(
+                "[output truncated; {} earlier bytes omitted; {EVICTED}]\n",
+                r.output.omitted_bytes
+            )),
             None => out.push_str(&format!(
                 "[output truncated; {} earlier bytes omitted; full output exceeded the spill cap]\n",
                 r.output.omitted_bytes
@@ -150,7 +159,12 @@ pub fn render_run(r: &ShellRunResult) -> String {
 struct ProcessOutput(Arc<dyn ShellProcess>);
 
 fn to_job_read(r: conch_seams::ShellProcessRead) -> JobRead {
-    JobRead { text: r.text, lossy: r.lossy, spill_path: r.spill.map(|p| p.to_string()) }
+    JobRead {
+        text: r.text,
+        lossy: r.lossy,
+        spill_path: r.spill.map(|p| p.to_string()),
+        spill_evicted: r.spill_evicted,
+    }
 }
 
 impl JobOutput for ProcessOutput {
@@ -252,6 +266,7 @@ impl Tool for BashTool {
                     "total_bytes": result.output.total_bytes,
                     "omitted_bytes": result.output.omitted_bytes,
                     "spill_path": result.output.spill.as_ref().map(|s| s.path.clone()),
+                    "spill_evicted": result.output.spill_evicted,
                     "leftovers": result.leftovers.iter().map(|l| serde_json::json!({
                         "pid": l.pid, "name": l.name, "held_output": l.held_output,
                     })).collect::<Vec<_>>(),
@@ -331,3 +346,43 @@ register_plugin!(PluginEntry {
     description: "the one-shot bash tool (fresh process per call, optional background job)",
     build,
 });
+
+#[cfg(test)]
+mod tests {
+    use conch_seams::{CollectedOutput, ExitStatus, SpillRef};
+
+    use super::*;
+
+    fn result(output: CollectedOutput) -> ShellRunResult {
+        ShellRunResult {
+            status: ExitStatus::code(0),
+            timed_out: false,
+            aborted: false,
+            timeout_ms: 1000,
+            output,
+            sandbox: None,
+            leftovers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_truncated_result_names_its_spill_or_says_why_there_is_none() {
+        let out = |spill: Option<SpillRef>, spill_evicted| CollectedOutput {
+            text: "tail\n".into(),
+            total_bytes: 105,
+            omitted_bytes: 100,
+            spill,
+            spill_evicted,
+        };
+        let named = render_run(&result(out(Some(SpillRef::local("/tmp/s/stream-1")), false)));
+        assert_eq!(named, "[output truncated; full output: /tmp/s/stream-1]\ntail\n");
+        let evicted = render_run(&result(out(None, true)));
+        assert_eq!(
+            evicted,
+            "[output truncated; 100 earlier bytes omitted; the full output was evicted from the \
+             spill directory (spill limits)]\ntail\n"
+        );
+        let capped = render_run(&result(out(None, false)));
+        assert!(capped.contains("exceeded the spill cap"), "{capped}");
+    }
+}

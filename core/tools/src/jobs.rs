@@ -40,6 +40,9 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
     if read.lossy || cut {
         match &read.spill_path {
             Some(p) => out.push_str(&format!("\n[output truncated; full output: {p}]")),
+            None if read.spill_evicted => {
+                out.push_str(&format!("\n[output truncated; {}]", crate::bash::EVICTED));
+            }
             None => out.push_str("\n[output truncated]"),
         }
         if cut && mid_line {
@@ -55,6 +58,7 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
     json["lossy"] = serde_json::Value::Bool(read.lossy || cut);
     json["spill_path"] =
         read.spill_path.clone().map_or(serde_json::Value::Null, serde_json::Value::String);
+    json["spill_evicted"] = serde_json::Value::Bool(read.spill_evicted);
     ToolOutput { text: out, structured: Some(json) }
 }
 

@@ -242,7 +242,7 @@ impl JobOutput for SendOutput {
         match g.as_mut() {
             Some((text, consumed)) if !*consumed => {
                 *consumed = true;
-                JobRead { text: text.clone(), lossy: false, spill_path: None }
+                JobRead { text: text.clone(), ..JobRead::default() }
             }
             _ => JobRead::default(),
         }
@@ -252,8 +252,7 @@ impl JobOutput for SendOutput {
         let g = self.result.lock().unwrap_or_else(|e| e.into_inner());
         JobRead {
             text: g.as_ref().map(|(t, _)| t.clone()).unwrap_or_default(),
-            lossy: false,
-            spill_path: None,
+            ..JobRead::default()
         }
     }
 

@@ -434,7 +434,13 @@ impl ShellProcess for Background {
         {
             text.push_str(&lost);
         }
-        ShellProcessRead { text, lossy, spill: r.spill, total_bytes: total }
+        ShellProcessRead {
+            text,
+            lossy,
+            spill: r.spill,
+            spill_evicted: r.spill_evicted,
+            total_bytes: total,
+        }
     }
 
     fn snapshot(&self) -> ShellProcessRead {
@@ -447,6 +453,7 @@ impl ShellProcess for Background {
             lossy: c.omitted_bytes > 0,
             text,
             spill: c.spill,
+            spill_evicted: c.spill_evicted,
             total_bytes: c.total_bytes,
         }
     }
@@ -500,6 +507,7 @@ impl ShellProcess for FailedStart {
             text: self.text.clone(),
             lossy: false,
             spill: None,
+            spill_evicted: false,
             total_bytes: self.text.len() as u64,
         }
     }

@@ -6,6 +6,16 @@
 //!
 //! This is the only crate in the workspace that touches processes, signals and `/proc`;
 //! `procfs` is the one module that reads `/proc`.
+//!
+//! Spills (complete copies of long collected streams) live under one private 0700 directory
+//! per provider, removed at shutdown unless `keep_spills`. A [`SpillRegistry`] holds every
+//! spill's size and last write in memory and bounds them: past `max_spill_total_bytes`
+//! finished spills (the stream ended and the process settled) are evicted least recently
+//! written first, and a finished spill older than `max_spill_age_ms` is evicted by the
+//! sweep that runs on each spawn and periodically. A spill still being written is never
+//! evicted; one stream larger than the whole cap keeps its spill (up to its own
+//! `spill_cap`) while it runs and loses it as soon as it settles. Reads report an evicted
+//! spill as such (`spill_evicted`), never by its path.
 #![cfg(unix)]
 
 mod probe;
@@ -18,14 +28,16 @@ use std::fs::Permissions;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use conch_output::{SpillLimits, SpillRegistry};
 use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    PluginConfig, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
-    TerminalSpawnSpec,
+    ConfigIssue, PluginConfig, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities,
+    TerminalProcess, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -35,19 +47,62 @@ pub use pty::LocalTerminal;
 /// Plugin name.
 pub const NAME: &str = "subprocess-local";
 
+/// Slowest age sweep: a spill outlives its age limit by at most this much (or by half the
+/// limit, when that is shorter).
+const MAX_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// Fastest age sweep, so a tiny age limit does not turn the sweeper into a busy loop.
+const MIN_SWEEP_PERIOD: Duration = Duration::from_millis(10);
+
 /// Provider config.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LocalConfig {
     /// Where this provider's private spill directory is created (default: the system temp
     /// dir).
     pub spill_dir: Option<PathBuf>,
     /// Keep spill files after shutdown and after their job records are deleted (default
-    /// false: they go with the runtime, or with their record).
+    /// false: they go with the runtime, or with their record). The two limits below apply
+    /// either way.
     pub keep_spills: bool,
+    /// Total bytes of all this provider's spill files (default 1 GiB). Past it, finished
+    /// spills are evicted, least recently written first; a spill still being written never
+    /// is.
+    pub max_spill_total_bytes: u64,
+    /// How long a finished spill is kept after its last write, in milliseconds (default
+    /// 24 h).
+    pub max_spill_age_ms: u64,
 }
 
-impl PluginConfig for LocalConfig {}
+impl Default for LocalConfig {
+    fn default() -> Self {
+        let limits = SpillLimits::default();
+        Self {
+            spill_dir: None,
+            keep_spills: false,
+            max_spill_total_bytes: limits.max_total_bytes,
+            max_spill_age_ms: u64::try_from(limits.max_age.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+impl LocalConfig {
+    /// The spill registry's limits.
+    pub fn spill_limits(&self) -> SpillLimits {
+        SpillLimits {
+            max_total_bytes: self.max_spill_total_bytes,
+            max_age: Duration::from_millis(self.max_spill_age_ms),
+        }
+    }
+}
+
+impl PluginConfig for LocalConfig {
+    fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        // Zero would evict every finished spill the moment it ends; `keep_spills: false`
+        // with small limits is the way to ask for little disk use.
+        ConfigIssue::positive("max_spill_total_bytes", self.max_spill_total_bytes)?;
+        ConfigIssue::positive("max_spill_age_ms", self.max_spill_age_ms)
+    }
+}
 
 /// The local subprocess provider.
 #[derive(Debug)]
@@ -58,6 +113,11 @@ pub struct LocalSubprocess {
     /// The private 0700 directory every spill of this provider lives under, made on first
     /// use and removed at shutdown (or drop) unless `keep_spills`.
     spill_root: Mutex<Option<PathBuf>>,
+    /// Every spill of this provider with its size and last write: the total cap and the age
+    /// limit are enforced here, without scanning `spill_root`.
+    spills: Arc<SpillRegistry>,
+    /// The periodic age sweep, started with the first collecting spawn.
+    sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// Makes this process non-dumpable (once): its `/proc/<pid>/environ`, `mem` and the like
@@ -80,11 +140,41 @@ impl LocalSubprocess {
     /// environment policy).
     pub fn new(config: LocalConfig) -> Self {
         harden_self();
+        let spills = Arc::new(SpillRegistry::new(config.spill_limits()));
         Self {
             config,
             live: Mutex::default(),
             terminals: Mutex::default(),
             spill_root: Mutex::default(),
+            spills,
+            sweeper: Mutex::default(),
+        }
+    }
+
+    /// Starts the periodic age sweep unless it runs already. Growth, seals and spawns
+    /// enforce the limits too; the sweep is what frees the disk of an idle provider.
+    fn ensure_sweeper(&self) {
+        let mut sweeper = self.sweeper.lock().unwrap_or_else(|e| e.into_inner());
+        if sweeper.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        let period = (self.spills.limits().max_age / 2).clamp(MIN_SWEEP_PERIOD, MAX_SWEEP_PERIOD);
+        // Weak, so the task never keeps a dropped provider's registry alive.
+        let registry = Arc::downgrade(&self.spills);
+        *sweeper = Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(registry) = registry.upgrade() else { return };
+                registry.sweep();
+            }
+        }));
+    }
+
+    fn stop_sweeper(&self) {
+        if let Some(h) = self.sweeper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            h.abort();
         }
     }
 
@@ -167,9 +257,21 @@ impl Subprocess for LocalSubprocess {
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
         let collects =
             |o: &conch_seams::OutputSpec| matches!(o, conch_seams::OutputSpec::Collect { .. });
-        let root =
-            if collects(&spec.stdout) || collects(&spec.stderr) { self.spill_root() } else { None };
-        let p = process::spawn(spec, root.as_deref(), self.config.keep_spills)?;
+        let collecting = collects(&spec.stdout) || collects(&spec.stderr);
+        let root = if collecting {
+            // Each spawn may add spills, so it first frees what the limits no longer allow.
+            self.spills.sweep();
+            self.ensure_sweeper();
+            self.spill_root()
+        } else {
+            None
+        };
+        let place = process::SpillPlace {
+            dir: root.as_deref(),
+            registry: &self.spills,
+            keep: self.config.keep_spills,
+        };
+        let p = process::spawn(spec, &place)?;
         self.track(&p.inner);
         Ok(Arc::new(p))
     }
@@ -205,12 +307,14 @@ impl Subprocess for LocalSubprocess {
             }
         };
         futures::join!(hangups, processes);
+        self.stop_sweeper();
         self.remove_spills();
     }
 }
 
 impl Drop for LocalSubprocess {
     fn drop(&mut self) {
+        self.stop_sweeper();
         // A provider dropped without shutdown (tests, embedders) still takes its spills along.
         self.remove_spills();
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conch_output::{Collector, CollectorConfig};
+use conch_output::{Collector, CollectorConfig, SpillRegistry};
 use conch_seams::{
     AfterExit, CollectedOutput, Error, ErrorCode, ExitStatus, Leftover, OutputSpec, Process,
     Result, SpawnSpec, StdinSpec, StreamId, StreamRead,
@@ -155,6 +155,11 @@ impl Inner {
         for p in pumps {
             let _ = p.await;
         }
+    }
+
+    /// Seals every collected stream once the process settled: the spills are final from
+    /// here on, which is when the spill registry may evict them.
+    fn seal_streams(&self) {
         for sink in [&self.stdout, &self.stderr].into_iter().flatten() {
             sink.seal();
         }
@@ -190,13 +195,25 @@ impl Inner {
     }
 }
 
-fn collector(spec: &OutputSpec, spill_dir: Option<&Path>) -> Option<Arc<Collector>> {
+/// Where a process's spills go and who accounts for them.
+#[derive(Debug)]
+pub(crate) struct SpillPlace<'a> {
+    /// The provider's private spill root (`None`: the collectors' default).
+    pub(crate) dir: Option<&'a Path>,
+    /// The provider's registry, which enforces the total and age limits.
+    pub(crate) registry: &'a Arc<SpillRegistry>,
+    /// `keep_spills`: releasing the output must not delete the spill.
+    pub(crate) keep: bool,
+}
+
+fn collector(spec: &OutputSpec, spills: &SpillPlace<'_>) -> Option<Arc<Collector>> {
     match spec {
         OutputSpec::Collect { max_bytes, spill_cap } => {
             Some(Arc::new(Collector::new(CollectorConfig {
                 max_bytes: *max_bytes,
                 spill_cap: *spill_cap,
-                spill_dir: spill_dir.map(Path::to_path_buf),
+                spill_dir: spills.dir.map(Path::to_path_buf),
+                registry: Some(Arc::clone(spills.registry)),
             })))
         }
         _ => None,
@@ -221,7 +238,7 @@ fn pump(
                 Ok(n) => sink.push(&buf[..n]),
             }
         }
-        sink.seal();
+        // Sealing waits for settlement (`Inner::seal_streams`): only then is the spill final.
         open.send_modify(|n| *n -= 1);
     })
 }
@@ -275,11 +292,7 @@ pub(crate) fn resolve_cwd(cwd: Option<&Path>, op: &'static str) -> Result<std::p
 }
 
 /// Spawns `spec`.
-pub(crate) fn spawn(
-    spec: SpawnSpec,
-    spill_dir: Option<&Path>,
-    keep_spills: bool,
-) -> Result<LocalProcess> {
+pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>) -> Result<LocalProcess> {
     let Some(program) = spec.argv.first() else {
         return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation("spawn"));
     };
@@ -311,8 +324,8 @@ pub(crate) fn spawn(
         .process_group(0)
         .kill_on_drop(false);
 
-    let stdout_sink = collector(&spec.stdout, spill_dir);
-    let stderr_sink = collector(&spec.stderr, spill_dir);
+    let stdout_sink = collector(&spec.stdout, spills);
+    let stderr_sink = collector(&spec.stderr, spills);
     let merged = matches!(spec.stderr, OutputSpec::MergeIntoStdout) && stdout_sink.is_some();
     // A merged stream uses one OS pipe for both fds, so interleaving is the child's order.
     let mut merged_reader: Option<std::io::PipeReader> = None;
@@ -389,7 +402,7 @@ pub(crate) fn spawn(
         group_gone: watch::Sender::new(false),
         pipe_inodes,
         leftovers: Mutex::new(Vec::new()),
-        keep_spills,
+        keep_spills: spills.keep,
         open_pumps,
     });
 
@@ -407,6 +420,7 @@ pub(crate) fn spawn(
         let status = status.map(to_exit).unwrap_or_default();
         me.exited.send_replace(Some(status.clone()));
         me.settle_streams(after_exit, pumps).await;
+        me.seal_streams();
         me.settled.send_replace(Some(status));
     });
     // Cancellation after exit (while streams still drain) must still reach the group.
