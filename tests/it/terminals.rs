@@ -199,7 +199,7 @@ async fn twenty_open_close_cycles_leave_no_processes() {
         let r = send(&rt, &o, &id, "echo $$; (trap '' TERM; exec sleep 1000) & echo $!").await;
         let out = r["output"].as_str().unwrap().to_string();
         let nums: Vec<i32> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
-        assert_eq!(nums.len(), 2, "shell pid and a TERM-ignoring child: {out:?}");
+        assert_eq!(nums.len(), 2, "shell pid and a TERM-ignoring child: {r}");
         pids.extend(nums);
         let c = call(&rt, &o, "terminal_close", json!({"session_id": id})).await;
         assert_eq!(c.structured.unwrap()["survivors"], json!([]));

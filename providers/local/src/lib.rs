@@ -23,6 +23,7 @@ mod process;
 mod procfs;
 mod pty;
 mod signals;
+mod ttyq;
 
 use std::fs::Permissions;
 use std::os::unix::fs::PermissionsExt;

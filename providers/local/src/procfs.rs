@@ -254,8 +254,9 @@ pub(crate) struct Targets<'a> {
     pub(crate) pipe_inodes: &'a [u64],
     /// Every descendant of this process (not the process itself).
     pub(crate) descendants_of: Option<ProcId>,
-    /// Every member of this session.
-    pub(crate) session: Option<i32>,
+    /// Every member of this session, for as long as the id is still ours (a session id is
+    /// its leader's pid, recycled like a group id: `pgid` here is the session id).
+    pub(crate) session: Option<Group>,
     /// Nobody needs to know which processes were stopped: a group target is then signalled
     /// at once, before any scan (the report lists only what later scans found).
     pub(crate) unreported: bool,
@@ -324,8 +325,9 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
             }
         }
         let procs = all();
-        // Once the id names a stranger's group, nothing is matched or signalled by group.
+        // Once an id names a stranger's group or session, nothing is matched by it.
         let group = targets.group.filter(|g| !g.recycled(&procs)).map(|g| g.pgid);
+        let session = targets.session.filter(|g| !g.recycled(&procs)).map(|g| g.pgid);
         let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
         let desc_set: HashSet<ProcId> = desc.iter().copied().collect();
         let mut live: Vec<(ProcId, &Stat, bool)> = Vec::new();
@@ -333,7 +335,7 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
             let id = s.id();
             let held = !targets.pipe_inodes.is_empty() && holds_pipe(s.pid, targets.pipe_inodes);
             let matched = group == Some(s.pgrp)
-                || targets.session == Some(s.session)
+                || session == Some(s.session)
                 || desc_set.contains(&id)
                 || held;
             if matched || tracked.contains_key(&id) {

@@ -117,7 +117,8 @@ impl TermInner {
         if procfs::ident(self.sid()).is_some_and(|id| !self.is_leader(id)) {
             return;
         }
-        let session = Targets { session: Some(self.sid()), ..Targets::default() };
+        let lead = procfs::Group { pgid: self.sid(), leader_start: self.start };
+        let session = Targets { session: Some(lead), ..Targets::default() };
         // Stopped members cannot act on HUP until continued; `stop` sends CONT too.
         procfs::stop(&session, Signal::SIGHUP, HANGUP_GRACE).await;
         let _ = self.wait_exit(REAP_LIMIT).await;
@@ -169,7 +170,16 @@ impl TermInner {
             // No foreground group: nothing can be waiting on the terminal.
             (Probe::Stdin, None) => StdinWait::NotWaiting,
             (Probe::Stdin, Some(pg)) => match &self.tty {
-                Some(tty) => probe::foreground_waits_on(self.sid(), pg, StdinMatch::Tty(tty)),
+                Some(tty) => match probe::foreground_waits_on(self.sid(), pg, StdinMatch::Tty(tty))
+                {
+                    // Typed input is still queued: the waiter is about to wake with it.
+                    StdinWait::Waiting
+                        if crate::ttyq::pending_input(tty).is_some_and(|n| n > 0) =>
+                    {
+                        StdinWait::NotWaiting
+                    }
+                    seen => seen,
+                },
                 None => probe::foreground_waits_on(self.sid(), pg, StdinMatch::AnyPts),
             },
         };

@@ -33,6 +33,9 @@ use crate::{NAME, TerminalBashConfig};
 const STABLE_SAMPLES: u32 = 3;
 /// Positive Tier 1 samples, with no output between them, before readiness is reported.
 const TIER1_CONFIRMATIONS: u32 = 2;
+/// After a write that produced no output at all, how long before Tier 1 is trusted anyway
+/// (input read with echo off, by a program that prints nothing).
+const TIER1_BLIND: Duration = Duration::from_millis(50);
 /// The shortest gap between two Tier 1 probes.
 const MIN_PROBE_GAP: Duration = Duration::from_millis(1);
 /// How long a send right after terminal_signal waits for the signalled command's own prompt,
@@ -320,6 +323,7 @@ impl BashSession {
         start_prompts: u64,
         timeout: Duration,
         framed: bool,
+        wrote: bool,
         cancel: &CancellationToken,
     ) -> Result<Ready> {
         let sh = &self.shared;
@@ -371,7 +375,12 @@ impl BashSession {
             // capped at the poll interval), so a quick wait is seen quickly and a long
             // silent command costs few probes.
             let now = Instant::now();
-            if now >= next_probe && !eof && code.is_none() {
+            // Right after a write, the shell may still be parked where it waited before, with
+            // the typed bytes not even handed to it yet: that is not a wait for input. Once it
+            // reads them it echoes them (or prints something), so Tier 1 starts at the first
+            // output after the write, or after a blind window for input that echoes nothing.
+            let input_taken = !wrote || last_output > started || now >= started + TIER1_BLIND;
+            if now >= next_probe && !eof && code.is_none() && input_taken {
                 let obs = sh.observe(Probe::Stdin).await?;
                 let complete = !obs.output_pending && ingested >= obs.delivered_bytes;
                 if obs.stdin == StdinWait::Waiting && complete {
@@ -397,7 +406,12 @@ impl BashSession {
             // re-checks the prompt and the exit.
             let now = Instant::now();
             let probing = !eof && code.is_none();
-            let probe_wake = if probing { next_probe.max(now) } else { now + poll };
+            let probe_wake = match (probing, input_taken) {
+                (true, true) => next_probe.max(now),
+                // Output wakes us through `notified`; otherwise the blind window ends.
+                (true, false) => (started + TIER1_BLIND).max(next_probe),
+                (false, _) => now + poll,
+            };
             let mut wake = (started + timeout).min(probe_wake);
             if !framed {
                 wake = wake.min(last_output.max(started) + idle);
@@ -555,7 +569,7 @@ impl TerminalSession for BashSession {
             return Err(e);
         }
         let timeout = Duration::from_millis(self.shared.config.timeout_ms);
-        let ready = self.readiness(start_prompts, timeout, false, &cancel).await;
+        let ready = self.readiness(start_prompts, timeout, false, !bytes.is_empty(), &cancel).await;
         let reason = match ready {
             Ok(Ready::Reason(r)) => r,
             Ok(Ready::Framed(_)) => WaitReason::StdinRead,
@@ -615,7 +629,7 @@ impl TerminalSession for BashSession {
             self.abandon_op();
             return Err(e);
         }
-        let ready = match self.readiness(start_prompts, timeout, true, &cancel).await {
+        let ready = match self.readiness(start_prompts, timeout, true, true, &cancel).await {
             Ok(r) => r,
             Err(e) => {
                 self.abandon_op();

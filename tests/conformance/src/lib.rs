@@ -180,6 +180,7 @@ macro_rules! terminal_suite {
             a_program_reading_stdin_is_stdin_read,
             a_program_reading_dev_tty_is_stdin_read,
             output_written_before_a_blocking_read_is_all_in_the_result,
+            a_quick_send_never_returns_before_the_shell_read_it,
             a_silent_program_is_inferred_idle_not_stdin_read,
             a_cancelled_send_interrupts_the_foreground,
             close_works_while_the_shell_runs_a_loop,

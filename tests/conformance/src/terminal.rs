@@ -111,6 +111,20 @@ pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) {
     close(s.as_ref()).await;
 }
 
+pub async fn a_quick_send_never_returns_before_the_shell_read_it(p: &dyn TerminalBackend) {
+    // Sends return within milliseconds; each must still carry its own command's output, not
+    // an early "stdin_read" seen while the shell had not yet picked the line up.
+    for round in 0..3 {
+        let s = open(p).await;
+        for i in 0..20 {
+            let r = send(s.as_ref(), &format!("echo r{round}-$(({i}+1))")).await;
+            assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+            assert!(r.delta.contains(&format!("r{round}-{}\n", i + 1)), "send {i}: {r:?}");
+        }
+        close(s.as_ref()).await;
+    }
+}
+
 pub async fn output_written_before_a_blocking_read_is_all_in_the_result(p: &dyn TerminalBackend) {
     let s = open(p).await;
     // The program blocks right after a burst of output: readiness must not beat the output.
