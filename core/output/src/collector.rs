@@ -92,6 +92,9 @@ struct State {
     total: u64,
     sealed: bool,
     spill: Spill,
+    /// The byte just before the memory window, once bytes were dropped: tells whether the
+    /// retained tail begins at a line start.
+    before_window: Option<u8>,
 }
 
 #[derive(Debug)]
@@ -256,10 +259,19 @@ impl State {
     fn retain(&mut self, chunk: &[u8]) {
         let max = self.max_bytes;
         if chunk.len() >= max {
+            let start = chunk.len() - max;
+            if start > 0 {
+                self.before_window = Some(chunk[start - 1]);
+            } else if let Some(&last) = self.tail.back() {
+                self.before_window = Some(last);
+            }
             self.tail.clear();
-            self.tail.extend(&chunk[chunk.len() - max..]);
+            self.tail.extend(&chunk[start..]);
         } else {
             let excess = (self.tail.len() + chunk.len()).saturating_sub(max);
+            if excess > 0 {
+                self.before_window = self.tail.get(excess - 1).copied();
+            }
             self.tail.drain(..excess);
             self.tail.extend(chunk);
         }
@@ -350,6 +362,7 @@ impl Collector {
                 total: 0,
                 sealed: false,
                 spill: Spill::NotNeeded,
+                before_window: None,
             }),
         }
     }
@@ -428,10 +441,21 @@ impl Collector {
         let mut s = self.lock();
         let total_bytes = s.total;
         let dropped = s.window_start() > 0;
-        let (text, kept) = {
+        let at_line = s.before_window.is_none_or(|b| b == b'\n');
+        let (text, kept, starts_mid_line) = {
             let bytes = s.tail.make_contiguous();
+            // A tail whose head was dropped mid-line starts at its next line instead, so no
+            // fragment passes for a whole line (only one endless line has to start mid-way).
+            let (bytes, mid) = if !dropped || at_line {
+                (bytes as &[u8], false)
+            } else {
+                match bytes.iter().position(|b| *b == b'\n') {
+                    Some(i) if i + 1 < bytes.len() => (&bytes[i + 1..], false),
+                    _ => (utf8_tail(bytes), true),
+                }
+            };
             let bytes = if dropped { utf8_tail(bytes) } else { bytes };
-            (String::from_utf8_lossy(bytes).into_owned(), bytes.len() as u64)
+            (String::from_utf8_lossy(bytes).into_owned(), bytes.len() as u64, mid)
         };
         let spill = s.published_path().map(SpillRef::local);
         CollectedOutput {
@@ -440,6 +464,7 @@ impl Collector {
             omitted_bytes: total_bytes - kept,
             spill,
             spill_evicted: s.evicted(),
+            starts_mid_line,
         }
     }
 

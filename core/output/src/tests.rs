@@ -170,8 +170,16 @@ fn multi_byte_chars_cut_at_the_window_start_never_yield_a_replacement_char() {
         assert!(text.ends_with(&s.text), "max {max}: not a suffix");
         assert_eq!(s.total_bytes, bytes.len() as u64);
         assert_eq!(s.omitted_bytes, s.total_bytes - s.text.len() as u64, "max {max}");
-        // Only a partial code point (at most 3 bytes) is given up beyond the window.
-        assert!(s.text.len() + 3 >= max && s.text.len() <= max, "max {max}: kept {}", s.text.len());
+        // Beyond the window, only a partial code point (at most 3 bytes) or, when the cut
+        // fell inside a line, the rest of that line is given up.
+        assert!(s.text.len() <= max, "max {max}: kept {}", s.text.len());
+        let cut = text.len() - s.text.len();
+        let at_line = cut == 0 || text.as_bytes()[cut - 1] == b'\n';
+        assert!(
+            at_line || (s.starts_mid_line && s.text.len() + 3 >= max),
+            "max {max}: kept {:?}",
+            s.text
+        );
         c.discard_spill();
     }
 }
@@ -742,4 +750,24 @@ fn abandoned_and_discarded_spills_leave_the_books_without_counting_as_evicted() 
     assert!(!discarded.spill_evicted());
     assert_eq!((reg.total_bytes(), reg.spill_count(), reg.evicted_count()), (0, 0, 0));
     assert!(entries(dir.path()).is_empty());
+}
+
+#[test]
+fn regression_10_a_cut_summary_starts_at_a_line_and_says_when_it_cannot() {
+    let c = Collector::new(CollectorConfig::new(10, 1 << 20));
+    c.push(b"first line\nsecond\nthird\n");
+    let s = c.summary();
+    // The last 10 bytes are "ond\nthird\n": the fragment "ond" is dropped and counted.
+    assert_eq!(s.text, "third\n");
+    assert_eq!(s.omitted_bytes + s.text.len() as u64, s.total_bytes, "exact accounting");
+    assert!(!s.starts_mid_line);
+    // Cut exactly at a line start: nothing more is dropped.
+    let c = Collector::new(CollectorConfig::new(6, 1 << 20));
+    c.push(b"abcde\nthird\n");
+    assert_eq!(c.summary().text, "third\n");
+    // One endless line: it must start mid-line, and says so.
+    let c = Collector::new(CollectorConfig::new(4, 1 << 20));
+    c.push(b"0123456789");
+    let s = c.summary();
+    assert_eq!((s.text.as_str(), s.starts_mid_line), ("6789", true));
 }

@@ -346,6 +346,10 @@ pub struct CollectedOutput {
     /// [`StreamRead::spill_evicted`]).
     #[cfg_attr(feature = "serde", serde(default))]
     pub spill_evicted: bool,
+    /// True when bytes were dropped and `text` begins inside a line (one line longer than
+    /// the whole tail); otherwise a cut tail begins at a line start.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub starts_mid_line: bool,
 }
 
 /// What a process provider can do.

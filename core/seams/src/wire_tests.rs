@@ -71,6 +71,7 @@ fn statuses_reads_and_terminal_specs_round_trip() {
         omitted_bytes: 8,
         spill: None,
         spill_evicted: true,
+        starts_mid_line: true,
     };
     assert_eq!(round_trip(&out), out);
     assert_eq!(serde_json::to_value(&out).unwrap()["spill_evicted"], true);

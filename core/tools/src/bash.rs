@@ -125,6 +125,9 @@ pub fn render_run(r: &ShellRunResult) -> String {
                 r.output.omitted_bytes
             )),
         }
+        if r.output.starts_mid_line {
+            out.push_str("[the kept tail starts mid-line]\n");
+        }
     }
     out.push_str(&r.output.text);
     let mut markers = Vec::new();
@@ -373,6 +376,7 @@ mod tests {
             omitted_bytes: 100,
             spill,
             spill_evicted,
+            starts_mid_line: false,
         };
         let named = render_run(&result(out(Some(SpillRef::local("/tmp/s/stream-1")), false)));
         assert_eq!(named, "[output truncated; full output: /tmp/s/stream-1]\ntail\n");
