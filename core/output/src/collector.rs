@@ -445,12 +445,15 @@ impl Collector {
         let (text, kept, starts_mid_line) = {
             let bytes = s.tail.make_contiguous();
             // A tail whose head was dropped mid-line starts at its next line instead, so no
-            // fragment passes for a whole line (only one endless line has to start mid-way).
+            // fragment passes for a whole line; when that would give up more than half of
+            // the tail (one long line), the fragment stays and is flagged as one.
             let (bytes, mid) = if !dropped || at_line {
                 (bytes as &[u8], false)
             } else {
                 match bytes.iter().position(|b| *b == b'\n') {
-                    Some(i) if i + 1 < bytes.len() => (&bytes[i + 1..], false),
+                    Some(i) if i + 1 < bytes.len() && i < bytes.len() / 2 => {
+                        (&bytes[i + 1..], false)
+                    }
                     _ => (utf8_tail(bytes), true),
                 }
             };

@@ -649,7 +649,8 @@ fn regression_10_a_cut_tail_starts_at_a_line_boundary_or_says_it_does_not() {
     assert_eq!(tail_lines_utf8("one\ntwo\n", 4), ("two\n", false));
     // One endless line: it has to start mid-line, and says so.
     assert_eq!(tail_lines_utf8("abcdefgh", 3), ("fgh", true));
-    assert_eq!(tail_lines_utf8("ééé\nx", 4), ("x", false));
+    // Dropping the fragment would give up most of the tail: keep it, flagged.
+    assert_eq!(tail_lines_utf8("ééé\nx", 4), ("é\nx", true));
 }
 
 #[test]
@@ -754,11 +755,11 @@ fn abandoned_and_discarded_spills_leave_the_books_without_counting_as_evicted() 
 
 #[test]
 fn regression_10_a_cut_summary_starts_at_a_line_and_says_when_it_cannot() {
-    let c = Collector::new(CollectorConfig::new(10, 1 << 20));
-    c.push(b"first line\nsecond\nthird\n");
+    let c = Collector::new(CollectorConfig::new(12, 1 << 20));
+    c.push(b"first line\nsecond\nthird line\n");
     let s = c.summary();
-    // The last 10 bytes are "ond\nthird\n": the fragment "ond" is dropped and counted.
-    assert_eq!(s.text, "third\n");
+    // The last 12 bytes are "d\nthird line\n": the fragment "d" is dropped and counted.
+    assert_eq!(s.text, "third line\n");
     assert_eq!(s.omitted_bytes + s.text.len() as u64, s.total_bytes, "exact accounting");
     assert!(!s.starts_mid_line);
     // Cut exactly at a line start: nothing more is dropped.

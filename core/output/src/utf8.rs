@@ -41,8 +41,8 @@ pub fn tail_utf8(s: &str, max_bytes: usize) -> &str {
 }
 
 /// Like [`tail_utf8`], but a tail that would begin in the middle of a line begins at the next
-/// line instead, so a reader never takes a fragment for a whole line. Only when the kept part
-/// holds no line break at all does it start mid-line; the flag says so.
+/// line instead, so a reader never takes a fragment for a whole line. When that would give up
+/// more than half of the kept part (one long line), it starts mid-line and the flag says so.
 pub fn tail_lines_utf8(s: &str, max_bytes: usize) -> (&str, bool) {
     let tail = tail_utf8(s, max_bytes);
     let start = s.len() - tail.len();
@@ -50,7 +50,7 @@ pub fn tail_lines_utf8(s: &str, max_bytes: usize) -> (&str, bool) {
         return (tail, false);
     }
     match tail.find('\n') {
-        Some(i) if i + 1 < tail.len() => (&tail[i + 1..], false),
+        Some(i) if i + 1 < tail.len() && i < tail.len() / 2 => (&tail[i + 1..], false),
         _ => (tail, true),
     }
 }

@@ -36,6 +36,8 @@ const TIER1_CONFIRMATIONS: u32 = 2;
 /// After a write that produced no output at all, how long before Tier 1 is trusted anyway
 /// (input read with echo off, by a program that prints nothing).
 const TIER1_BLIND: Duration = Duration::from_millis(50);
+/// How much of the typed text's start has to come back as echo.
+const ECHO_PREFIX_CHARS: usize = 24;
 /// The shortest gap between two Tier 1 probes.
 const MIN_PROBE_GAP: Duration = Duration::from_millis(1);
 /// How long a send right after terminal_signal waits for the signalled command's own prompt,
@@ -83,6 +85,9 @@ struct State {
     lost: Option<String>,
     /// Bytes taken in from `read_chunk` so far (compared with the provider's count).
     ingested: u64,
+    /// The echo the current op waits for, and whether it came.
+    echo: Option<Echo>,
+    echo_seen: bool,
     /// Prompt count and time of the last signal delivered while bash was not at its prompt.
     signalled: Option<(u64, Instant)>,
 }
@@ -91,8 +96,28 @@ impl State {
     fn begin_op(&mut self, cap: usize) -> u64 {
         self.op = Some(TextRetainer::new(Strategy::Tail, cap));
         self.last_output = Instant::now();
+        self.echo = None;
         self.prompts
     }
+
+    /// Expects the echo of `typed` (its first printable stretch) in the coming output.
+    fn expect_echo(&mut self, typed: &str) {
+        let start: String = typed
+            .trim_start()
+            .chars()
+            .take_while(|c| !c.is_control())
+            .take(ECHO_PREFIX_CHARS)
+            .collect();
+        self.echo = (!start.is_empty()).then(|| Echo { expect: start, window: String::new() });
+        self.echo_seen = false;
+    }
+}
+
+/// Watching for the echo of typed text: proof the reader of the terminal took the input.
+#[derive(Debug)]
+struct Echo {
+    expect: String,
+    window: String,
 }
 
 /// Shared between the session handle and its output pump.
@@ -133,6 +158,17 @@ impl Shared {
                     }
                     if let Some(frame) = st.frame.as_mut() {
                         frame.push(&t);
+                    }
+                    if let Some(echo) = st.echo.as_mut() {
+                        echo.window.push_str(&t);
+                        if echo.window.contains(&echo.expect) {
+                            st.echo = None;
+                            st.echo_seen = true;
+                        } else {
+                            let keep = conch_output::tail_utf8(&echo.window, echo.expect.len() * 2)
+                                .to_string();
+                            echo.window = keep;
+                        }
                     }
                 }
             }
@@ -179,6 +215,8 @@ pub(crate) fn start(
             eof: false,
             lost: None,
             ingested: 0,
+            echo: None,
+            echo_seen: false,
             signalled: None,
         }),
         config,
@@ -337,13 +375,13 @@ impl BashSession {
         let mut next_probe = started + probe_after;
         loop {
             let notified = sh.changed.notified();
-            let (prompts, eof, last_output, code, ingested) = {
+            let (prompts, eof, last_output, code, ingested, echo_seen) = {
                 let st = sh.lock();
                 if let Some(why) = &st.lost {
                     return Err(lost(why));
                 }
                 let code = st.frame.as_ref().and_then(FrameScanner::code);
-                (st.prompts, st.eof, st.last_output, code, st.ingested)
+                (st.prompts, st.eof, st.last_output, code, st.ingested, st.echo_seen)
             };
             // Tier 0: our own prompt, accepted only while bash owns the foreground group. A
             // framed command's prompt counts only once its end marker came.
@@ -376,10 +414,11 @@ impl BashSession {
             // silent command costs few probes.
             let now = Instant::now();
             // Right after a write, the shell may still be parked where it waited before, with
-            // the typed bytes not even handed to it yet: that is not a wait for input. Once it
-            // reads them it echoes them (or prints something), so Tier 1 starts at the first
-            // output after the write, or after a blind window for input that echoes nothing.
-            let input_taken = !wrote || last_output > started || now >= started + TIER1_BLIND;
+            // the typed bytes not even handed to it yet (the kernel moves them to the line
+            // discipline asynchronously): that is not a wait for input. A reader that takes
+            // them echoes them, so Tier 1 starts once the echo of the typed text came, or
+            // after a blind window for input that echoes nothing (passwords, `stty -echo`).
+            let input_taken = !wrote || echo_seen || now >= started + TIER1_BLIND;
             if now >= next_probe && !eof && code.is_none() && input_taken {
                 let obs = sh.observe(Probe::Stdin).await?;
                 let complete = !obs.output_pending && ingested >= obs.delivered_bytes;
@@ -557,7 +596,12 @@ impl TerminalSession for BashSession {
         }
         self.check_open()?;
         self.settle_signal(&cancel).await?;
-        let start_prompts = self.shared.lock().begin_op(self.shared.config.max_read_bytes);
+        let start_prompts = {
+            let mut st = self.shared.lock();
+            let p = st.begin_op(self.shared.config.max_read_bytes);
+            st.expect_echo(text);
+            p
+        };
         let mut bytes = text.as_bytes().to_vec();
         if submit {
             bytes.push(b'\r');
@@ -617,13 +661,16 @@ impl TerminalSession for BashSession {
         self.check_open()?;
         self.settle_signal(&cancel).await?;
         let nonce = conch_seams::terminal::marker_nonce();
+        let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
+        let framed = framing::frame(command, &nonce, init);
         let start_prompts = {
             let mut st = self.shared.lock();
             st.frame = Some(FrameScanner::new(&nonce));
-            st.begin_op(self.shared.config.max_read_bytes)
+            let p = st.begin_op(self.shared.config.max_read_bytes);
+            st.expect_echo(&framed);
+            p
         };
-        let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
-        let mut line = framing::frame(command, &nonce, init).into_bytes();
+        let mut line = framed.into_bytes();
         line.push(b'\r');
         if let Err(e) = self.shared.process.write(&line).await {
             self.abandon_op();
