@@ -5,6 +5,7 @@
 
 mod compositions;
 mod conformance;
+mod reaper;
 mod terminals;
 mod tidy;
 mod tools;
