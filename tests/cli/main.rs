@@ -370,3 +370,71 @@ fn nix_uid_is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// True when `/proc/<pid>` is gone or a zombie.
+fn pid_gone(pid: u64) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')').is_none_or(|i| stat[i + 1..].trim_start().starts_with('Z'))
+}
+
+/// The pid a detached process wrote to `path` (it wrote it before conch could stop it).
+fn pid_in(path: &std::path::Path) -> u64 {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.trim().parse().unwrap_or_else(|_| panic!("a pid in {}: {text:?}", path.display()))
+}
+
+#[test]
+fn detached_processes_outlive_neither_their_call_nor_their_session_nor_conch() {
+    // Neither in the call's group nor holding its output: only ancestry ties it to the call.
+    let cmd = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!";
+    let call = serde_json::json!({"command": cmd}).to_string();
+    let out = conch().args(["call", "bash", &call]).output().unwrap();
+    let text = text(&out);
+    let pid: u64 = text.lines().next().and_then(|l| l.parse().ok()).expect("a pid");
+    let stopped =
+        format!("[stopped 1 background process that outlived the command's shell: {pid} ");
+    assert!(text.contains(&stopped), "{text}");
+    assert!(!text.contains("held the output"), "{text}");
+    assert!(pid_gone(pid), "the detached {pid} outlived its call");
+
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = |n: &str| dir.path().join(n);
+    let send = |id: &str, text: &str| {
+        serde_json::json!({"tool":"terminal_send","args":{"session_id":id,"text":text}}).to_string()
+    };
+    // The subshell exits at once; the send returns once the pid is written.
+    let detach = |id: &str, how: &str, name: &str| {
+        let f = pidfile(name).display().to_string();
+        send(
+            id,
+            &format!(
+                "({how} sh -c 'echo $$ > {f}; exec sleep 1000' >/dev/null 2>&1 </dev/null &); \
+                 while [ ! -s {f} ]; do sleep 0.01; done"
+            ),
+        )
+    };
+    let (a, b) = (pidfile("a").display().to_string(), pidfile("b").display().to_string());
+    // Computed markers: the echoed command line cannot be mistaken for the answer.
+    let check = format!(
+        "for p in $(cat {a} {b}); do grep -qv ') Z' /proc/$p/stat 2>/dev/null && \
+         echo ALIVE$((1+1))=$p; done; echo $((6*7))checked"
+    );
+    let lines = [
+        r#"{"tool":"terminal_open","args":{}}"#.to_string(),
+        detach("pty-1", "setsid", "a"),
+        detach("pty-1", "nohup", "b"),
+        r#"{"tool":"terminal_close","args":{"session_id":"pty-1"}}"#.to_string(),
+        r#"{"tool":"terminal_open","args":{}}"#.to_string(),
+        send("pty-2", &check),
+        // Left open: conch's own teardown must take what it detached along.
+        detach("pty-2", "setsid", "c"),
+    ];
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let results = run_batch_in("terminal", &lines);
+    assert!(results.iter().all(|r| r["ok"] == true), "{results:?}");
+    assert_eq!(results[3]["structured"]["survivors"], serde_json::json!([]), "{results:?}");
+    let checked = results[5]["structured"]["output"].as_str().unwrap_or_default();
+    assert!(checked.contains("42checked") && !checked.contains("ALIVE2="), "close left: {checked}");
+    let c = pid_in(&pidfile("c"));
+    assert!(pid_gone(c), "the detached {c} outlived conch");
+}

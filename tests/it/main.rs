@@ -5,6 +5,7 @@
 
 mod compositions;
 mod conformance;
+mod reaper;
 mod spills;
 mod terminals;
 mod tidy;

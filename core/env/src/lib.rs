@@ -48,6 +48,28 @@ pub fn child_env(overlay: &BTreeMap<String, Option<String>>) -> BTreeMap<String,
     )
 }
 
+/// The variable a process provider sets in every child it spawns to mark that spawn's process
+/// tree. Descendants inherit it, so a process that leaves the group, the session and the
+/// output pipes (`setsid`, `nohup`, a double fork) can still be found and stopped with the
+/// spawn that started it. The value is a space-separated list of spawn ids, outermost first:
+/// see [`call_id_value`]. It is the one CONCH_* name a child gets that no overlay set.
+pub const CALL_ID_VAR: &str = "CONCH_CALL_ID";
+
+/// The [`CALL_ID_VAR`] value for a child of the spawn `id`: the ids this process itself
+/// inherited (a conch running inside another conch's call), then `id`. The scrub removes the
+/// inherited value from the child's environment like any CONCH_* name; keeping the outer ids
+/// lets the outer conch still find the inner one's processes if the inner one dies first.
+pub fn call_id_value(id: &str) -> String {
+    chain_call_ids(std::env::var(CALL_ID_VAR).ok().as_deref(), id)
+}
+
+/// `inherited` ids (blanks dropped) followed by `id`.
+fn chain_call_ids(inherited: Option<&str>, id: &str) -> String {
+    let mut ids: Vec<&str> = inherited.unwrap_or("").split(' ').filter(|t| !t.is_empty()).collect();
+    ids.push(id);
+    ids.join(" ")
+}
+
 /// Errors registering managed facts.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ShellEnvError {
@@ -162,6 +184,14 @@ mod tests {
             env.keys().cloned().collect::<Vec<_>>(),
             vec!["HOME", "HTTPS_PROXY", "LANG", "PATH"]
         );
+    }
+
+    #[test]
+    fn call_ids_chain_after_the_inherited_ones() {
+        assert_eq!(chain_call_ids(None, "c1.0.3"), "c1.0.3");
+        assert_eq!(chain_call_ids(Some(""), "c1.0.3"), "c1.0.3");
+        assert_eq!(chain_call_ids(Some(" c9.1.0  c8.0.2 "), "c1.0.3"), "c9.1.0 c8.0.2 c1.0.3");
+        assert!(is_scrubbed(CALL_ID_VAR), "the inherited value never reaches a child as is");
     }
 
     #[test]

@@ -108,7 +108,9 @@ pub enum AfterExit {
     #[default]
     WaitForEof,
     /// Give processes left behind `drain` to finish by themselves, then stop every
-    /// process still in the child's group or still holding one of its output pipes
+    /// process still in the child's group, still holding one of its output pipes, or
+    /// otherwise known to the provider as started by the child (detached ones too, where
+    /// the provider can tell: subprocess-local marks every descendant)
     /// (TERM → grace → KILL), seal the streams and settle. Nothing the command left
     /// attached outlives the call; the stopped processes are reported as leftovers.
     StopLeftovers {
@@ -558,10 +560,13 @@ pub struct TeardownReport {
 ///   is an `Err`, never EOF. `wait` likewise never reports a transport loss as an exit.
 /// - `observe`, `signal_foreground`, `resize` and `terminate` run in the provider's world;
 ///   the caller never needs the pids they act on.
-/// - `terminate` stops every descendant of the leader (identified by pid and start time, so
-///   a recycled pid is never signalled) children first, TERM → grace → KILL, rescanning for
+/// - `terminate` stops every descendant of the leader, and every process the provider knows
+///   the terminal started even if it detached (identified by pid and start time, so a
+///   recycled pid is never signalled), children first, TERM → grace → KILL, rescanning for
 ///   processes forked meanwhile and verifying they are gone; only then the leader (HUP,
-///   grace, KILL) is stopped and reaped. Survivors are listed, never hidden.
+///   grace, KILL) is stopped and reaped, then anything it started still running. After the
+///   leader exited by itself, what it started is still stopped. Survivors are listed, never
+///   hidden.
 #[async_trait]
 pub trait TerminalProcess: Send + Sync + fmt::Debug {
     /// Pid of the session leader in the provider's world (diagnostics only).
@@ -641,7 +646,8 @@ pub trait Subprocess: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// `unsupported` when `capabilities().terminals` is false; `spawn_failed` otherwise.
     async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>>;
-    /// Kills and reaps every live process this provider started, and deletes the spill
-    /// files it still holds.
+    /// Kills and reaps every live process this provider started (with their trees, detached
+    /// parts included where the provider can tell), and deletes the spill files it still
+    /// holds.
     async fn shutdown(&self);
 }

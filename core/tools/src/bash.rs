@@ -76,8 +76,9 @@ impl BashTool {
             "Run a command with {} in a fresh shell. No state (cwd, variables, functions) \
              persists between calls: pass workdir instead of cd. A non-zero exit is shown as \
              [exit code: N]. Long output keeps its tail and names the file holding the full \
-             output. The call ends with its shell: processes left running with `&` are stopped \
-             and listed. run_in_background: true returns a job id at once; read it with \
+             output. The call ends with its shell: processes it left running (with `&`, even \
+             detached with setsid or nohup) are stopped and listed. run_in_background: true \
+             returns a job id at once; read it with \
              job_output and stop it with job_kill.",
             dialect.one_shot
         );

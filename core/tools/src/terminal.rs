@@ -488,7 +488,8 @@ tool!(
     CloseTool,
     "terminal_close",
     SessionArgs,
-    "Close a terminal session: stops every process it started and returns once they are gone."
+    "Close a terminal session: stops every process it started (detached ones, e.g. with \
+     setsid or nohup, included) and returns once they are gone."
 );
 
 impl CloseTool {

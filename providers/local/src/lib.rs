@@ -4,6 +4,10 @@
 //! PTYs with an exact Linux stdin-wait probe for readiness and teardown of the leader's
 //! tree by pid + start time.
 //!
+//! Every child carries a per-spawn id in its environment ([`conch_env::CALL_ID_VAR`]) that
+//! its descendants inherit, and the process is a child subreaper (`reaper`), so what a call
+//! or a terminal started is found and stopped with it even after it detached.
+//!
 //! This is the only crate in the workspace that touches processes, signals and `/proc`;
 //! `procfs` is the one module that reads `/proc`.
 //!
@@ -22,12 +26,14 @@ mod probe;
 mod process;
 mod procfs;
 mod pty;
+mod reaper;
 mod signals;
 mod ttyq;
 
 use std::fs::Permissions;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -53,6 +59,11 @@ pub const NAME: &str = "subprocess-local";
 const MAX_SWEEP_PERIOD: Duration = Duration::from_secs(60);
 /// Fastest age sweep, so a tiny age limit does not turn the sweeper into a busy loop.
 const MIN_SWEEP_PERIOD: Duration = Duration::from_millis(10);
+/// How long what shutdown finds still carrying this provider's id gets after TERM.
+const SWEEP_GRACE: Duration = Duration::from_secs(1);
+
+/// Numbers the providers of this process, so each has its own id under the process's.
+static PROVIDERS: AtomicU64 = AtomicU64::new(0);
 
 /// Provider config.
 #[derive(Debug, Clone, Deserialize)]
@@ -114,6 +125,9 @@ pub struct LocalSubprocess {
     /// The private 0700 directory every spill of this provider lives under, made on first
     /// use and removed at shutdown (or drop) unless `keep_spills`.
     spill_root: Mutex<Option<PathBuf>>,
+    /// This provider's id: every spawn's id is `<id>.<n>`, so shutdown finds them all.
+    id: String,
+    spawns: AtomicU64,
     /// Every spill of this provider with its size and last write: the total cap and the age
     /// limit are enforced here, without scanning `spill_root`.
     spills: Arc<SpillRegistry>,
@@ -142,11 +156,16 @@ impl LocalSubprocess {
     pub fn new(config: LocalConfig) -> Self {
         harden_self();
         let spills = Arc::new(SpillRegistry::new(config.spill_limits()));
+        // Before any spawn: orphans of every call reparent here from the start.
+        let process = reaper::init();
+        let n = PROVIDERS.fetch_add(1, Ordering::Relaxed);
         Self {
             config,
             live: Mutex::default(),
             terminals: Mutex::default(),
             spill_root: Mutex::default(),
+            id: format!("{process}.{n}"),
+            spawns: AtomicU64::new(0),
             spills,
             sweeper: Mutex::default(),
         }
@@ -177,6 +196,11 @@ impl LocalSubprocess {
         if let Some(h) = self.sweeper.lock().unwrap_or_else(|e| e.into_inner()).take() {
             h.abort();
         }
+    }
+
+    /// A new spawn's id, under this provider's.
+    fn next_id(&self) -> String {
+        format!("{}.{}", self.id, self.spawns.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The spill root, created on first use. Without one (the parent is not writable),
@@ -272,13 +296,13 @@ impl Subprocess for LocalSubprocess {
             registry: &self.spills,
             keep: self.config.keep_spills,
         };
-        let p = process::spawn(spec, &place)?;
+        let p = process::spawn(spec, &place, self.next_id())?;
         self.track(&p.inner);
         Ok(Arc::new(p))
     }
 
     async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
-        let t = pty::spawn(spec)?;
+        let t = pty::spawn(spec, self.next_id())?;
         self.track_terminal(&t.inner);
         Ok(Arc::new(t))
     }
@@ -308,6 +332,11 @@ impl Subprocess for LocalSubprocess {
             }
         };
         futures::join!(hangups, processes);
+        // Whatever any spawn left detached, even one that settled long ago (waiting for EOF
+        // stops nothing), still carries this provider's id.
+        let mine = procfs::Tag { id: self.id.clone(), since: 0 };
+        let targets = procfs::Targets { tagged: Some(&mine), ..procfs::Targets::default() };
+        procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, SWEEP_GRACE).await;
         self.stop_sweeper();
         self.remove_spills();
     }

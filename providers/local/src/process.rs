@@ -1,4 +1,6 @@
-//! One spawned local process: stream pumps, exit watcher, kill escalation.
+//! One spawned local process: stream pumps, exit watcher, kill escalation. Its tree is its
+//! process group, the holders of its output pipes, and every process carrying its id
+//! (detached ones included).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
@@ -18,8 +20,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::procfs::{self, Targets};
-use crate::{NAME, signals};
+use crate::procfs::{self, Tag, Targets};
+use crate::{NAME, reaper, signals};
 
 /// After a kill proved the group gone, how long pipes may stay open before their holders
 /// (escaped via setsid) are looked for and stopped.
@@ -36,6 +38,8 @@ pub(crate) struct Inner {
     /// pid (and so its group id) may be recycled.
     leader_start: Option<u64>,
     grace: Duration,
+    /// The id in every descendant's environment: finds what left the group and the pipes.
+    tag: Tag,
     stdout: Option<Arc<Collector>>,
     stderr: Option<Arc<Collector>>,
     stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
@@ -44,6 +48,8 @@ pub(crate) struct Inner {
     /// Set when the child exited and every collected stream reached EOF.
     settled: watch::Sender<Option<ExitStatus>>,
     kill_started: AtomicBool,
+    /// Set when a started kill has finished and recorded what it stopped.
+    kill_done: watch::Sender<bool>,
     group_gone: watch::Sender<bool>,
     /// Inodes of the collected output pipes, to find processes still holding them.
     pipe_inodes: Vec<u64>,
@@ -63,11 +69,18 @@ impl Inner {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             // The child is its own group leader, so its pid is the pgid.
-            let group = Targets { group: Some(me.group()), unreported: true, ..Targets::default() };
-            let report = procfs::stop(&group, nix::sys::signal::Signal::SIGTERM, me.grace).await;
+            let mut tree = me.tree(&[]);
+            // Nobody needs the group's own members listed: the group is signalled at once.
+            tree.unreported = true;
+            tree.report_pipes = &me.pipe_inodes;
+            let report = procfs::stop(&tree, nix::sys::signal::Signal::SIGTERM, me.grace).await;
+            // What had left the group escaped the kill's own reach: report it, as the pipe
+            // holders found after a kill are.
+            me.record(report.stopped.into_iter().filter(|s| !s.grouped));
             if report.survivors.is_empty() {
                 me.group_gone.send_replace(true);
             }
+            me.kill_done.send_replace(true);
         });
     }
 
@@ -79,6 +92,25 @@ impl Inner {
         }
     }
 
+    /// True when nothing of the tree can be left once the child is reaped and the pipes are
+    /// closed: the group has no member at all, and no orphan exists that the rest could be
+    /// under (see [`reaper::orphans_possible`]). False means "look", not "something is left".
+    fn surely_quiet(&self) -> bool {
+        let pgid = nix::unistd::Pid::from_raw(self.group().pgid);
+        nix::sys::signal::killpg(pgid, None) == Err(nix::errno::Errno::ESRCH)
+            && !reaper::orphans_possible()
+    }
+
+    /// The group, the processes carrying the tag, and holders of `pipes`.
+    fn tree<'a>(&'a self, pipes: &'a [u64]) -> Targets<'a> {
+        Targets {
+            group: Some(self.group()),
+            pipe_inodes: pipes,
+            tagged: Some(&self.tag),
+            ..Targets::default()
+        }
+    }
+
     pub(crate) async fn wait_settled(&self) -> ExitStatus {
         wait_status(&self.settled).await
     }
@@ -87,18 +119,25 @@ impl Inner {
         wait_status(&self.exited).await
     }
 
-    /// Stops what is left in the group or on the pipes and records it.
+    /// Stops what is left in the group, on the pipes or carrying the tag, and records it.
     async fn stop_leftovers(&self, pipes_open: bool) {
         let inodes: &[u64] = if pipes_open { &self.pipe_inodes } else { &[] };
-        let targets =
-            Targets { group: Some(self.group()), pipe_inodes: inodes, ..Targets::default() };
+        let targets = self.tree(inodes);
         let report = procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, self.grace).await;
-        let stopped = report.stopped.into_iter().map(|s| Leftover {
-            pid: s.id.pid.unsigned_abs(),
-            name: s.name,
-            held_output: s.held_output,
-        });
-        self.leftovers.lock().unwrap_or_else(|e| e.into_inner()).extend(stopped);
+        self.record(report.stopped.into_iter());
+    }
+
+    /// Adds stopped processes to the leftovers, each once (a kill and the leftover stop may
+    /// both reach one).
+    fn record(&self, stopped: impl Iterator<Item = procfs::Stopped>) {
+        let mut left = self.leftovers.lock().unwrap_or_else(|e| e.into_inner());
+        for s in stopped {
+            let pid = s.id.pid.unsigned_abs();
+            match left.iter_mut().find(|l| l.pid == pid) {
+                Some(l) => l.held_output |= s.held_output,
+                None => left.push(Leftover { pid, name: s.name, held_output: s.held_output }),
+            }
+        }
     }
 
     /// The part of settlement after the direct child exited: streams reach EOF, or the
@@ -111,8 +150,10 @@ impl Inner {
                 let mut gone = self.group_gone.subscribe();
                 let finished = async {
                     let _ = drain_pumps(&self.open_pumps, None).await;
-                    // The pipes are closed; wait for the rest of the group, if any.
-                    procfs::wait_group_gone(self.group(), drain).await;
+                    // The pipes are closed; wait for the rest of the tree, if any.
+                    if !self.surely_quiet() {
+                        procfs::wait_quiet(&self.tree(&[]), drain).await;
+                    }
                 };
                 let killed = async {
                     let _ = gone.wait_for(|g| *g).await;
@@ -130,7 +171,7 @@ impl Inner {
                 }
                 // Closed pipes have no holders: only an open one is worth an fd scan.
                 let pipes_open = *self.open_pumps.borrow() > 0;
-                if pipes_open || procfs::group_alive(self.group()) {
+                if pipes_open || !self.surely_quiet() {
                     self.stop_leftovers(pipes_open).await;
                 }
             }
@@ -292,7 +333,7 @@ pub(crate) fn resolve_cwd(cwd: Option<&Path>, op: &'static str) -> Result<std::p
 }
 
 /// Spawns `spec`.
-pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>) -> Result<LocalProcess> {
+pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Result<LocalProcess> {
     let Some(program) = spec.argv.first() else {
         return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation("spawn"));
     };
@@ -300,7 +341,9 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>) -> Result<LocalPro
     if matches!(spec.stdout, OutputSpec::MergeIntoStdout) {
         return Err(Error::invalid("stdout cannot merge into itself").with_provider(NAME));
     }
-    let env = conch_env::child_env(&spec.env);
+    let mut env = conch_env::child_env(&spec.env);
+    // After the overlay: the provider's own mark, which no caller's config may replace.
+    env.insert(conch_env::CALL_ID_VAR.into(), conch_env::call_id_value(&id));
     // Resolved here on the child's own PATH, as execvp would: std spawns an absolute path
     // with posix_spawn (vfork-fast) but falls back to fork + exec for a bare name once the
     // environment sets PATH. argv[0] stays what the caller wrote (`$0` of `bash -c`).
@@ -343,7 +386,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>) -> Result<LocalPro
         _ => Stdio::piped(),
     });
 
-    let spawned = cmd.spawn();
+    let (spawned, owned) = reaper::owning(|| cmd.spawn(), tokio::process::Child::id);
     // Dropping the command closes the parent's copies of the merged pipe's write end.
     drop(cmd);
     let mut child = spawned.map_err(|e| {
@@ -388,17 +431,20 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>) -> Result<LocalPro
         });
     }
 
-    let leader_start = i32::try_from(pid).ok().and_then(procfs::ident).map(|id| id.start);
+    let leader_start = owned.as_ref().and_then(|o| o.start);
     let inner = Arc::new(Inner {
         pid,
         leader_start,
         grace: spec.grace,
+        // Every descendant started after the child did.
+        tag: Tag { id, since: leader_start.unwrap_or(0) },
         stdout: stdout_sink,
         stderr: stderr_sink,
         stdin: tokio::sync::Mutex::new(stdin),
         exited: watch::Sender::new(None),
         settled: watch::Sender::new(None),
         kill_started: AtomicBool::new(false),
+        kill_done: watch::Sender::new(false),
         group_gone: watch::Sender::new(false),
         pipe_inodes,
         leftovers: Mutex::new(Vec::new()),
@@ -417,9 +463,15 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>) -> Result<LocalPro
                 child.wait().await
             }
         };
+        // Reaped: the pid is no longer tokio's to wait for.
+        drop(owned);
         let status = status.map(to_exit).unwrap_or_default();
         me.exited.send_replace(Some(status.clone()));
         me.settle_streams(after_exit, pumps).await;
+        // A kill's leftovers (what had left the group) are final at settlement too.
+        if me.kill_started.load(Ordering::Acquire) {
+            let _ = me.kill_done.subscribe().wait_for(|d| *d).await;
+        }
         me.seal_streams();
         me.settled.send_replace(Some(status));
     });

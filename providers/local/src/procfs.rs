@@ -13,6 +13,10 @@
 //! - [`stop`] never trusts one snapshot: every round rescans, so processes forked while the
 //!   set is being stopped are found, and a process once targeted stays targeted even after
 //!   it leaves the group or is reparented away.
+//! - A [`Tag`] is read from `/proc/<pid>/environ`, which holds the environment the process
+//!   was exec'd with: it survives setsid and double forks, but not a process that execs with
+//!   a cleared or rewritten environment, one that overwrites its environment block in place,
+//!   or one this user may not inspect (another user, a set-uid program).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
@@ -131,6 +135,95 @@ pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
     Some(out)
 }
 
+/// Pids of the children of `pid` (every thread's), zombies included. Falls back to a full
+/// scan where the kernel has no `children` files.
+pub(crate) fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut found = false;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                found = true;
+                out.extend(text.split_whitespace().filter_map(|n| n.parse::<i32>().ok()));
+            }
+        }
+    }
+    if !found {
+        out = all().into_iter().filter(|s| s.ppid == pid).map(|s| s.pid).collect();
+    }
+    out
+}
+
+/// Marks the process tree of one spawn: every process whose environment carries `id` in
+/// [`conch_env::CALL_ID_VAR`], or an id under it (`id.<more>`), and which started no
+/// earlier than `since` (the spawn's own start time; older processes cannot be its
+/// descendants, and are not read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Tag {
+    pub(crate) id: String,
+    pub(crate) since: u64,
+}
+
+impl Tag {
+    /// True when one space-separated `value` of the variable names this tag or one under it.
+    fn in_value(&self, value: &[u8]) -> bool {
+        let id = self.id.as_bytes();
+        value.split(|b| *b == b' ').any(|t| {
+            t.strip_prefix(id).is_some_and(|rest| rest.is_empty() || rest.first() == Some(&b'.'))
+        })
+    }
+
+    /// True when an environment block (`NUL`-separated `NAME=value` entries) carries the tag.
+    fn in_environ(&self, environ: &[u8]) -> bool {
+        let name = conch_env::CALL_ID_VAR.as_bytes();
+        environ.split(|b| *b == 0).any(|entry| {
+            entry
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(b"="))
+                .is_some_and(|value| self.in_value(value))
+        })
+    }
+}
+
+/// Whether `s` carries `tag`: `None` when the answer is not known yet (the environment was
+/// empty, as it can be mid-exec, or the process went away while being read).
+pub(crate) fn carries(s: &Stat, tag: &Tag) -> Option<bool> {
+    match std::fs::read(format!("/proc/{}/environ", s.pid)) {
+        Ok(env) if env.is_empty() => None,
+        // The environment read is the process's only if the pid still names it.
+        Ok(env) => stat(s.pid).filter(|now| now.start == s.start).map(|_| tag.in_environ(&env)),
+        // Not ours to inspect (another user, a set-uid program): not ours to find either.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// Remembers tag answers per process for one scan loop: an exec'd environment does not change,
+/// so each process is read once.
+#[derive(Debug, Default)]
+pub(crate) struct TagCache {
+    known: HashMap<ProcId, bool>,
+}
+
+impl TagCache {
+    /// True when `s` carries `tag` (read once per process, unknown answers read again).
+    pub(crate) fn carries(&mut self, s: &Stat, tag: &Tag) -> bool {
+        if s.start < tag.since {
+            return false;
+        }
+        if let Some(known) = self.known.get(&s.id()) {
+            return *known;
+        }
+        match carries(s, tag) {
+            Some(answer) => {
+                self.known.insert(s.id(), answer);
+                answer
+            }
+            None => false,
+        }
+    }
+}
+
 /// Pids whose process group is `pgid` (zombies included).
 pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
     all().into_iter().filter(|s| s.pgrp == pgid).map(|s| s.pid).collect()
@@ -167,20 +260,6 @@ pub(crate) fn group_alive(group: Group) -> bool {
     }
     let procs = all();
     !group.recycled(&procs) && procs.iter().any(|s| s.pgrp == group.pgid && s.live())
-}
-
-/// Probes until `group` is gone (true) or `limit` passed (false).
-pub(crate) async fn wait_group_gone(group: Group, limit: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if !group_alive(group) {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(PROBE_INTERVAL).await;
-    }
 }
 
 /// True while the identified process exists and is not a zombie.
@@ -260,6 +339,97 @@ pub(crate) struct Targets<'a> {
     /// Nobody needs to know which processes were stopped: a group target is then signalled
     /// at once, before any scan (the report lists only what later scans found).
     pub(crate) unreported: bool,
+    /// Every process carrying this tag, wherever it went (setsid, nohup, double forks).
+    pub(crate) tagged: Option<&'a Tag>,
+    /// Never matched or signalled, whatever else says (a leader frozen while its tree goes).
+    pub(crate) spare: Option<ProcId>,
+    /// Pipes whose holders are not targeted for holding them, but reported as holders when
+    /// matched otherwise (checked once per process: a kill need not scan every process's
+    /// fds to say truthfully that what it stopped held the output).
+    pub(crate) report_pipes: &'a [u64],
+}
+
+impl Targets<'_> {
+    /// Live processes in `procs` that match, except this process and `spare`, with whether
+    /// each holds a target pipe. `desc` is the descendant set when `descendants_of` is set.
+    fn matching<'p>(
+        &self,
+        procs: &'p [Stat],
+        desc: &HashSet<ProcId>,
+        tags: &mut TagCache,
+        also: &BTreeMap<ProcId, Stopped>,
+    ) -> Vec<(ProcId, &'p Stat, bool)> {
+        let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+        let group = self.live_group(procs);
+        // A session id is its leader's pid, recycled like a group id.
+        let session = self.session.filter(|g| !g.recycled(procs)).map(|g| g.pgid);
+        let mut out = Vec::new();
+        for s in procs.iter().filter(|s| s.live() && s.pid != me) {
+            let id = s.id();
+            if self.spare == Some(id) {
+                continue;
+            }
+            let held = !self.pipe_inodes.is_empty() && holds_pipe(s.pid, self.pipe_inodes);
+            let matched = group == Some(s.pgrp)
+                || session == Some(s.session)
+                || desc.contains(&id)
+                || held
+                || self.tagged.is_some_and(|t| tags.carries(s, t));
+            if matched || also.contains_key(&id) {
+                out.push((id, s, held));
+            }
+        }
+        out
+    }
+
+    /// The group id to match and signal as a group while it is still ours: once the id names
+    /// a stranger's group, nothing is matched or signalled by group.
+    fn live_group(&self, procs: &[Stat]) -> Option<i32> {
+        self.group.filter(|g| !g.recycled(procs)).map(|g| g.pgid)
+    }
+}
+
+/// True when no live process matches `targets`.
+fn quiet(targets: &Targets<'_>, tags: &mut TagCache) -> bool {
+    let procs = all();
+    let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
+    let desc: HashSet<ProcId> = desc.into_iter().collect();
+    targets.matching(&procs, &desc, tags, &BTreeMap::new()).is_empty()
+}
+
+/// Probes until no live process matches `targets` (true) or `limit` passed (false).
+pub(crate) async fn wait_quiet(targets: &Targets<'_>, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut tags = TagCache::default();
+    loop {
+        if quiet(targets, &mut tags) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+/// How deep each process of `procs` sits in their tree (init's children are 1), so sorting
+/// deepest first signals every child before its parent, wherever it was reparented.
+fn depths(procs: &[Stat]) -> HashMap<i32, usize> {
+    let parent: HashMap<i32, i32> = procs.iter().map(|s| (s.pid, s.ppid)).collect();
+    let mut out = HashMap::new();
+    for s in procs {
+        let (mut at, mut depth) = (s.pid, 0usize);
+        // Bounded: a scan taken mid-fork could look like a loop.
+        while let Some(&up) = parent.get(&at) {
+            depth += 1;
+            if up <= 1 || depth > 256 {
+                break;
+            }
+            at = up;
+        }
+        out.insert(s.pid, depth);
+    }
+    out
 }
 
 /// One process [`stop`] signalled.
@@ -267,8 +437,10 @@ pub(crate) struct Targets<'a> {
 pub(crate) struct Stopped {
     pub(crate) id: ProcId,
     pub(crate) name: String,
-    /// It held one of the target pipes.
+    /// It held one of the target (or reported) pipes.
     pub(crate) held_output: bool,
+    /// It was in the target group when first found.
+    pub(crate) grouped: bool,
 }
 
 /// What [`stop`] did.
@@ -283,9 +455,8 @@ pub(crate) struct StopReport {
 /// Stops every live process matching `targets`: `first` (TERM or HUP, plus CONT so stopped
 /// processes can act on it) once per process, rescanning for new matches, then KILL for
 /// whatever is left once `grace` has passed, until the set is proven gone or
-/// [`AFTER_KILL_LIMIT`] runs out. Descendants are signalled children first.
+/// [`AFTER_KILL_LIMIT`] runs out. Children are signalled before their parents.
 pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) -> StopReport {
-    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
     let term_until = tokio::time::Instant::now() + grace;
     let kill_until = term_until + AFTER_KILL_LIMIT;
     let mut tracked: BTreeMap<ProcId, Stopped> = BTreeMap::new();
@@ -293,7 +464,9 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
     let mut first_round = true;
     let only_group = targets.pipe_inodes.is_empty()
         && targets.descendants_of.is_none()
-        && targets.session.is_none();
+        && targets.session.is_none()
+        && targets.tagged.is_none();
+    let mut tags = TagCache::default();
     let mut survivors = Vec::new();
     // A plain group kill reports nothing, so it need not look before it signals: the group
     // signal goes out at once (after a cheap identity check), and the common case, a group
@@ -325,28 +498,16 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
             }
         }
         let procs = all();
-        // Once an id names a stranger's group or session, nothing is matched by it.
-        let group = targets.group.filter(|g| !g.recycled(&procs)).map(|g| g.pgid);
-        let session = targets.session.filter(|g| !g.recycled(&procs)).map(|g| g.pgid);
+        let group = targets.live_group(&procs);
         let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
-        let desc_set: HashSet<ProcId> = desc.iter().copied().collect();
-        let mut live: Vec<(ProcId, &Stat, bool)> = Vec::new();
-        for s in procs.iter().filter(|s| s.live() && s.pid != me) {
-            let id = s.id();
-            let held = !targets.pipe_inodes.is_empty() && holds_pipe(s.pid, targets.pipe_inodes);
-            let matched = group == Some(s.pgrp)
-                || session == Some(s.session)
-                || desc_set.contains(&id)
-                || held;
-            if matched || tracked.contains_key(&id) {
-                live.push((id, s, held));
-            }
-        }
+        let desc: HashSet<ProcId> = desc.into_iter().collect();
+        let mut live = targets.matching(&procs, &desc, &mut tags, &tracked);
         if live.is_empty() {
             break;
         }
-        // Children first: descendants in walk order, then everything else.
-        live.sort_by_key(|(id, _, _)| desc.iter().position(|d| d == id).unwrap_or(usize::MAX));
+        // Children first, wherever they were reparented: deepest in the tree first.
+        let depth = depths(&procs);
+        live.sort_by_key(|(id, _, _)| std::cmp::Reverse(depth.get(&id.pid).copied()));
         let now = tokio::time::Instant::now();
         if now >= kill_until {
             survivors = live.iter().map(|(id, _, _)| *id).collect();
@@ -354,10 +515,16 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         }
         let killing = now >= term_until;
         for (id, s, held) in &live {
-            let entry = tracked.entry(*id).or_insert_with(|| Stopped {
-                id: *id,
-                name: s.comm.clone(),
-                held_output: false,
+            let entry = tracked.entry(*id).or_insert_with(|| {
+                // Once dead it may be this process's zombie (reparented here): collect it.
+                crate::reaper::claim(*id);
+                Stopped {
+                    id: *id,
+                    name: s.comm.clone(),
+                    held_output: !targets.report_pipes.is_empty()
+                        && holds_pipe(s.pid, targets.report_pipes),
+                    grouped: group == Some(s.pgrp),
+                }
             });
             entry.held_output |= *held;
             if killing {
@@ -441,6 +608,38 @@ mod tests {
         // The id now belongs to a newer process (pid reuse): a stranger's group.
         assert!(ours.recycled(&[mk(40, 40, 900)]));
         assert!(!Group { pgid: 40, leader_start: None }.recycled(&[mk(40, 40, 900)]));
+    }
+
+    #[test]
+    fn a_tag_matches_its_id_and_ids_under_it_only() {
+        let tag = Tag { id: "c1.2".into(), since: 0 };
+        let env = |v: &str| format!("A=1\0CONCH_CALL_ID={v}\0B=2\0").into_bytes();
+        assert!(tag.in_environ(&env("c1.2")));
+        assert!(tag.in_environ(&env("c1.2.7")), "a spawn under a provider's id");
+        assert!(tag.in_environ(&env("outer.0.3 c1.2.7")), "inherited outer ids come first");
+        assert!(!tag.in_environ(&env("c1.20")), "another provider's id sharing a prefix");
+        assert!(!tag.in_environ(&env("c1")), "the id above is not this one");
+        assert!(!tag.in_environ(b"XCONCH_CALL_ID=c1.2\0"), "another variable");
+        assert!(!tag.in_environ(b"CONCH_CALL_IDS=c1.2\0"), "another variable");
+        assert!(!tag.in_environ(b""));
+    }
+
+    #[test]
+    fn depths_order_children_before_parents_across_reparenting() {
+        let mk = |pid, ppid| Stat {
+            pid,
+            comm: "x".into(),
+            state: 'S',
+            ppid,
+            pgrp: pid,
+            session: pid,
+            tty_nr: 0,
+            start: 1,
+        };
+        // 10 is this process; 11 a spawn; 12 an orphan reparented to it; 13 its child.
+        let procs = vec![mk(1, 0), mk(10, 1), mk(11, 10), mk(12, 10), mk(13, 12)];
+        let d = depths(&procs);
+        assert!(d[&13] > d[&12] && d[&12] > d[&10] && d[&11] == d[&12], "{d:?}");
     }
 
     #[test]

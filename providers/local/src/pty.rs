@@ -25,8 +25,8 @@ use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
 use tokio::sync::{mpsc, watch};
 
 use crate::probe::{self, StdinMatch};
-use crate::procfs::{self, Targets};
-use crate::{NAME, resolve_on_path, signals};
+use crate::procfs::{self, Tag, Targets};
+use crate::{NAME, reaper, resolve_on_path, signals};
 
 /// Operation name in spawn errors.
 const OP: &str = "spawn_terminal";
@@ -60,6 +60,8 @@ pub(crate) struct TermInner {
     queued: Arc<AtomicU64>,
     /// Bytes handed out by `read_chunk` so far.
     delivered: AtomicU64,
+    /// The id in every descendant's environment: finds what detached (setsid, nohup).
+    tag: Tag,
 }
 
 impl fmt::Debug for TermInner {
@@ -108,43 +110,58 @@ impl TermInner {
         }
     }
 
+    /// Processes carrying the terminal's id, except `spare`.
+    fn tagged(&self, spare: Option<procfs::ProcId>) -> Targets<'_> {
+        Targets { tagged: Some(&self.tag), spare, ..Targets::default() }
+    }
+
     /// Shutdown: hangs up every member of the terminal's session (its jobs in other groups
-    /// too), gives them [`HANGUP_GRACE`], KILLs what is left until the session is proven
-    /// empty, then waits for the leader to be reaped.
+    /// too) and every process carrying its id (those that detached), gives them
+    /// [`HANGUP_GRACE`], KILLs what is left until none is left, then waits for the leader to
+    /// be reaped.
     pub(crate) async fn shutdown(&self) {
         // A reaped leader's pid can be recycled; once it names another process (another
-        // start time), the session id may be a stranger's: sweep nothing.
-        if procfs::ident(self.sid()).is_some_and(|id| !self.is_leader(id)) {
-            return;
-        }
-        let lead = procfs::Group { pgid: self.sid(), leader_start: self.start };
-        let session = Targets { session: Some(lead), ..Targets::default() };
+        // start time), the session id may be a stranger's: sweep only by id.
+        let recycled = procfs::ident(self.sid()).is_some_and(|id| !self.is_leader(id));
+        let mut targets = self.tagged(None);
+        targets.session =
+            (!recycled).then_some(procfs::Group { pgid: self.sid(), leader_start: self.start });
         // Stopped members cannot act on HUP until continued; `stop` sends CONT too.
-        procfs::stop(&session, Signal::SIGHUP, HANGUP_GRACE).await;
+        procfs::stop(&targets, Signal::SIGHUP, HANGUP_GRACE).await;
         let _ = self.wait_exit(REAP_LIMIT).await;
     }
 
-    /// Teardown for [`TerminalProcess::terminate`]: descendants first while the leader is
-    /// alive to anchor the tree, then the leader (HUP: interactive shells ignore TERM).
+    /// Stops what still carries the terminal's id once the leader is gone, and reports it
+    /// with the leader's exit.
+    async fn sweep_after(&self, status: ExitStatus, grace: Duration) -> TeardownReport {
+        let report = procfs::stop(&self.tagged(None), Signal::SIGTERM, grace).await;
+        TeardownReport { leader: Some(status), survivors: survivor_pids(&report) }
+    }
+
+    /// Teardown for [`TerminalProcess::terminate`]: descendants and everything carrying the
+    /// terminal's id first (children first) while the leader is alive to anchor the tree,
+    /// then the leader (HUP: interactive shells ignore TERM), then whatever still carries
+    /// the id.
     async fn terminate(&self, grace: Duration) -> TeardownReport {
-        if let Some(status) = self.status.borrow().clone() {
-            // The leader is reaped: its children were reparented and are not ours to find.
-            return TeardownReport { leader: Some(status), survivors: Vec::new() };
+        let reaped = self.status.borrow().clone();
+        if let Some(status) = reaped {
+            // The leader is reaped, but what it left behind (detached or reparented) still
+            // carries its id.
+            return self.sweep_after(status, grace).await;
         }
         if let Some(leader) = procfs::ident(self.sid()).filter(|id| self.is_leader(*id)) {
             // Freeze the leader first: a shell running a loop would fork a new child for
-            // every one stopped, and the sweep would never end.
+            // every one stopped, and the sweep would never end. It carries the id too, so it
+            // is spared until its turn.
             let pid = Pid::from_raw(leader.pid);
             let _ = kill(pid, Signal::SIGSTOP);
-            let tree = Targets { descendants_of: Some(leader), ..Targets::default() };
+            let mut tree = self.tagged(Some(leader));
+            tree.descendants_of = Some(leader);
             let report = procfs::stop(&tree, Signal::SIGTERM, grace).await;
             if !report.survivors.is_empty() {
                 // Leave the shell as it was, so a retry (or the user) finds it running.
                 let _ = kill(pid, Signal::SIGCONT);
-                return TeardownReport {
-                    leader: None,
-                    survivors: report.survivors.iter().map(|id| id.pid.unsigned_abs()).collect(),
-                };
+                return TeardownReport { leader: None, survivors: survivor_pids(&report) };
             }
         }
         // Only signal the leader's group by id while the leader is unreaped: its pid (and so
@@ -155,7 +172,8 @@ impl TermInner {
             procfs::stop(&group, Signal::SIGHUP, grace).await;
         }
         match self.wait_exit(REAP_LIMIT).await {
-            Some(status) => TeardownReport { leader: Some(status), survivors: Vec::new() },
+            // Anything the leader started on its way out (a HUP handler) goes too.
+            Some(status) => self.sweep_after(status, grace).await,
             None => TeardownReport { leader: None, survivors: vec![self.pid] },
         }
     }
@@ -227,6 +245,10 @@ impl TermInner {
         })?;
         Ok(Some(SignalDelivery { pgid, leader }))
     }
+}
+
+fn survivor_pids(report: &procfs::StopReport) -> Vec<u32> {
+    report.survivors.iter().map(|id| id.pid.unsigned_abs()).collect()
 }
 
 /// A process on a local PTY.
@@ -316,13 +338,15 @@ fn pump(mut reader: Box<dyn Read + Send>, tx: mpsc::Sender<Vec<u8>>, queued: Arc
 }
 
 /// Spawns `spec` on a new PTY.
-pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
+pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal> {
     let Some(program) = spec.argv.first() else {
         return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation(OP));
     };
     // portable-pty silently replaces a missing cwd with $HOME, so validate it here.
     let cwd = crate::process::resolve_cwd(spec.cwd.as_deref(), OP)?;
-    let env = conch_env::child_env(&spec.env);
+    let mut env = conch_env::child_env(&spec.env);
+    // After the overlay: the provider's own mark, which no caller's config may replace.
+    env.insert(conch_env::CALL_ID_VAR.into(), conch_env::call_id_value(&id));
     check_program(program, &cwd, env.get("PATH").map(String::as_str))?;
 
     let mut cmd = CommandBuilder::new(program);
@@ -353,7 +377,7 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
         .map_err(|e| spawn_failed(format!("cannot take the pty writer: {e:#}")))?;
     let tty = pair.master.tty_name();
 
-    let spawned = pair.slave.spawn_command(cmd);
+    let (spawned, owned) = reaper::owning(|| pair.slave.spawn_command(cmd), |c| c.process_id());
     // The parent's slave fd would keep the master from ever seeing EOF.
     drop(pair.slave);
     let child = spawned.map_err(|e| spawn_failed(format!("cannot execute `{program}`: {e:#}")))?;
@@ -368,7 +392,7 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
     };
 
     let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
-    let start = i32::try_from(pid).ok().and_then(procfs::ident).map(|id| id.start);
+    let start = owned.as_ref().and_then(|o| o.start);
     let inner = Arc::new(TermInner {
         pid,
         start,
@@ -379,6 +403,8 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
         tty,
         queued: Arc::new(AtomicU64::new(0)),
         delivered: AtomicU64::new(0),
+        // Every descendant started after the leader did.
+        tag: Tag { id, since: start.unwrap_or(0) },
     });
 
     let queued = Arc::clone(&inner.queued);
@@ -388,23 +414,27 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec) -> Result<LocalTerminal> {
     {
         reap.kill_now();
         let _ = reap.wait();
+        drop(owned);
         return Err(spawn_failed(format!("cannot start the pty reader: {e}")));
     }
     let me = Arc::clone(&inner);
     // A thread that fails to start drops its closure; keeping `reap` in a shared slot
     // lets us still kill and reap the child inline instead of leaving a zombie.
-    let reaper = Arc::new(Mutex::new(Some(reap)));
+    // The owned registration goes with whoever waits for the leader, and ends after.
+    let reaper = Arc::new(Mutex::new(Some((reap, owned))));
     let for_thread = Arc::clone(&reaper);
     let started = std::thread::Builder::new().name("conch-pty-wait".into()).spawn(move || {
-        if let Some(r) = lock(&for_thread).take() {
+        if let Some((r, owned)) = lock(&for_thread).take() {
             let status = r.wait();
+            drop(owned);
             me.status.send_replace(Some(status));
         }
     });
     if let Err(e) = started {
-        if let Some(mut r) = lock(&reaper).take() {
+        if let Some((mut r, owned)) = lock(&reaper).take() {
             r.kill_now();
             let status = r.wait();
+            drop(owned);
             inner.status.send_replace(Some(status));
         }
         return Err(spawn_failed(format!("cannot start the pty reaper: {e}")));

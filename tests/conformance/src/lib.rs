@@ -36,6 +36,54 @@ pub fn pid_gone(pid: i32) -> bool {
     }
 }
 
+/// The start time of `pid` (clock ticks since boot, field 22 of its stat), while it exists.
+/// With the pid it names one process for good: pids are recycled, start times are not.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 1..)?.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// True when the process that was `pid` with `start` is gone or a zombie (even if the pid
+/// now names another process).
+pub fn gone(pid: i32, start: u64) -> bool {
+    start_time(pid) != Some(start) || pid_gone(pid)
+}
+
+/// Waits until the process `pid` with `start` is gone, or panics naming `what`.
+pub async fn await_gone(what: &str, pid: i32, start: u64) {
+    within(what, async {
+        while !gone(pid, start) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// Waits for `path` to hold a pid (a detached process writes `$$` there before it execs)
+/// and returns it with its start time. The process is expected to be alive.
+pub async fn pid_in(path: &std::path::Path) -> (i32, u64) {
+    within(&format!("a pid in {}", path.display()), async {
+        loop {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if let Some(pid) = text.strip_suffix('\n').and_then(|t| t.trim().parse().ok()) {
+                let start = start_time(pid).unwrap_or_else(|| panic!("{pid} is alive"));
+                return (pid, start);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+/// A command that detaches a `sleep 1000` with `how` (`setsid`, `nohup`), its output closed,
+/// after writing its pid to `pidfile`.
+pub fn detach(how: &str, pidfile: &std::path::Path) -> String {
+    format!(
+        "{how} sh -c 'echo $$ > {}; exec sleep 1000' >/dev/null 2>&1 </dev/null &",
+        pidfile.display()
+    )
+}
+
 /// Instantiates the subprocess suite: `subprocess_suite!(|| Arc<dyn Subprocess>)`.
 #[macro_export]
 macro_rules! subprocess_suite {
@@ -68,7 +116,10 @@ macro_rules! subprocess_suite {
             stop_leftovers_reaches_a_pipe_holder_outside_the_group,
             stop_leftovers_escalates_to_kill_for_term_trappers,
             output_written_within_the_drain_is_kept,
-            kill_settles_even_when_an_escaped_process_holds_the_output
+            kill_settles_even_when_an_escaped_process_holds_the_output,
+            stop_leftovers_stops_a_process_that_detached_and_closed_the_output,
+            kill_stops_what_detached_from_the_group,
+            shutdown_leaves_nothing_detached_behind
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -108,7 +159,10 @@ macro_rules! shell_suite {
             a_background_job_ends_with_its_shell,
             a_long_heredoc_writes_its_bytes_exactly,
             a_long_command_runs_as_its_short_self,
-            a_long_command_exits_with_its_code
+            a_long_command_exits_with_its_code,
+            a_detached_process_is_stopped_with_the_call,
+            a_background_jobs_detached_child_is_stopped_when_it_settles,
+            a_background_jobs_detached_child_is_stopped_when_it_is_killed
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -153,6 +207,9 @@ macro_rules! terminal_process_suite {
             terminate_after_the_leader_exited_reports_its_status,
             shutdown_kills_live_terminals,
             shutdown_kills_dropped_terminals_and_their_jobs,
+            terminate_stops_what_detached_while_the_leader_runs,
+            terminate_after_the_leader_exited_stops_what_it_left_detached,
+            shutdown_stops_what_dropped_terminals_left_detached,
             probe_misses_waits_on_other_fds
         );
     };
@@ -190,6 +247,7 @@ macro_rules! terminal_suite {
             close_leaves_no_descendant_even_one_ignoring_term,
             scrollback_pages_backward,
             utf8_output_arrives_intact,
+            close_stops_processes_that_detached_with_setsid_and_nohup,
             a_cancelled_open_is_rolled_back
         );
     };

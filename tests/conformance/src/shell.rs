@@ -331,3 +331,60 @@ pub async fn a_long_command_exits_with_its_code(p: &dyn ShellExecutor) {
     let r = run(p, ShellExecRequest::new(padded("(exit 3)"))).await;
     assert_eq!(r.status.code, Some(3), "the last status is the shell's: {}", r.output.text);
 }
+
+/// False (after printing why) when the command is not bash or the setsid utility is missing.
+async fn bash_with_setsid(p: &dyn ShellExecutor, case: &str) -> bool {
+    if !bash_only(p, case) {
+        return false;
+    }
+    let found = run(p, ShellExecRequest::new("command -v setsid")).await.status.code == Some(0);
+    if !found {
+        println!("SKIP {case}: needs the setsid utility");
+    }
+    found
+}
+
+/// Neither in the call's group nor holding its output: only ancestry ties it to the call.
+const DETACHED: &str = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!";
+
+pub async fn a_detached_process_is_stopped_with_the_call(p: &dyn ShellExecutor) {
+    if !bash_with_setsid(p, "a_detached_process_is_stopped_with_the_call").await {
+        return;
+    }
+    let r = run(p, ShellExecRequest::new(DETACHED)).await;
+    assert_eq!(r.status.code, Some(0), "{r:?}");
+    let pid = first_pid(&r.output.text);
+    let left = r.leftovers.iter().find(|l| l.pid as i32 == pid);
+    let left = left.unwrap_or_else(|| panic!("the detached {pid} is reported: {:?}", r.leftovers));
+    assert!(!left.held_output, "its output went to /dev/null: {left:?}");
+    await_gone("the detached process to be stopped", pid).await;
+}
+
+pub async fn a_background_jobs_detached_child_is_stopped_when_it_settles(p: &dyn ShellExecutor) {
+    let case = "a_background_jobs_detached_child_is_stopped_when_it_settles";
+    if !bash_with_setsid(p, case).await {
+        return;
+    }
+    let proc = p.start(p.resolve(ShellExecRequest::new(DETACHED)).unwrap()).await;
+    within("the background shell to settle", proc.wait()).await;
+    assert_eq!(proc.status(), ShellProcessStatus::Completed);
+    let pid = first_pid(&proc.snapshot().text);
+    assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
+    await_gone("the job's detached child to be stopped", pid).await;
+}
+
+pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(p: &dyn ShellExecutor) {
+    let case = "a_background_jobs_detached_child_is_stopped_when_it_is_killed";
+    if !bash_with_setsid(p, case).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let cmd = format!("{} exec sleep 1000", crate::detach("setsid", &pidfile));
+    let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
+    let (pid, start) = crate::pid_in(&pidfile).await;
+    assert!(proc.kill(), "the job is still running");
+    within("the killed job to settle", proc.wait()).await;
+    assert_eq!(proc.status(), ShellProcessStatus::Killed);
+    crate::await_gone("the killed job's detached child to be stopped", pid, start).await;
+}

@@ -8,7 +8,7 @@ use conch_seams::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{pid_gone, within};
+use crate::{detach, pid_gone, pid_in, within};
 
 fn argv(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_string()).collect()
@@ -106,10 +106,14 @@ pub async fn env_overlay_sets_and_unsets(p: &dyn Subprocess) {
 
 pub async fn ambient_managed_env_is_scrubbed(p: &dyn Subprocess) {
     // Whatever the test runner's environment holds, no CONCH_* or credential-shaped name
-    // may reach the child unless the overlay puts it there.
+    // may reach the child unless the overlay puts it there (or it is the provider's own
+    // per-spawn mark).
     let (out, _) = stdout_of(p, SpawnSpec::new(argv(&["env"]), tmp()).with_stdout(collect())).await;
     for line in out.lines() {
         let name = line.split('=').next().unwrap_or("").to_ascii_uppercase();
+        if name == conch_env::CALL_ID_VAR {
+            continue;
+        }
         assert!(!name.starts_with("CONCH_"), "managed name leaked: {line}");
         for pat in ["KEY", "PASSWORD", "SECRET", "TOKEN"] {
             assert!(!name.contains(pat), "credential-shaped name leaked: {name}");
@@ -435,4 +439,57 @@ pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(p: &dyn 
         .expect("the provider keeps track of its process");
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the escaped holder to be gone", pid).await;
+}
+
+pub async fn stop_leftovers_stops_a_process_that_detached_and_closed_the_output(
+    p: &dyn Subprocess,
+) {
+    let case = "stop_leftovers_stops_a_process_that_detached_and_closed_the_output";
+    if !has_setsid(p, case).await {
+        return;
+    }
+    // Neither in the group nor holding the output: only its ancestry ties it to the call.
+    let script = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!";
+    let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(100))).await.unwrap();
+    within("settlement", proc.wait()).await.expect("the provider keeps track of its process");
+    let pid = first_pid(&proc.collected(StreamId::Stdout).unwrap().text);
+    let left = proc.leftovers();
+    let entry = left.iter().find(|l| l.pid as i32 == pid);
+    let entry = entry.unwrap_or_else(|| panic!("the detached {pid} is reported: {left:?}"));
+    assert!(!entry.held_output, "its output went to /dev/null: {entry:?}");
+    await_gone("the detached leftover to be gone", pid).await;
+}
+
+pub async fn kill_stops_what_detached_from_the_group(p: &dyn Subprocess) {
+    let case = "kill_stops_what_detached_from_the_group";
+    if !has_setsid(p, case).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("{} echo ready; exec sleep 1000", detach("setsid", &pidfile));
+    let proc = p.spawn(merged(&script)).await.unwrap();
+    let (pid, start) = pid_in(&pidfile).await;
+    proc.kill();
+    within("settlement after the kill", proc.wait())
+        .await
+        .expect("the provider keeps track of its process");
+    crate::await_gone("the detached process to be stopped with the tree", pid, start).await;
+}
+
+pub async fn shutdown_leaves_nothing_detached_behind(p: &dyn Subprocess) {
+    let case = "shutdown_leaves_nothing_detached_behind";
+    if !has_setsid(p, case).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // Waiting for EOF stops nothing: the detached process outlives its settled parent.
+    let spec = SpawnSpec::new(argv(&["sh", "-c", &detach("setsid", &pidfile)]), tmp());
+    let proc = p.spawn(spec).await.unwrap();
+    within("settlement", proc.wait()).await.expect("the provider keeps track of its process");
+    let (pid, start) = pid_in(&pidfile).await;
+    assert!(!crate::gone(pid, start), "nothing stopped the detached {pid} yet");
+    within("shutdown", p.shutdown()).await;
+    crate::await_gone("the detached process to be stopped by shutdown", pid, start).await;
 }

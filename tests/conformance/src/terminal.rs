@@ -285,3 +285,23 @@ pub async fn a_cancelled_open_is_rolled_back(p: &dyn TerminalBackend) {
     let e = within("cancelled open", p.open(spec)).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
 }
+
+pub async fn close_stops_processes_that_detached_with_setsid_and_nohup(p: &dyn TerminalBackend) {
+    let s = open(p).await;
+    let r = send(s.as_ref(), "command -v setsid >/dev/null || echo NO-SETSID").await;
+    if r.delta.contains("\nNO-SETSID") {
+        println!("SKIP close_stops_processes_that_detached_with_setsid_and_nohup: no setsid");
+        close(s.as_ref()).await;
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("setsid"), dir.path().join("nohup"));
+    // The subshells exit at once: neither process is the shell's descendant any more.
+    send(s.as_ref(), &format!("({})", crate::detach("setsid", &a))).await;
+    send(s.as_ref(), &format!("({})", crate::detach("nohup", &b))).await;
+    let detached = [crate::pid_in(&a).await, crate::pid_in(&b).await];
+    close(s.as_ref()).await;
+    for (pid, start) in detached {
+        assert!(crate::gone(pid, start), "the detached {pid} survived close");
+    }
+}

@@ -15,7 +15,7 @@ use conch_seams::{
     TerminalSize, TerminalSpawnSpec,
 };
 
-use crate::{PATIENCE, pid_gone, within};
+use crate::{PATIENCE, detach, pid_gone, pid_in, within};
 
 fn argv(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| (*s).to_owned()).collect()
@@ -236,6 +236,10 @@ pub async fn child_env_is_exactly_the_scrubbed_map(p: &dyn Subprocess) {
     // The world under test shares this process's ambient environment (same machine).
     let expected = conch_env::child_env(&Default::default());
     for name in &names {
+        // A provider may mark its spawns with its own per-spawn id.
+        if *name == conch_env::CALL_ID_VAR {
+            continue;
+        }
         assert!(!conch_env::is_scrubbed(name), "{name} must be scrubbed");
         // portable-pty style spawns always export SHELL; everything else is the map.
         assert!(*name == "SHELL" || expected.contains_key(*name), "unexpected {name}");
@@ -553,4 +557,81 @@ pub async fn probe_misses_waits_on_other_fds(p: &dyn Subprocess) {
     for (code, nr) in &cases {
         assert_probe_misses(p, &["python3", "-c", code], nr).await;
     }
+}
+
+/// False (after printing why) without terminals or without the setsid utility.
+async fn terminals_and_setsid(p: &dyn Subprocess, case: &str) -> bool {
+    if !terminals(p, case) {
+        return false;
+    }
+    let found = p.which("setsid").await.is_some();
+    if !found {
+        println!("SKIP {case}: needs the setsid utility");
+    }
+    found
+}
+
+pub async fn terminate_stops_what_detached_while_the_leader_runs(p: &dyn Subprocess) {
+    let case = "terminate_stops_what_detached_while_the_leader_runs";
+    if !terminals_and_setsid(p, case).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("setsid"), dir.path().join("nohup"));
+    // Double forks: the subshells exit at once, so neither process is a descendant of the
+    // leader any more; the leader keeps forking while it is torn down.
+    let script = format!(
+        "({}) ; ({}) ; echo ready; while :; do sleep 1; done",
+        detach("setsid", &a),
+        detach("nohup", &b)
+    );
+    let t = open(p, &["bash", "--norc", "--noprofile", "-c", &script]).await;
+    read_until(t.as_ref(), |s| s.contains("ready")).await;
+    let detached = [pid_in(&a).await, pid_in(&b).await];
+    let report = within("terminate", t.terminate(Duration::from_millis(500))).await.unwrap();
+    assert!(report.survivors.is_empty(), "{report:?}");
+    assert!(report.leader.is_some(), "{report:?}");
+    for (pid, start) in detached {
+        assert!(crate::gone(pid, start), "the detached {pid} survived terminate");
+    }
+}
+
+pub async fn terminate_after_the_leader_exited_stops_what_it_left_detached(p: &dyn Subprocess) {
+    let case = "terminate_after_the_leader_exited_stops_what_it_left_detached";
+    if !terminals_and_setsid(p, case).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // The leader waits for the pid: a session leader's exit hangs up its foreground group,
+    // which the child is still in until setsid.
+    let script = format!(
+        "({}) ; while [ ! -s {} ]; do sleep 0.01; done; exit 3",
+        detach("setsid", &pidfile),
+        pidfile.display()
+    );
+    let t = open(p, &["sh", "-c", &script]).await;
+    read_to_eof(t.as_ref()).await;
+    assert_eq!(wait(t.as_ref()).await, ExitStatus::code(3));
+    let (pid, start) = pid_in(&pidfile).await;
+    let report = within("terminate", t.terminate(Duration::from_millis(500))).await.unwrap();
+    assert_eq!(report.leader, Some(ExitStatus::code(3)));
+    assert!(report.survivors.is_empty(), "{report:?}");
+    assert!(crate::gone(pid, start), "the detached {pid} survived terminate");
+}
+
+pub async fn shutdown_stops_what_dropped_terminals_left_detached(p: &dyn Subprocess) {
+    let case = "shutdown_stops_what_dropped_terminals_left_detached";
+    if !terminals_and_setsid(p, case).await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("({}) ; echo ready; exec sleep 1000", detach("setsid", &pidfile));
+    let t = open(p, &["sh", "-c", &script]).await;
+    read_until(t.as_ref(), |s| s.contains("ready")).await;
+    let (pid, start) = pid_in(&pidfile).await;
+    drop(t);
+    within("shutdown", p.shutdown()).await;
+    crate::await_gone("the detached process to be stopped by shutdown", pid, start).await;
 }

@@ -1,0 +1,247 @@
+//! This process as a child subreaper, and the one reaper of the zombies that brings.
+//!
+//! With `PR_SET_CHILD_SUBREAPER`, a process orphaned anywhere below a spawn of this provider
+//! (`(setsid cmd &)`, `(nohup cmd &)`, a parent that exited first) is reparented here rather
+//! than to init, so it stays findable as ours and its zombie becomes ours to collect. Nobody
+//! waits for those, so one process-wide thread reaps them, woken by SIGCHLD.
+//!
+//! # Invariants
+//! - Never steal a child someone waits for. `waitpid(-1)` would reap tokio's and the pty
+//!   waiter's children under them (and a `WNOWAIT` peek shows one zombie at a time, so an
+//!   owned one not yet waited for would hide the rest), so zombies are found per pid
+//!   (`/proc/self/task/*/children`) and only pids nobody owns are reaped, by pid. Every spawn of this crate registers its child as
+//!   owned under the lock the reaper decides under, from before the fork until the owner has
+//!   reaped it ([`owning`]), so there is no instant at which an owned child looks unowned.
+//! - Zombies known to be ours are reaped at once: processes [`claim`]ed by a stop (see
+//!   `procfs::stop`) and children seen alive carrying this process's tag. Any other unowned
+//!   zombie child (a process that was reparented here and died unseen, or a child some other
+//!   code in this process spawned and has not waited for yet) is reaped only after
+//!   [`UNCLAIMED_GRACE`]: whoever spawned a child waits for it at once, so a zombie left that
+//!   long has nobody coming for it.
+//! - Set up once per process however many providers exist ([`init`] is idempotent), before
+//!   the first spawn of any of them.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+
+use crate::procfs::{self, ProcId, Tag};
+
+/// How long an unowned zombie child nobody claimed may wait for its own parent code to reap
+/// it before the reaper does.
+const UNCLAIMED_GRACE: Duration = Duration::from_secs(5);
+/// Without SIGCHLD delivery (the signal driver could not start), how often to look anyway.
+const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+static REAPER: OnceLock<Reaper> = OnceLock::new();
+
+#[derive(Debug)]
+struct Reaper {
+    /// This process's tag: every provider's and spawn's id lives under it.
+    tag: String,
+    /// The kernel accepted `PR_SET_CHILD_SUBREAPER`.
+    subreaper: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Direct children someone waits for (tokio, the pty waiter): pid → start time.
+    owned: HashMap<i32, Option<u64>>,
+    /// Processes of our trees: reaped as soon as they are zombie children of ours.
+    ours: HashSet<ProcId>,
+    /// Live unowned children already read for the tag.
+    classified: HashSet<ProcId>,
+    /// Unclaimed zombie children, with when each was first seen.
+    unclaimed: HashMap<ProcId, Instant>,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // The state stays consistent between statements; a panic elsewhere must not stop reaping.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Makes this process a child subreaper and starts the reaper, once. Returns this process's
+/// tag, under which every spawn id lives.
+pub(crate) fn init() -> &'static str {
+    &REAPER
+        .get_or_init(|| {
+            // The first spawn waits until SIGCHLD is being listened for, so no death goes
+            // unnoticed.
+            let (ready, listening) = std::sync::mpsc::channel();
+            let started = std::thread::Builder::new()
+                .name("conch-reaper".into())
+                .spawn(move || run(ready))
+                .is_ok();
+            if started {
+                let _ = listening.recv_timeout(Duration::from_secs(5));
+            }
+            // Adopting orphans nobody would reap is worse than leaving them to init: without
+            // the reaper (or the prctl) they are still found by tag, and init collects them.
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            let subreaper = started && nix::sys::prctl::set_child_subreaper(true).is_ok();
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
+            let subreaper = false;
+            Reaper { tag: format!("c{:016x}", random()), subreaper, state: Mutex::default() }
+        })
+        .tag
+}
+
+/// 64 random bits: `RandomState` is seeded from the OS once per process.
+fn random() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// A direct child registered as owned; dropping it (after its owner reaped it) ends that.
+#[derive(Debug)]
+pub(crate) struct Owned {
+    pid: i32,
+    /// The child's start time, read while it could not have been reaped yet.
+    pub(crate) start: Option<u64>,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if let Some(r) = REAPER.get() {
+            let mut st = lock(&r.state);
+            if st.owned.get(&self.pid) == Some(&self.start) {
+                st.owned.remove(&self.pid);
+            }
+        }
+    }
+}
+
+/// Runs `spawn` (one fork) and registers the child it made as owned, both under the reaper's
+/// lock, so the reaper never sees that child unregistered.
+pub(crate) fn owning<T, E>(
+    spawn: impl FnOnce() -> Result<T, E>,
+    pid_of: impl FnOnce(&T) -> Option<u32>,
+) -> (Result<T, E>, Option<Owned>) {
+    init();
+    let Some(r) = REAPER.get() else { return (spawn(), None) };
+    let mut st = lock(&r.state);
+    let spawned = spawn();
+    let owned =
+        spawned.as_ref().ok().and_then(pid_of).and_then(|p| i32::try_from(p).ok()).map(|pid| {
+            // The child is unreaped (its owner has not waited yet): the start is its own.
+            let start = procfs::ident(pid).map(|id| id.start);
+            st.owned.insert(pid, start);
+            Owned { pid, start }
+        });
+    (spawned, owned)
+}
+
+/// Marks `id` as a process of our trees: if it dies as a child of ours, it is reaped at once.
+pub(crate) fn claim(id: ProcId) {
+    if let Some(r) = REAPER.get() {
+        lock(&r.state).ours.insert(id);
+    }
+}
+
+/// False only when no process a reaped spawn left behind can exist outside its group: this
+/// process is a subreaper, so every such process is under an orphan reparented here, and no
+/// live child here is one nobody owns. A cheap look (this process's children) that lets a
+/// clean call skip scanning every process.
+pub(crate) fn orphans_possible() -> bool {
+    let Some(r) = REAPER.get().filter(|r| r.subreaper) else { return true };
+    let Ok(me) = i32::try_from(std::process::id()) else { return true };
+    let kids = procfs::children(me);
+    let st = lock(&r.state);
+    kids.into_iter().any(|pid| {
+        procfs::stat(pid).is_some_and(|s| {
+            s.ppid == me
+                && s.live()
+                && !st.owned.get(&pid).is_some_and(|start| start.is_none_or(|t| t == s.start))
+        })
+    })
+}
+
+fn run(ready: std::sync::mpsc::Sender<()>) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let Ok(runtime) = runtime else {
+        let _ = ready.send(());
+        loop {
+            pass();
+            std::thread::sleep(FALLBACK_POLL);
+        }
+    };
+    runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut sigchld = signal(SignalKind::child()).ok();
+        let _ = ready.send(());
+        loop {
+            let next = pass();
+            match &mut sigchld {
+                // SIGCHLD comes with every death of a child, reparented ones included; the
+                // timer only serves zombies still in their grace.
+                Some(rx) => match next {
+                    Some(d) => {
+                        let _ = tokio::time::timeout(d, rx.recv()).await;
+                    }
+                    None => {
+                        rx.recv().await;
+                    }
+                },
+                None => tokio::time::sleep(next.unwrap_or(FALLBACK_POLL)).await,
+            }
+        }
+    });
+}
+
+/// One look at this process's children: classifies new live ones, reaps the zombies that are
+/// ours to reap, and returns how long until an unclaimed one's grace ends.
+fn pass() -> Option<Duration> {
+    let r = REAPER.get()?;
+    let me = i32::try_from(std::process::id()).ok()?;
+    let ours = Tag { id: r.tag.clone(), since: 0 };
+    let kids = procfs::children(me);
+    let mut st = lock(&r.state);
+    let now = Instant::now();
+    let mut next: Option<Duration> = None;
+    let mut present = HashSet::new();
+    for pid in kids {
+        let Some(s) = procfs::stat(pid).filter(|s| s.ppid == me) else { continue };
+        let id = s.id();
+        present.insert(id);
+        if st.owned.get(&pid).is_some_and(|start| start.is_none_or(|t| t == s.start)) {
+            continue;
+        }
+        if s.live() {
+            // A reparented orphan: read its tag once, while it still has an environment.
+            if !st.classified.contains(&id)
+                && let Some(tagged) = procfs::carries(&s, &ours)
+            {
+                st.classified.insert(id);
+                if tagged {
+                    st.ours.insert(id);
+                }
+            }
+            continue;
+        }
+        let reap = st.ours.contains(&id) || {
+            let first = *st.unclaimed.entry(id).or_insert(now);
+            let left = UNCLAIMED_GRACE.saturating_sub(now.duration_since(first));
+            if !left.is_zero() {
+                next = Some(next.map_or(left, |n| n.min(left)));
+            }
+            left.is_zero()
+        };
+        if reap {
+            // This exact pid, never -1: only a zombie nobody owns is collected.
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            st.ours.remove(&id);
+            st.unclaimed.remove(&id);
+        }
+    }
+    st.classified.retain(|id| present.contains(id));
+    st.unclaimed.retain(|id, _| present.contains(id));
+    // Claimed processes that died elsewhere (reaped by their own parents) are forgotten.
+    st.ours.retain(|id| procfs::stat(id.pid).is_some_and(|s| s.start == id.start));
+    next
+}
