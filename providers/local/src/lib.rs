@@ -334,9 +334,15 @@ impl Subprocess for LocalSubprocess {
         futures::join!(hangups, processes);
         // Whatever any spawn left detached, even one that settled long ago (waiting for EOF
         // stops nothing), still carries this provider's id.
-        let mine = procfs::Tag { id: self.id.clone(), since: 0 };
-        let targets = procfs::Targets { tagged: Some(&mine), ..procfs::Targets::default() };
-        procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, SWEEP_GRACE).await;
+        // With this process a subreaper, anything left detached is an orphan reparented here;
+        // without one (or with one), the sweep only reads processes younger than this one.
+        if reaper::orphans_possible() {
+            let me = i32::try_from(std::process::id()).ok();
+            let since = me.and_then(procfs::ident).map_or(0, |id| id.start);
+            let mine = procfs::Tag { id: self.id.clone(), since };
+            let targets = procfs::Targets { tagged: Some(&mine), ..procfs::Targets::default() };
+            procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, SWEEP_GRACE).await;
+        }
         self.stop_sweeper();
         self.remove_spills();
     }

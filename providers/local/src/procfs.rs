@@ -248,6 +248,17 @@ impl Group {
     }
 }
 
+/// Signals `group` (and continues it, so stopped members can act on the signal) unless its
+/// id names another process now; true when the signal was sent.
+pub(crate) fn signal_group(group: Group, sig: Signal) -> bool {
+    let ours = stat(group.pgid).is_none_or(|s| group.leader_start.is_none_or(|t| s.start == t));
+    if ours {
+        let _ = killpg(Pid::from_raw(group.pgid), sig);
+        let _ = killpg(Pid::from_raw(group.pgid), Signal::SIGCONT);
+    }
+    ours
+}
+
 /// True while any non-zombie process is in `group` (and the id is still ours).
 pub(crate) fn group_alive(group: Group) -> bool {
     // No member at all (not even a zombie): no scan needed.
@@ -472,10 +483,8 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
     // signal goes out at once (after a cheap identity check), and the common case, a group
     // that is gone a moment later, never costs a scan of every process.
     if let Some(g) = targets.group.filter(|_| only_group && targets.unreported)
-        && stat(g.pgid).is_none_or(|s| g.leader_start.is_none_or(|start| s.start == start))
+        && signal_group(g, first)
     {
-        let _ = killpg(Pid::from_raw(g.pgid), first);
-        let _ = killpg(Pid::from_raw(g.pgid), Signal::SIGCONT);
         first_round = false;
     }
     let mut pause = MIN_PROBE_INTERVAL;

@@ -46,6 +46,8 @@ struct Reaper {
     /// The kernel accepted `PR_SET_CHILD_SUBREAPER`.
     subreaper: bool,
     state: Mutex<State>,
+    /// The last look for orphans: when it began, and what it found.
+    orphans: Mutex<Option<(Instant, bool)>>,
 }
 
 #[derive(Debug, Default)]
@@ -86,7 +88,12 @@ pub(crate) fn init() -> &'static str {
             let subreaper = started && nix::sys::prctl::set_child_subreaper(true).is_ok();
             #[cfg(not(any(target_os = "linux", target_os = "android")))]
             let subreaper = false;
-            Reaper { tag: format!("c{:016x}", random()), subreaper, state: Mutex::default() }
+            Reaper {
+                tag: format!("c{:016x}", random()),
+                subreaper,
+                state: Mutex::default(),
+                orphans: Mutex::default(),
+            }
         })
         .tag
 }
@@ -149,17 +156,36 @@ pub(crate) fn claim(id: ProcId) {
 /// live child here is one nobody owns. A cheap look (this process's children) that lets a
 /// clean call skip scanning every process.
 pub(crate) fn orphans_possible() -> bool {
+    orphans_possible_since(Instant::now())
+}
+
+/// [`orphans_possible`] for a caller whose tree was already proven gone at `since`: an orphan
+/// of that tree was reparented here before its ancestor died, so any look that began at or
+/// after `since` answers for it. Many kills ask at once (an owner's teardown), and one look
+/// then serves them all.
+pub(crate) fn orphans_possible_since(since: Instant) -> bool {
     let Some(r) = REAPER.get().filter(|r| r.subreaper) else { return true };
     let Ok(me) = i32::try_from(std::process::id()) else { return true };
+    if let Some((began, answer)) = *r.orphans.lock().unwrap_or_else(PoisonError::into_inner)
+        && began >= since
+    {
+        return answer;
+    }
+    let looked = Instant::now();
     let kids = procfs::children(me);
-    let st = lock(&r.state);
-    kids.into_iter().any(|pid| {
-        procfs::stat(pid).is_some_and(|s| {
-            s.ppid == me
-                && s.live()
-                && !st.owned.get(&pid).is_some_and(|start| start.is_none_or(|t| t == s.start))
+    let answer = {
+        let st = lock(&r.state);
+        kids.into_iter().any(|pid| {
+            // An owned pid is a child someone waits for; its pid cannot name an orphan until
+            // that child is reaped and unregistered.
+            if st.owned.contains_key(&pid) {
+                return false;
+            }
+            procfs::stat(pid).is_some_and(|s| s.ppid == me && s.live())
         })
-    })
+    };
+    *r.orphans.lock().unwrap_or_else(PoisonError::into_inner) = Some((looked, answer));
+    answer
 }
 
 fn run(ready: std::sync::mpsc::Sender<()>) {
@@ -206,12 +232,14 @@ fn pass() -> Option<Duration> {
     let mut next: Option<Duration> = None;
     let mut present = HashSet::new();
     for pid in kids {
+        // An owned pid is a child someone waits for (its pid cannot name another process
+        // until that child is reaped and unregistered): nothing to read.
+        if st.owned.contains_key(&pid) {
+            continue;
+        }
         let Some(s) = procfs::stat(pid).filter(|s| s.ppid == me) else { continue };
         let id = s.id();
         present.insert(id);
-        if st.owned.get(&pid).is_some_and(|start| start.is_none_or(|t| t == s.start)) {
-            continue;
-        }
         if s.live() {
             // A reparented orphan: read its tag once, while it still has an environment.
             if !st.classified.contains(&id)
