@@ -401,6 +401,23 @@ mod persistent {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_that_breaks_the_frame_starter_or_traps_does_not_break_the_next_call() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let out = bash(&rt, &o, json!({"command": "unset -f __conch_s; echo a"})).await;
+        assert_eq!(out, "a\n");
+        let out = bash(&rt, &o, json!({"command": "__conch_s() { echo hijacked; }; echo b"})).await;
+        assert_eq!(out, "b\n");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo c"})).await, "c\n");
+        // A `set` arms the emulation's one-shot trap; the call after it runs none.
+        let out = bash(&rt, &o, json!({"command": "set -e; trap -p DEBUG"})).await;
+        assert_eq!(out, "", "the trap disarmed itself before the next command: {out:?}");
+        assert_eq!(bash(&rt, &o, json!({"command": "false; echo no"})).await, "[exit code: 1]");
+        assert_eq!(bash(&rt, &o, json!({"command": "set +e; false; echo yes"})).await, "yes\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn regression_10_an_unterminated_escape_does_not_swallow_the_end_marker() {
         let rt = minimal();
         let (o, _) = owner("s");

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use conch_seams::{CollectedOutput, SpillRef, StreamRead};
 
 use crate::registry::{SpillRegistry, Ticket};
+use crate::root::SpillRoot;
 use crate::utf8::utf8_tail;
 
 /// Default bytes kept in memory.
@@ -51,8 +52,12 @@ pub struct CollectorConfig {
     pub max_bytes: usize,
     /// Largest stream the spill may represent; past it the spill is deleted.
     pub spill_cap: u64,
-    /// Parent of the private spill directory; `None` means [`std::env::temp_dir`].
+    /// Parent of the private spill directory; `None` means [`std::env::temp_dir`]. Ignored
+    /// when `root` is given.
     pub spill_dir: Option<PathBuf>,
+    /// The owner's lazily made spill root: spills go under it, and nothing is created until
+    /// one is needed.
+    pub root: Option<Arc<SpillRoot>>,
     /// The registry that accounts for this spill and may evict it once it is final; `None`
     /// leaves the spill to its owner alone.
     pub registry: Option<Arc<SpillRegistry>>,
@@ -61,7 +66,7 @@ pub struct CollectorConfig {
 impl CollectorConfig {
     /// A config with these limits, the default spill location and no registry.
     pub fn new(max_bytes: usize, spill_cap: u64) -> Self {
-        Self { max_bytes, spill_cap, spill_dir: None, registry: None }
+        Self { max_bytes, spill_cap, spill_dir: None, root: None, registry: None }
     }
 }
 
@@ -85,6 +90,7 @@ struct State {
     max_bytes: usize,
     spill_cap: u64,
     spill_dir: Option<PathBuf>,
+    root: Option<Arc<SpillRoot>>,
     registry: Option<Arc<SpillRegistry>>,
     /// The last `max_bytes` bytes of the stream.
     tail: VecDeque<u8>,
@@ -234,7 +240,10 @@ impl State {
 
     /// Creates the spill and backfills it with memory (everything before `chunk`) and `chunk`.
     fn start_spill(&self, chunk: &[u8]) -> Option<SpillFile> {
-        let parent = self.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let parent = match &self.root {
+            Some(root) => root.dir(),
+            None => self.spill_dir.clone().unwrap_or_else(std::env::temp_dir),
+        };
         let mut file = SpillFile::create(&parent).ok()?;
         let (a, b) = self.tail.as_slices();
         let written =
@@ -351,12 +360,13 @@ impl State {
 impl Collector {
     /// An empty, unsealed collector.
     pub fn new(cfg: CollectorConfig) -> Self {
-        let CollectorConfig { max_bytes, spill_cap, spill_dir, registry } = cfg;
+        let CollectorConfig { max_bytes, spill_cap, spill_dir, root, registry } = cfg;
         Self {
             state: Mutex::new(State {
                 max_bytes,
                 spill_cap,
                 spill_dir,
+                root,
                 registry,
                 tail: VecDeque::new(),
                 total: 0,

@@ -10,11 +10,13 @@
 mod collector;
 mod registry;
 mod retain;
+mod root;
 mod utf8;
 
 pub use collector::{Collector, CollectorConfig};
 pub use registry::{DEFAULT_MAX_AGE, DEFAULT_MAX_TOTAL_BYTES, SpillLimits, SpillRegistry};
 pub use retain::{Retained, Strategy, TextRetainer, format_retention_notice};
+pub use root::SpillRoot;
 pub use utf8::{tail_lines_utf8, tail_utf8, truncate_utf8, utf8_tail};
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Collector, CollectorConfig, SpillLimits, SpillRegistry, Strategy, TextRetainer,
+    Collector, CollectorConfig, SpillLimits, SpillRegistry, SpillRoot, Strategy, TextRetainer,
     format_retention_notice, tail_utf8, truncate_utf8, utf8_tail,
 };
 
@@ -45,6 +45,7 @@ fn collector(max_bytes: usize, spill_cap: u64, dir: &Path) -> Collector {
         max_bytes,
         spill_cap,
         spill_dir: Some(dir.to_path_buf()),
+        root: None,
         registry: None,
     })
 }
@@ -55,6 +56,7 @@ fn registered(dir: &Path, spill_cap: u64, registry: &Arc<SpillRegistry>) -> Coll
         max_bytes: 10,
         spill_cap,
         spill_dir: Some(dir.to_path_buf()),
+        root: None,
         registry: Some(Arc::clone(registry)),
     })
 }
@@ -771,4 +773,39 @@ fn regression_10_a_cut_summary_starts_at_a_line_and_says_when_it_cannot() {
     c.push(b"0123456789");
     let s = c.summary();
     assert_eq!((s.text.as_str(), s.starts_mid_line), ("6789", true));
+}
+
+#[test]
+fn the_spill_root_is_made_by_the_first_spill_only_and_removed_whole() {
+    let parent = tempfile::tempdir().unwrap();
+    let root = Arc::new(SpillRoot::new(Some(parent.path().to_path_buf())));
+    let c = |max_bytes| {
+        Collector::new(CollectorConfig {
+            max_bytes,
+            spill_cap: 1 << 20,
+            spill_dir: None,
+            root: Some(Arc::clone(&root)),
+            registry: None,
+        })
+    };
+    // Output that fits in memory touches no disk.
+    let small = c(100);
+    small.push(b"fits");
+    small.seal();
+    assert!(entries(parent.path()).is_empty(), "nothing made: {:?}", entries(parent.path()));
+    assert_eq!(root.made(), None);
+    // The first spill makes one private directory; later spills share it.
+    let a = c(4);
+    a.push(b"more than four bytes");
+    let b = c(4);
+    b.push(b"also more than four");
+    let made = root.made().expect("the first spill made the root");
+    assert_eq!(entries(parent.path()), vec![made.clone()]);
+    assert_eq!(mode(&made), 0o700);
+    for spill in [a.summary().spill, b.summary().spill] {
+        assert!(spill.expect("spilled").path.starts_with(&made));
+    }
+    root.remove();
+    assert!(!made.exists());
+    assert!(entries(parent.path()).is_empty());
 }

@@ -30,15 +30,13 @@ mod reaper;
 mod signals;
 mod ttyq;
 
-use std::fs::Permissions;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conch_output::{SpillLimits, SpillRegistry};
+use conch_output::{SpillLimits, SpillRegistry, SpillRoot};
 use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
@@ -122,9 +120,9 @@ pub struct LocalSubprocess {
     config: LocalConfig,
     live: Mutex<Vec<Weak<process::Inner>>>,
     terminals: Mutex<Vec<Weak<pty::TermInner>>>,
-    /// The private 0700 directory every spill of this provider lives under, made on first
-    /// use and removed at shutdown (or drop) unless `keep_spills`.
-    spill_root: Mutex<Option<PathBuf>>,
+    /// The private 0700 directory every spill of this provider lives under, made by the
+    /// first spill and removed at shutdown (or drop) unless `keep_spills`.
+    spill_root: Arc<SpillRoot>,
     /// This provider's id: every spawn's id is `<id>.<n>`, so shutdown finds them all.
     id: String,
     spawns: AtomicU64,
@@ -159,11 +157,12 @@ impl LocalSubprocess {
         // Before any spawn: orphans of every call reparent here from the start.
         let process = reaper::init();
         let n = PROVIDERS.fetch_add(1, Ordering::Relaxed);
+        let spill_root = Arc::new(SpillRoot::new(config.spill_dir.clone()));
         Self {
             config,
             live: Mutex::default(),
             terminals: Mutex::default(),
-            spill_root: Mutex::default(),
+            spill_root,
             id: format!("{process}.{n}"),
             spawns: AtomicU64::new(0),
             spills,
@@ -203,31 +202,12 @@ impl LocalSubprocess {
         format!("{}.{}", self.id, self.spawns.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The spill root, created on first use. Without one (the parent is not writable),
-    /// collectors spill beside it and a failure there only abandons that spill.
-    fn spill_root(&self) -> Option<PathBuf> {
-        let mut root = self.spill_root.lock().unwrap_or_else(|e| e.into_inner());
-        if root.is_none() {
-            let parent = self.config.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
-            *root = tempfile::Builder::new()
-                .prefix("conch-")
-                .permissions(Permissions::from_mode(0o700))
-                .tempdir_in(parent)
-                .ok()
-                .map(tempfile::TempDir::keep);
-        }
-        root.clone().or_else(|| self.config.spill_dir.clone())
-    }
-
     /// Deletes the spill root (every spill this provider made) unless configured to keep it.
     fn remove_spills(&self) {
         if self.config.keep_spills {
             return;
         }
-        if let Some(root) = self.spill_root.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            // Best effort: nothing useful can be done if removal fails.
-            let _ = std::fs::remove_dir_all(root);
-        }
+        self.spill_root.remove();
     }
 
     fn track_terminal(&self, inner: &Arc<pty::TermInner>) {
@@ -283,16 +263,13 @@ impl Subprocess for LocalSubprocess {
         let collects =
             |o: &conch_seams::OutputSpec| matches!(o, conch_seams::OutputSpec::Collect { .. });
         let collecting = collects(&spec.stdout) || collects(&spec.stderr);
-        let root = if collecting {
+        if collecting {
             // Each spawn may add spills, so it first frees what the limits no longer allow.
             self.spills.sweep();
             self.ensure_sweeper();
-            self.spill_root()
-        } else {
-            None
-        };
+        }
         let place = process::SpillPlace {
-            dir: root.as_deref(),
+            root: &self.spill_root,
             registry: &self.spills,
             keep: self.config.keep_spills,
         };

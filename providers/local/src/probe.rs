@@ -106,7 +106,7 @@ impl Seen {
 /// Reads `path`; a permission refusal is `Err(Unknown)`, anything else (the task vanished,
 /// the file is unreadable for another reason) is `Err(NotWaiting)`.
 fn read_or(path: &Path) -> Result<String, Seen> {
-    std::fs::read_to_string(path).map_err(|e| match e.kind() {
+    crate::procfs::read(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::PermissionDenied => Seen::Unknown,
         _ => Seen::NotWaiting,
     })
@@ -363,7 +363,7 @@ fn parse_epoll_fdinfo(text: &str) -> Vec<EpollEntry> {
 /// `epoll_wait(epfd, ...)` family: does the interest list hold the terminal for input?
 fn epoll_wants(terminal: &Terminal<'_>, epfd: u64) -> bool {
     let Ok(epfd) = i32::try_from(epfd) else { return false };
-    let Ok(text) = std::fs::read_to_string(terminal.task.join(format!("fdinfo/{epfd}"))) else {
+    let Ok(text) = crate::procfs::read(terminal.task.join(format!("fdinfo/{epfd}"))) else {
         return false;
     };
     parse_epoll_fdinfo(&text).into_iter().any(|e| {
@@ -479,11 +479,11 @@ mod tests {
         let pid = pgid;
         // Wait until sleep is really parked (its syscall is no longer exec/startup).
         assert!(eventually(|| {
-            std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+            crate::procfs::read(format!("/proc/{pid}/syscall"))
                 .ok()
                 .and_then(|l| parse_syscall(&l))
                 .is_some_and(|b| wait_kind(b.nr).is_none())
-                && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                && crate::procfs::read(format!("/proc/{pid}/comm"))
                     .is_ok_and(|c| c.trim() == "sleep")
         }));
         for _ in 0..10 {

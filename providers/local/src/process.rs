@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conch_output::{Collector, CollectorConfig, SpillRegistry};
+use conch_output::{Collector, CollectorConfig, SpillRegistry, SpillRoot};
 use conch_seams::{
     AfterExit, CollectedOutput, Error, ErrorCode, ExitStatus, Leftover, OutputSpec, Process,
     Result, SpawnSpec, StdinSpec, StreamId, StreamRead,
@@ -51,6 +51,9 @@ pub(crate) struct Inner {
     /// Set when the child exited and every collected stream reached EOF.
     settled: watch::Sender<Option<ExitStatus>>,
     kill_started: AtomicBool,
+    /// Set once [`Inner::surely_quiet`] proved the tree gone: nothing is left that could
+    /// start a new member, so the proof holds from then on.
+    quiet: AtomicBool,
     /// Set when a started kill has finished and recorded what it stopped.
     kill_done: watch::Sender<bool>,
     group_gone: watch::Sender<bool>,
@@ -112,10 +115,17 @@ impl Inner {
     /// closed: the group has no member at all, and no orphan exists that the rest could be
     /// under (see [`reaper::orphans_possible`]). False means "look", not "something is left".
     fn surely_quiet(&self) -> bool {
+        if self.quiet.load(Ordering::Acquire) {
+            return true;
+        }
         let pgid = nix::unistd::Pid::from_raw(self.group().pgid);
         let checked = std::time::Instant::now();
-        nix::sys::signal::killpg(pgid, None) == Err(nix::errno::Errno::ESRCH)
-            && !reaper::orphans_possible_since(checked)
+        let quiet = nix::sys::signal::killpg(pgid, None) == Err(nix::errno::Errno::ESRCH)
+            && !reaper::orphans_possible_since(checked);
+        if quiet {
+            self.quiet.store(true, Ordering::Release);
+        }
+        quiet
     }
 
     /// The group, the processes carrying the tag, and holders of `pipes`.
@@ -256,8 +266,8 @@ impl Inner {
 /// Where a process's spills go and who accounts for them.
 #[derive(Debug)]
 pub(crate) struct SpillPlace<'a> {
-    /// The provider's private spill root (`None`: the collectors' default).
-    pub(crate) dir: Option<&'a Path>,
+    /// The provider's private spill root, made by the first spill.
+    pub(crate) root: &'a Arc<SpillRoot>,
     /// The provider's registry, which enforces the total and age limits.
     pub(crate) registry: &'a Arc<SpillRegistry>,
     /// `keep_spills`: releasing the output must not delete the spill.
@@ -270,7 +280,8 @@ fn collector(spec: &OutputSpec, spills: &SpillPlace<'_>) -> Option<Arc<Collector
             Some(Arc::new(Collector::new(CollectorConfig {
                 max_bytes: *max_bytes,
                 spill_cap: *spill_cap,
-                spill_dir: spills.dir.map(Path::to_path_buf),
+                spill_dir: None,
+                root: Some(Arc::clone(spills.root)),
                 registry: Some(Arc::clone(spills.registry)),
             })))
         }
@@ -461,6 +472,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
         exited: watch::Sender::new(None),
         settled: watch::Sender::new(None),
         kill_started: AtomicBool::new(false),
+        quiet: AtomicBool::new(false),
         kill_done: watch::Sender::new(false),
         group_gone: watch::Sender::new(false),
         pipe_inodes,

@@ -89,7 +89,33 @@ pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<Stat> {
 
 /// Reads a stat file (`/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat`).
 pub(crate) fn read_stat(path: &Path, pid: i32) -> Option<Stat> {
-    parse_stat(pid, &std::fs::read_to_string(path).ok()?)
+    parse_stat(pid, &read(path).ok()?)
+}
+
+/// Reads a small `/proc` file whole. Unlike `fs::read_to_string` it asks no size first:
+/// `/proc` files report 0, so that `statx` is a wasted syscall on every hot-path read.
+pub(crate) fn read(path: impl AsRef<Path>) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = Vec::with_capacity(512);
+    loop {
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.capacity());
+        }
+        let len = buf.len();
+        let spare = buf.capacity() - len;
+        buf.resize(len + spare, 0);
+        match file.read(&mut buf[len..]) {
+            Ok(0) => {
+                buf.truncate(len);
+                break;
+            }
+            Ok(n) => buf.truncate(len + n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => buf.truncate(len),
+            Err(e) => return Err(e),
+        }
+    }
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// The stat of `pid` now.
@@ -121,7 +147,7 @@ pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
         out.push(s);
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
         for t in tasks.flatten() {
-            match std::fs::read_to_string(t.path().join("children")) {
+            match read(t.path().join("children")) {
                 Ok(list) => {
                     queue.extend(list.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
                 }
@@ -142,7 +168,7 @@ pub(crate) fn children(pid: i32) -> Vec<i32> {
     let mut found = false;
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
-            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+            if let Ok(text) = read(t.path().join("children")) {
                 found = true;
                 out.extend(text.split_whitespace().filter_map(|n| n.parse::<i32>().ok()));
             }

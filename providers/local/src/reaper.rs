@@ -36,6 +36,10 @@ use crate::procfs::{self, ProcId, Tag};
 const UNCLAIMED_GRACE: Duration = Duration::from_secs(5);
 /// Without SIGCHLD delivery (the signal driver could not start), how often to look anyway.
 const FALLBACK_POLL: Duration = Duration::from_secs(1);
+/// After a SIGCHLD, how long to gather more before looking: a burst of deaths (an owner's
+/// teardown) then costs one look, and a lone call's exit is not raced for the CPU by it.
+/// Reaping is not urgent: a zombie counts as gone everywhere liveness is asked.
+const COALESCE: Duration = Duration::from_millis(5);
 
 static REAPER: OnceLock<Reaper> = OnceLock::new();
 
@@ -72,16 +76,10 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 pub(crate) fn init() -> &'static str {
     &REAPER
         .get_or_init(|| {
-            // The first spawn waits until SIGCHLD is being listened for, so no death goes
-            // unnoticed.
-            let (ready, listening) = std::sync::mpsc::channel();
-            let started = std::thread::Builder::new()
-                .name("conch-reaper".into())
-                .spawn(move || run(ready))
-                .is_ok();
-            if started {
-                let _ = listening.recv_timeout(Duration::from_secs(5));
-            }
+            // Nobody waits for the thread to listen: its first look, after it listens and
+            // once this is set, sees every zombie of a death it could not hear.
+            let started =
+                std::thread::Builder::new().name("conch-reaper".into()).spawn(run).is_ok();
             // Adopting orphans nobody would reap is worse than leaving them to init: without
             // the reaper (or the prctl) they are still found by tag, and init collects them.
             #[cfg(any(target_os = "linux", target_os = "android"))]
@@ -188,10 +186,10 @@ pub(crate) fn orphans_possible_since(since: Instant) -> bool {
     answer
 }
 
-fn run(ready: std::sync::mpsc::Sender<()>) {
+fn run() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let Ok(runtime) = runtime else {
-        let _ = ready.send(());
+        REAPER.wait();
         loop {
             pass();
             std::thread::sleep(FALLBACK_POLL);
@@ -200,20 +198,22 @@ fn run(ready: std::sync::mpsc::Sender<()>) {
     runtime.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
         let mut sigchld = signal(SignalKind::child()).ok();
-        let _ = ready.send(());
+        // Listening now; the first look must also see what died before.
+        REAPER.wait();
         loop {
             let next = pass();
             match &mut sigchld {
                 // SIGCHLD comes with every death of a child, reparented ones included; the
                 // timer only serves zombies still in their grace.
-                Some(rx) => match next {
-                    Some(d) => {
-                        let _ = tokio::time::timeout(d, rx.recv()).await;
+                Some(rx) => {
+                    let woke = match next {
+                        Some(d) => tokio::time::timeout(d, rx.recv()).await.is_ok(),
+                        None => rx.recv().await.is_some(),
+                    };
+                    if woke {
+                        tokio::time::sleep(COALESCE).await;
                     }
-                    None => {
-                        rx.recv().await;
-                    }
-                },
+                }
                 None => tokio::time::sleep(next.unwrap_or(FALLBACK_POLL)).await,
             }
         }

@@ -25,30 +25,37 @@ const TAG: &str = "__CONCH_PB";
 /// Defines the errexit emulation; typed once per session, before the first frame.
 ///
 /// `set` is an alias for a guard and the builtin, so `set -- args` still sets the caller's
-/// positional parameters. The guard gives the builtin the true errexit state and marks a
-/// `set` as pending; the DEBUG trap (inherited everywhere through functrace) then looks at
-/// `$-` right after it, turns a real errexit back off and keeps it as the emulation flag.
+/// positional parameters. The guard gives the builtin the true errexit state and arms a
+/// one-shot DEBUG trap (inherited everywhere through functrace) that looks at `$-` right
+/// after the builtin ran, turns a real errexit back off, keeps it as the emulation flag and
+/// disarms itself: a command line without `set` runs no trap at all. (A DEBUG trap the
+/// command installed itself is replaced by the next `set`.)
 /// The ERR trap (inherited through errtrace) fires exactly where errexit would: it exits a
 /// subshell with the status, or stops the shell's command line with a SIGINT to itself.
 const INIT: &str = concat!(
-    "__conch_dbg() { [[ -z ${__conch_set_pending-} || $BASH_COMMAND == \"builtin set\"* ]] && return 0; ",
-    "__conch_set_pending=; if [[ $- == *e* ]]; then builtin set +e; __conch_errexit=1; else __conch_errexit=; fi; }; ",
-    "__conch_set() { [[ -n ${__conch_errexit-} ]] && builtin set -e; __conch_set_pending=1; }; ",
+    "__conch_dbg() { [[ $BASH_COMMAND == \"builtin set\"* ]] && return 0; builtin trap - DEBUG; ",
+    "if [[ $- == *e* ]]; then builtin set +e; __conch_errexit=1; else __conch_errexit=; fi; }; ",
+    "__conch_set() { [[ -n ${__conch_errexit-} ]] && builtin set -e; builtin trap __conch_dbg DEBUG; }; ",
     "alias set='__conch_set; builtin set'; ",
-    "builtin trap __conch_dbg DEBUG; ",
     "builtin trap '__conch_last=$?; if [[ -n ${__conch_errexit-} ]]; then __conch_status=$__conch_last; ",
     "if [[ $BASHPID != \"$$\" ]]; then exit \"$__conch_last\"; fi; builtin kill -INT \"$$\"; fi' ERR; ",
     "builtin set -ET; ",
 );
 
 /// The PROMPT_COMMAND of a framing shell: the end marker of a pending frame (with the
-/// status, and `:e` when the errexit emulation stopped the line), then PS1 re-asserted.
+/// status, and `:e` when the errexit emulation stopped the line), then PS1 and the frame
+/// starter re-asserted, so a command that changed either cannot break the next frame.
+///
+/// The starter (`__conch_s NONCE`) records the frame and prints its start marker. It is a
+/// function rather than text in every frame because the frame is typed: the line editor
+/// echoes each typed byte, which costs more per byte than anything else in a call.
 pub(crate) fn prompt_command(ps1: &str) -> String {
     format!(
         "__conch_rc=$?; if [[ -n ${{__conch_frame-}} ]]; then \
          if [[ -n ${{__conch_status-}} ]]; then __conch_rc=$__conch_status:e; fi; \
          builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
-         __conch_frame=; fi; __conch_status=; PS1='{ps1}'"
+         __conch_frame=; fi; __conch_status=; PS1='{ps1}'; \
+         __conch_s() {{ __conch_frame=$1; builtin printf '\\n%s_START_%s__\\n' {TAG} \"$1\"; }}"
     )
 }
 
@@ -70,10 +77,11 @@ fn ansi_c_quote(data: &[u8]) -> String {
 }
 
 /// The single line typed into the shell for `command` under `nonce`; `init` prepends the
-/// errexit emulation (the session's first frame).
+/// errexit emulation (the session's first frame). `eval` runs at the top level, not inside
+/// the starter, so `local`, `return` and `$1` mean what they mean at a prompt.
 pub(crate) fn frame(command: &str, nonce: &str, init: bool) -> String {
     format!(
-        " {}__conch_frame={nonce}; builtin printf '\\n%s_START_%s__\\n' {TAG} \"$__conch_frame\"; eval {}",
+        " {}__conch_s {nonce};eval {}",
         if init { INIT } else { "" },
         ansi_c_quote(command.as_bytes())
     )
