@@ -161,6 +161,21 @@ pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
     Some(out)
 }
 
+/// Pids of the processes adopted by this process as a subreaper (zombies included), and
+/// the direct children of its main thread.
+///
+/// The kernel hands an orphan to the first live thread of the subreaper, which is the main
+/// thread while it lives (it runs `main` for as long as conch does), so adopted processes
+/// are on that one thread's list: one read instead of one per thread. Where the main thread
+/// has no `children` file, every thread's list is read ([`children`]).
+pub(crate) fn adopted() -> Vec<i32> {
+    let me = std::process::id();
+    match read(format!("/proc/{me}/task/{me}/children")) {
+        Ok(text) => text.split_whitespace().filter_map(|n| n.parse::<i32>().ok()).collect(),
+        Err(_) => i32::try_from(me).map(children).unwrap_or_default(),
+    }
+}
+
 /// Pids of the children of `pid` (every thread's), zombies included. Falls back to a full
 /// scan where the kernel has no `children` files.
 pub(crate) fn children(pid: i32) -> Vec<i32> {
@@ -616,6 +631,41 @@ mod tests {
             !alive(ProcId { pid: me, start: own.start + 1 }),
             "a different start time is another process"
         );
+    }
+
+    #[test]
+    fn an_orphan_of_a_child_spawned_on_another_thread_is_adopted_by_the_main_thread() {
+        crate::reaper::init();
+        // Test bodies run on harness threads, never the main one: the spawning thread is
+        // not the thread the orphan lands on.
+        let out = std::thread::spawn(|| {
+            std::process::Command::new("bash")
+                .args(["-c", "(setsid sleep 30 >/dev/null 2>&1 & echo $!)"])
+                .output()
+                .expect("run bash")
+        })
+        .join()
+        .expect("spawner thread");
+        let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a pid");
+        let me = i32::try_from(std::process::id()).unwrap();
+        // The subshell exited before bash did, so the sleep is ours by now.
+        let seen = adopted().contains(&pid);
+        let parent = stat(pid).map(|s| s.ppid);
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        assert_eq!(parent, Some(me), "the orphan was reparented to this subreaper");
+        assert!(seen, "the main thread's list holds the orphan");
+    }
+
+    #[test]
+    fn a_child_of_other_code_is_not_reaped_while_its_owner_still_reads_its_pipes() {
+        crate::reaper::init();
+        // bash exits at once; its background sleep holds stdout past the reaper's grace,
+        // and `output` waits for bash only after EOF.
+        let out = std::process::Command::new("bash")
+            .args(["-c", "sleep 7 & exit 3"])
+            .output()
+            .expect("the exit status was not stolen");
+        assert_eq!(out.status.code(), Some(3));
     }
 
     #[test]

@@ -13,11 +13,14 @@
 //!   owned under the lock the reaper decides under, from before the fork until the owner has
 //!   reaped it ([`owning`]), so there is no instant at which an owned child looks unowned.
 //! - Zombies known to be ours are reaped at once: processes [`claim`]ed by a stop (see
-//!   `procfs::stop`) and children seen alive carrying this process's tag. Any other unowned
-//!   zombie child (a process that was reparented here and died unseen, or a child some other
-//!   code in this process spawned and has not waited for yet) is reaped only after
-//!   [`UNCLAIMED_GRACE`]: whoever spawned a child waits for it at once, so a zombie left that
-//!   long has nobody coming for it.
+//!   `procfs::stop`) and children seen alive carrying this process's tag. A zombie child in
+//!   this process's own process group is never reaped: every spawn of this crate starts a
+//!   new group (and its descendants stay out of ours), so it is a child of other code here
+//!   (a `std::process::Command` with default settings), whose owner may wait only after
+//!   reading its pipes to EOF. Any other unowned zombie child (a process that was reparented
+//!   here and died unseen) is reaped after [`UNCLAIMED_GRACE`]. The hole: other code that
+//!   puts its children in a group or session of their own and leaves one a zombie for that
+//!   long loses its exit status to this reaper.
 //! - Set up once per process however many providers exist ([`init`] is idempotent), before
 //!   the first spawn of any of them.
 
@@ -170,7 +173,8 @@ pub(crate) fn orphans_possible_since(since: Instant) -> bool {
         return answer;
     }
     let looked = Instant::now();
-    let kids = procfs::children(me);
+    // Orphans are adopted by the main thread: only its list can hold one.
+    let kids = procfs::adopted();
     let answer = {
         let st = lock(&r.state);
         kids.into_iter().any(|pid| {
@@ -227,6 +231,7 @@ fn pass() -> Option<Duration> {
     let me = i32::try_from(std::process::id()).ok()?;
     let ours = Tag { id: r.tag.clone(), since: 0 };
     let kids = procfs::children(me);
+    let own_group = nix::unistd::getpgrp().as_raw();
     let mut st = lock(&r.state);
     let now = Instant::now();
     let mut next: Option<Duration> = None;
@@ -250,6 +255,10 @@ fn pass() -> Option<Duration> {
                     st.ours.insert(id);
                 }
             }
+            continue;
+        }
+        // A child of other code here (our trees never join this process's group).
+        if s.pgrp == own_group && !st.ours.contains(&id) {
             continue;
         }
         let reap = st.ours.contains(&id) || {
