@@ -40,6 +40,14 @@ const TIER1_BLIND: Duration = Duration::from_millis(50);
 const ECHO_PREFIX_CHARS: usize = 24;
 /// The shortest gap between two Tier 1 probes.
 const MIN_PROBE_GAP: Duration = Duration::from_millis(1);
+/// For this long after output went quiet, probes stay at most [`FAST_PROBE_GAP`] apart:
+/// programs that wait for input (an interpreter, a password prompt) mostly get there within
+/// it, and a long silent command pays the fast rate only once per send.
+const FAST_PROBE_WINDOW: Duration = Duration::from_secs(1);
+/// The widest gap between probes inside [`FAST_PROBE_WINDOW`].
+const FAST_PROBE_GAP: Duration = Duration::from_millis(4);
+/// The gap before the confirming sample, once one sample saw a wait.
+const CONFIRM_GAP: Duration = Duration::from_millis(2);
 /// How long a send right after terminal_signal waits for the signalled command's own prompt,
 /// so that prompt is not taken as the send's result.
 const SIGNAL_SETTLE: Duration = Duration::from_millis(1_000);
@@ -435,7 +443,13 @@ impl BashSession {
                     confirmed = None;
                 }
                 let quiet = now.saturating_duration_since(last_output.max(started));
-                next_probe = now + (quiet / 8).clamp(MIN_PROBE_GAP, poll.max(MIN_PROBE_GAP));
+                let widest =
+                    if quiet < FAST_PROBE_WINDOW { FAST_PROBE_GAP.min(poll) } else { poll };
+                let mut gap = (quiet / 8).clamp(MIN_PROBE_GAP, widest.max(MIN_PROBE_GAP));
+                if confirmed.is_some() {
+                    gap = gap.min(CONFIRM_GAP);
+                }
+                next_probe = now + gap;
             }
             // Tier 2: output silence (a framed command keeps waiting for its marker).
             if !framed && last_output.elapsed() >= idle && elapsed >= idle {
