@@ -173,7 +173,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
 
     // The whole CLI process vs a bash process.
     let exe = std::env::current_exe().context("locating the conch binary")?;
-    let (bash_start, call) = paired(n, raw_bash, || {
+    let conch_call = || {
         let exe = exe.clone();
         async move {
             let s = tokio::process::Command::new(exe)
@@ -184,8 +184,8 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
             ensure!(s.success(), "conch call failed");
             Ok(())
         }
-    })
-    .await?;
+    };
+    let (bash_start, call) = paired(n, raw_bash, conch_call).await?;
     rows.push(Row {
         path: "`conch call bash true` process",
         unit: "ms",
@@ -207,18 +207,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
             ensure!(s.success(), "timeout 60 bash -c true failed");
             Ok(())
         },
-        || {
-            let exe = exe.clone();
-            async move {
-                let s = tokio::process::Command::new(exe)
-                    .args(["call", "bash", r#"{"command":"true"}"#])
-                    .stdout(std::process::Stdio::null())
-                    .status()
-                    .await?;
-                ensure!(s.success(), "conch call failed");
-                Ok(())
-            }
-        },
+        conch_call,
     )
     .await?;
     rows.push(Row {
