@@ -482,7 +482,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
     });
 
     let me = Arc::clone(&inner);
-    let cancel = spec.cancel.clone();
+    let cancel = spec.cancel;
     let after_exit = spec.after_exit;
     tokio::spawn(async move {
         let status = tokio::select! {
@@ -496,23 +496,26 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
         drop(owned);
         let status = status.map(to_exit).unwrap_or_default();
         me.exited.send_replace(Some(status.clone()));
-        me.settle_streams(after_exit, pumps).await;
+        // Cancellation after exit (while streams still drain) must still reach the group;
+        // watched here rather than by a task of its own, which every exit would wake.
+        let settle = me.settle_streams(after_exit, pumps);
+        tokio::pin!(settle);
+        let mut cancel_seen = false;
+        loop {
+            tokio::select! {
+                () = &mut settle => break,
+                () = cancel.cancelled(), if !cancel_seen => {
+                    cancel_seen = true;
+                    me.request_kill();
+                }
+            }
+        }
         // A kill's leftovers (what had left the group) are final at settlement too.
         if me.kill_started.load(Ordering::Acquire) {
             let _ = me.kill_done.subscribe().wait_for(|d| *d).await;
         }
         me.seal_streams();
         me.settled.send_replace(Some(status));
-    });
-    // Cancellation after exit (while streams still drain) must still reach the group.
-    let me = Arc::clone(&inner);
-    let cancel = spec.cancel;
-    tokio::spawn(async move {
-        let mut settled = me.settled.subscribe();
-        tokio::select! {
-            () = cancel.cancelled() => me.request_kill(),
-            _ = settled.wait_for(Option::is_some) => {}
-        }
     });
     Ok(LocalProcess { inner })
 }
