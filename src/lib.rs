@@ -10,6 +10,7 @@ use conch_jobs as _;
 use conch_provider_bash as _;
 #[cfg(unix)]
 use conch_provider_local as _;
+use conch_provider_remote as _;
 use conch_provider_terminal_bash as _;
 use conch_terminals as _;
 use conch_tools as _;
@@ -22,6 +23,7 @@ pub fn link_all() {
     #[cfg(unix)]
     conch_provider_local::register();
     conch_provider_bash::register();
+    conch_provider_remote::client::register();
     conch_tools::register();
     conch_jobs::register();
     conch_provider_terminal_bash::register();

@@ -3,6 +3,7 @@
 
 mod bench;
 mod floors;
+mod sandboxd;
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -50,6 +51,9 @@ enum Command {
     /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
     /// terminal_send vs persistent bash, and time to stdin_read), or `floors` (every goal
     /// next to its floor measured in the same run, with the ratio).
+    /// Serve this composition's subprocess provider to `remote-sandbox` clients over RXP/1
+    /// (HTTP + WebSocket) until SIGTERM/SIGINT.
+    Sandboxd(sandboxd::Args),
     Bench {
         /// Which benchmark.
         #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors"])]
@@ -69,7 +73,9 @@ fn main() -> ExitCode {
     // current-thread runtime starts in a fraction of the time (no worker threads, no CPU
     // quota probe). Batches and benchmarks run many calls and keep the worker pool.
     let builder = match cli.command {
-        Command::Batch | Command::Bench { .. } => tokio::runtime::Builder::new_multi_thread(),
+        Command::Batch | Command::Bench { .. } | Command::Sandboxd(_) => {
+            tokio::runtime::Builder::new_multi_thread()
+        }
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let rt = match { builder }.enable_all().build() {
@@ -132,6 +138,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     p.description
                 );
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sandboxd(args) => {
+            sandboxd::run(args, &cli.composition).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { suite, iterations, json } => {
@@ -203,9 +213,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     batch(&runtime, &owner, &sink).await?;
                     ExitCode::SUCCESS
                 }
-                Command::Check { .. } | Command::Plugins | Command::Bench { .. } => {
-                    ExitCode::SUCCESS
-                }
+                Command::Check { .. }
+                | Command::Plugins
+                | Command::Bench { .. }
+                | Command::Sandboxd(_) => ExitCode::SUCCESS,
             };
             // Owner disposal cancels and awaits its jobs before the providers shut down.
             owner.dispose().await;

@@ -19,6 +19,8 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("standard", include_str!("../../compositions/standard.yaml")),
     ("terminal", include_str!("../../compositions/terminal.yaml")),
     ("minimal", include_str!("../../compositions/minimal.yaml")),
+    ("remote-sandbox", include_str!("../../compositions/remote-sandbox.yaml")),
+    ("remote-terminal", include_str!("../../compositions/remote-terminal.yaml")),
 ];
 
 /// The composition used when none is named.

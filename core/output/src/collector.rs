@@ -389,6 +389,27 @@ impl Collector {
         self.lock().push(chunk);
     }
 
+    /// Records `n` bytes of the stream that this copy never received (a gap in a replica of a
+    /// stream held elsewhere): they count in the total, memory restarts after them because
+    /// the retained tail must be contiguous, and the spill is given up since it would lack
+    /// them. A read from before the gap is then `lossy`, as for bytes dropped from memory.
+    /// Ignored after [`Collector::seal`].
+    pub fn skip(&self, n: u64) {
+        let mut s = self.lock();
+        if s.sealed || n == 0 {
+            return;
+        }
+        s.total += n;
+        s.tail.clear();
+        // The byte before the window is unknown: never claim the tail starts a line.
+        s.before_window = Some(0);
+        match s.spill {
+            Spill::NotNeeded => s.spill = Spill::Abandoned,
+            Spill::Complete(_) => s.abandon(),
+            Spill::Abandoned | Spill::Evicted => {}
+        }
+    }
+
     /// Marks EOF: flushes and closes the spill, which becomes final (and so evictable by the
     /// registry, if there is one). Later pushes are ignored. Idempotent.
     pub fn seal(&self) {

@@ -809,3 +809,22 @@ fn the_spill_root_is_made_by_the_first_spill_only_and_removed_whole() {
     assert!(!made.exists());
     assert!(entries(parent.path()).is_empty());
 }
+
+#[test]
+fn a_skipped_gap_counts_in_the_total_and_makes_older_reads_lossy() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = collector(100, 1 << 20, dir.path());
+    c.push(b"hello\n");
+    c.skip(10);
+    c.push(b"world\n");
+    assert_eq!(c.total_bytes(), 22);
+    let r = c.read(0, 100);
+    assert!(r.lossy, "bytes before the gap are not contiguous with what follows");
+    assert_eq!((r.start_offset, r.data.as_slice(), r.next_offset), (16, &b"world\n"[..], 22));
+    let s = c.summary();
+    assert_eq!((s.total_bytes, s.omitted_bytes), (22, 16));
+    assert!(c.spill_path().is_none(), "a spill would lack the gap");
+    c.seal();
+    c.skip(5);
+    assert_eq!(c.total_bytes(), 22, "a sealed stream takes no more");
+}

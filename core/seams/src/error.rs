@@ -49,6 +49,11 @@ pub enum ErrorCode {
     LimitExceeded,
     /// The service or owner is shutting down and accepts no new work.
     Disposing,
+    /// A remote peer refused the credentials (missing or wrong token).
+    Unauthenticated,
+    /// A remote world stayed unreachable past the provider's give-up time, or it restarted
+    /// and lost what it held (reason `BOOT_CHANGED`).
+    RemoteUnavailable,
 }
 
 impl ErrorCode {
@@ -74,6 +79,8 @@ impl ErrorCode {
         ErrorCode::ForeignOwner,
         ErrorCode::LimitExceeded,
         ErrorCode::Disposing,
+        ErrorCode::Unauthenticated,
+        ErrorCode::RemoteUnavailable,
     ];
 
     /// The stable snake_case spelling shown to models and scripts.
@@ -99,12 +106,20 @@ impl ErrorCode {
             ErrorCode::ForeignOwner => "foreign_owner",
             ErrorCode::LimitExceeded => "limit_exceeded",
             ErrorCode::Disposing => "disposing",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::RemoteUnavailable => "remote_unavailable",
         }
     }
 
     /// Whether an identical retry could succeed later.
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorCode::Timeout | ErrorCode::ConnectionFailed | ErrorCode::LimitExceeded)
+        matches!(
+            self,
+            ErrorCode::Timeout
+                | ErrorCode::ConnectionFailed
+                | ErrorCode::LimitExceeded
+                | ErrorCode::RemoteUnavailable
+        )
     }
 }
 
@@ -160,6 +175,8 @@ pub enum ErrorReason {
     BadName,
     /// The session's shell has exited; it takes no more input.
     SessionExited,
+    /// The remote world restarted (its boot id changed): what it held is gone.
+    BootChanged,
 }
 
 impl ErrorReason {
@@ -174,6 +191,7 @@ impl ErrorReason {
         ErrorReason::NoBackend,
         ErrorReason::BadName,
         ErrorReason::SessionExited,
+        ErrorReason::BootChanged,
     ];
 
     /// The stable upper-case spelling.
@@ -188,6 +206,7 @@ impl ErrorReason {
             ErrorReason::NoBackend => "NO_BACKEND",
             ErrorReason::BadName => "BAD_NAME",
             ErrorReason::SessionExited => "SESSION_EXITED",
+            ErrorReason::BootChanged => "BOOT_CHANGED",
         }
     }
 }
@@ -469,6 +488,8 @@ mod tests {
             "foreign_owner",
             "limit_exceeded",
             "disposing",
+            "unauthenticated",
+            "remote_unavailable",
         ];
         let got: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         assert_eq!(got, pinned);
@@ -488,7 +509,8 @@ mod tests {
                 "SERVICE_DISPOSING",
                 "NO_BACKEND",
                 "BAD_NAME",
-                "SESSION_EXITED"
+                "SESSION_EXITED",
+                "BOOT_CHANGED"
             ]
         );
         for r in ErrorReason::ALL {

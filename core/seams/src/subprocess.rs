@@ -408,6 +408,13 @@ pub trait Process: Send + Sync + fmt::Debug {
     /// # Errors
     /// `invalid_argument` when the stream is not collected.
     fn read(&self, stream: StreamId, offset: u64, max_bytes: usize) -> Result<StreamRead>;
+    /// Resolves once a collected stream holds bytes at or past `offset`, or is sealed, so a
+    /// reader can wait for output instead of polling [`Process::read`]. It says nothing about
+    /// whether those bytes are still retained (a read tells, with `lossy`).
+    ///
+    /// # Errors
+    /// `invalid_argument` when the stream is not collected; as [`Process::wait`].
+    async fn readable(&self, stream: StreamId, offset: u64) -> Result<()>;
     /// A summary of a collected stream (None when not collected).
     fn collected(&self, stream: StreamId) -> Option<CollectedOutput>;
     /// Writes to a piped stdin.

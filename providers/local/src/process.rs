@@ -64,6 +64,8 @@ pub(crate) struct Inner {
     keep_spills: bool,
     /// Pumps still reading (each decrements at EOF).
     open_pumps: watch::Sender<usize>,
+    /// Bumped after every push into a collector and at sealing: wakes `readable` waiters.
+    progress: watch::Sender<u64>,
 }
 
 impl Inner {
@@ -231,6 +233,7 @@ impl Inner {
         for sink in [&self.stdout, &self.stderr].into_iter().flatten() {
             sink.seal();
         }
+        self.progress.send_modify(|n| *n += 1);
     }
 
     pub(crate) async fn wait_group_gone(&self) {
@@ -297,6 +300,7 @@ fn pump(
     mut reader: impl AsyncRead + Unpin + Send + 'static,
     sink: Arc<Collector>,
     open: watch::Sender<usize>,
+    progress: watch::Sender<u64>,
 ) -> JoinHandle<()> {
     open.send_modify(|n| *n += 1);
     tokio::spawn(async move {
@@ -304,7 +308,11 @@ fn pump(
         loop {
             match reader.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => sink.push(&buf[..n]),
+                Ok(n) => {
+                    sink.push(&buf[..n]);
+                    // Only a waiting reader is woken; with none this is a counter bump.
+                    progress.send_modify(|v| *v += 1);
+                }
             }
         }
         // Sealing waits for settlement (`Inner::seal_streams`): only then is the spill final.
@@ -429,6 +437,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
 
     let mut pumps = Vec::new();
     let open_pumps = watch::Sender::new(0usize);
+    let progress = watch::Sender::new(0u64);
     let mut pipe_inodes = Vec::new();
     if let Some(r) = merged_reader {
         pipe_inodes.extend(procfs::pipe_inode(&r));
@@ -436,16 +445,16 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
         let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
             .map_err(|e| Error::io("register output pipe", e))?;
         if let Some(sink) = &stdout_sink {
-            pumps.push(pump(rx, Arc::clone(sink), open_pumps.clone()));
+            pumps.push(pump(rx, Arc::clone(sink), open_pumps.clone(), progress.clone()));
         }
     } else {
         if let (Some(out), Some(sink)) = (child.stdout.take(), &stdout_sink) {
             pipe_inodes.extend(procfs::pipe_inode(&out));
-            pumps.push(pump(out, Arc::clone(sink), open_pumps.clone()));
+            pumps.push(pump(out, Arc::clone(sink), open_pumps.clone(), progress.clone()));
         }
         if let (Some(err), Some(sink)) = (child.stderr.take(), &stderr_sink) {
             pipe_inodes.extend(procfs::pipe_inode(&err));
-            pumps.push(pump(err, Arc::clone(sink), open_pumps.clone()));
+            pumps.push(pump(err, Arc::clone(sink), open_pumps.clone(), progress.clone()));
         }
     }
     let mut stdin = child.stdin.take();
@@ -479,6 +488,7 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
         leftovers: Mutex::new(Vec::new()),
         keep_spills: spills.keep,
         open_pumps,
+        progress,
     });
 
     let me = Arc::clone(&inner);
@@ -555,6 +565,22 @@ impl Process for LocalProcess {
         self.sink(stream).map(|s| s.read(offset, max_bytes)).ok_or_else(|| {
             Error::invalid(format!("{stream:?} is not collected")).with_provider(NAME)
         })
+    }
+
+    async fn readable(&self, stream: StreamId, offset: u64) -> Result<()> {
+        let Some(sink) = self.sink(stream) else {
+            return Err(Error::invalid(format!("{stream:?} is not collected")).with_provider(NAME));
+        };
+        // Subscribed before the check, so a push between the check and the wait still wakes.
+        let mut rx = self.inner.progress.subscribe();
+        loop {
+            if sink.total_bytes() > offset || sink.is_sealed() {
+                return Ok(());
+            }
+            if rx.changed().await.is_err() {
+                return Ok(());
+            }
+        }
     }
 
     fn collected(&self, stream: StreamId) -> Option<CollectedOutput> {

@@ -1,0 +1,321 @@
+//! The stream connection: one WebSocket per provider carries every attached id's output and
+//! events, and is rebuilt transparently when it drops.
+//!
+//! # Invariants
+//! - After every (re)connect the server's `boot_id` is checked first: a different one means
+//!   every process this provider knew is gone, and every pending wait fails `BOOT_CHANGED`
+//!   (the provider stays failed: its ids name nothing any more).
+//! - Each live id is re-attached from its replica's next offsets, so a reconnect loses and
+//!   duplicates nothing the server still retains; what it no longer retains arrives as an
+//!   explicit gap.
+//! - A server silent for two of its heartbeat intervals is treated as gone (dead peer), and
+//!   so is one that cannot be reached; after `give_up` of that, every pending wait fails
+//!   `remote_unavailable`. Reconnecting goes on with capped exponential backoff, for ids
+//!   started later.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use conch_seams::{Error, ErrorCode, ErrorReason};
+use futures::{SinkExt as _, StreamExt as _};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_util::sync::CancellationToken;
+
+use super::mirror::Mirror;
+use crate::proto::{self, ClientMsg, ServerMsg};
+
+/// Ids this provider streams, by id.
+pub(crate) type Mirrors = Arc<Mutex<HashMap<String, Weak<Mirror>>>>;
+
+pub(crate) fn lock(m: &Mirrors) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Mirror>>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the provider asks of the connection task.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    /// Start streaming this id (now, if connected; otherwise at the next connect).
+    Attach(String),
+    /// Stop streaming it.
+    Detach(String),
+}
+
+/// How the connection task reaches the daemon.
+#[derive(Debug, Clone)]
+pub(crate) struct Dial {
+    pub(crate) ws_url: String,
+    pub(crate) token: Option<String>,
+    pub(crate) client_id: String,
+    pub(crate) boot_id: String,
+    pub(crate) base: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) heartbeat: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) give_up: Duration,
+    pub(crate) max_frame: usize,
+}
+
+/// Why a session ended.
+enum End {
+    /// Reconnect.
+    Lost(String),
+    /// Stop for good (provider stopped, or the server is another one now).
+    Stop,
+}
+
+/// Runs the connection until `stop` is cancelled or the command channel closes.
+pub(crate) async fn run(
+    dial: Dial,
+    mirrors: Mirrors,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    stop: CancellationToken,
+    dead: Arc<Mutex<Option<Error>>>,
+) {
+    let mut backoff = Duration::from_millis(25);
+    let mut down_since: Option<Instant> = None;
+    let mut gave_up = false;
+    loop {
+        let outcome = tokio::select! {
+            () = stop.cancelled() => return,
+            r = session(&dial, &mirrors, &mut cmds, &stop, &dead, &mut down_since) => r,
+        };
+        match outcome {
+            End::Stop => return,
+            End::Lost(why) => {
+                let since = *down_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= dial.give_up {
+                    if !gave_up {
+                        tracing::warn!(cause = %why, "sandbox daemon unreachable past give_up_ms; failing pending calls");
+                    }
+                    gave_up = true;
+                    let e = super::http::unavailable(&dial.base, dial.give_up, &why);
+                    for m in live(&mirrors) {
+                        if !m.finished() {
+                            m.fail(&e);
+                        }
+                    }
+                } else {
+                    gave_up = false;
+                    tracing::debug!(cause = %why, "stream connection lost; reconnecting");
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(dial.max_backoff);
+                // Commands that arrived while down are covered by the attach-all on connect.
+                while let Ok(cmd) = cmds.try_recv() {
+                    drop(cmd);
+                }
+                if cmds.is_closed() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn live(mirrors: &Mirrors) -> Vec<Arc<Mirror>> {
+    let mut map = lock(mirrors);
+    map.retain(|_, w| w.strong_count() > 0);
+    map.values().filter_map(Weak::upgrade).collect()
+}
+
+fn attach_msg(m: &Mirror) -> Message {
+    let msg = ClientMsg::Attach { id: m.id.clone(), from: m.offsets() };
+    Message::Text(serde_json::to_string(&msg).unwrap_or_default().into())
+}
+
+async fn session(
+    dial: &Dial,
+    mirrors: &Mirrors,
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    stop: &CancellationToken,
+    dead: &Mutex<Option<Error>>,
+    down_since: &mut Option<Instant>,
+) -> End {
+    let mut req = match dial.ws_url.as_str().into_client_request() {
+        Ok(r) => r,
+        Err(e) => return End::Lost(e.to_string()),
+    };
+    let headers = req.headers_mut();
+    if let Some(t) = &dial.token
+        && let Ok(v) = format!("Bearer {t}").parse()
+    {
+        headers.insert("authorization", v);
+    }
+    if let Ok(v) = dial.client_id.parse() {
+        headers.insert(proto::CLIENT_HEADER, v);
+    }
+    let cfg = WebSocketConfig::default()
+        .max_message_size(Some(dial.max_frame))
+        .max_frame_size(Some(dial.max_frame));
+    let connect = tokio_tungstenite::connect_async_with_config(req, Some(cfg), true);
+    let mut ws = match tokio::time::timeout(dial.connect_timeout, connect).await {
+        Ok(Ok((ws, _))) => ws,
+        Ok(Err(e)) => {
+            if let tokio_tungstenite::tungstenite::Error::Http(resp) = &e
+                && resp.status() == 401
+            {
+                let e = super::http::unauthenticated("GET /v1/ws");
+                fail_all(mirrors, dead, &e);
+                return End::Stop;
+            }
+            return End::Lost(format!("connecting failed: {e}"));
+        }
+        Err(_) => return End::Lost("connecting timed out (connect_timeout_ms)".into()),
+    };
+    let hb_ms = u64::try_from(dial.heartbeat.as_millis()).unwrap_or(u64::MAX);
+    let hello = ClientMsg::Hello { protocol: proto::PROTOCOL.into(), heartbeat_ms: hb_ms };
+    let hello = Message::Text(serde_json::to_string(&hello).unwrap_or_default().into());
+    if let Err(e) = ws.send(hello).await {
+        return End::Lost(format!("sending hello failed: {e}"));
+    }
+    let server_hb = match tokio::time::timeout(dial.connect_timeout, ws.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<ServerMsg>(&t) {
+            Ok(ServerMsg::Hello { boot_id, heartbeat_ms }) => {
+                if boot_id != dial.boot_id {
+                    let e = Error::new(
+                        ErrorCode::RemoteUnavailable,
+                        format!(
+                            "the sandbox daemon at {} restarted (boot id {boot_id}, was {}): \
+                             every process it ran is gone; rebuild the runtime",
+                            dial.base, dial.boot_id
+                        ),
+                    )
+                    .with_reason(ErrorReason::BootChanged)
+                    .with_provider(super::NAME);
+                    tracing::warn!("sandbox daemon restarted; its processes are gone");
+                    fail_all(mirrors, dead, &e);
+                    return End::Stop;
+                }
+                Duration::from_millis(heartbeat_ms.max(10))
+            }
+            Ok(ServerMsg::Error { error, .. }) => {
+                let e = Error::from_body(error);
+                fail_all(mirrors, dead, &e);
+                return End::Stop;
+            }
+            _ => return End::Lost("the daemon did not answer hello".into()),
+        },
+        _ => return End::Lost("the daemon did not answer hello".into()),
+    };
+    *down_since = None;
+    for m in live(mirrors) {
+        if !m.finished()
+            && let Err(e) = ws.send(attach_msg(&m)).await
+        {
+            return End::Lost(format!("attaching failed: {e}"));
+        }
+    }
+    let mut last_rx = Instant::now();
+    let mut tick = tokio::time::interval(dial.heartbeat.min(server_hb));
+    let mut last_hb = Instant::now();
+    loop {
+        tokio::select! {
+            m = ws.next() => {
+                let m = match m {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => return End::Lost(format!("stream connection failed: {e}")),
+                    None => return End::Lost("the daemon closed the stream connection".into()),
+                };
+                last_rx = Instant::now();
+                match m {
+                    Message::Binary(b) => {
+                        if let Some(f) = proto::decode_data(&b) {
+                            let m = lock(mirrors).get(f.id).and_then(Weak::upgrade);
+                            if let Some(m) = m {
+                                m.data(f.stream, f.offset, f.data);
+                            }
+                        } else {
+                            tracing::warn!("malformed data frame from the daemon; ignored");
+                        }
+                    }
+                    Message::Text(t) => match serde_json::from_str::<ServerMsg>(&t) {
+                        Ok(ServerMsg::Hb | ServerMsg::Hello { .. }) => {}
+                        Ok(ServerMsg::Error { id: None, error }) => {
+                            tracing::warn!(error = %Error::from_body(error), "daemon reported a stream error");
+                        }
+                        Ok(msg) => {
+                            let id = msg_id(&msg).map(str::to_owned);
+                            let m = id.and_then(|id| lock(mirrors).get(&id).and_then(Weak::upgrade));
+                            if let Some(m) = m {
+                                m.message(msg);
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "malformed message from the daemon; ignored"),
+                    },
+                    Message::Close(_) => {
+                        while let Some(Ok(_)) = ws.next().await {}
+                        return End::Lost("the daemon closed the stream connection".into());
+                    }
+                    Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
+                }
+            }
+            cmd = cmds.recv() => {
+                let msg = match cmd {
+                    None => {
+                        let _ = ws.close(None).await;
+                        return End::Stop;
+                    }
+                    Some(Cmd::Attach(id)) => {
+                        let m = lock(mirrors).get(&id).and_then(Weak::upgrade);
+                        match m {
+                            Some(m) => attach_msg(&m),
+                            None => continue,
+                        }
+                    }
+                    Some(Cmd::Detach(id)) => {
+                        Message::Text(serde_json::to_string(&ClientMsg::Detach { id }).unwrap_or_default().into())
+                    }
+                };
+                if let Err(e) = ws.send(msg).await {
+                    return End::Lost(format!("sending failed: {e}"));
+                }
+            }
+            _ = tick.tick() => {
+                if last_rx.elapsed() > server_hb * 2 {
+                    return End::Lost("the daemon sent nothing for two heartbeat intervals".into());
+                }
+                if last_hb.elapsed() >= dial.heartbeat / 2 {
+                    last_hb = Instant::now();
+                    let hb = Message::Text(serde_json::to_string(&ClientMsg::Hb).unwrap_or_default().into());
+                    if let Err(e) = ws.send(hb).await {
+                        return End::Lost(format!("sending a heartbeat failed: {e}"));
+                    }
+                }
+            }
+            () = stop.cancelled() => {
+                let _ = ws.close(None).await;
+                return End::Stop;
+            }
+        }
+    }
+}
+
+fn fail_all(mirrors: &Mirrors, dead: &Mutex<Option<Error>>, e: &Error) {
+    for m in live(mirrors) {
+        m.fail(e);
+    }
+    let mut d = dead.lock().unwrap_or_else(|p| p.into_inner());
+    if d.is_none() {
+        *d = Some(Error::from_body(e.to_body()));
+    }
+}
+
+fn msg_id(m: &ServerMsg) -> Option<&str> {
+    match m {
+        ServerMsg::Gap { id, .. }
+        | ServerMsg::Eof { id, .. }
+        | ServerMsg::Spill { id, .. }
+        | ServerMsg::Exited { id, .. }
+        | ServerMsg::Settled { id, .. }
+        | ServerMsg::GroupGone { id } => Some(id),
+        ServerMsg::Error { id, .. } => id.as_deref(),
+        ServerMsg::Hello { .. } | ServerMsg::Hb => None,
+    }
+}

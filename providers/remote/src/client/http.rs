@@ -1,0 +1,154 @@
+//! Control calls: JSON over HTTP with typed errors, retried while the server is unreachable.
+//!
+//! Every RXP/1 call is safe to repeat (ids are client-chosen, stdin and signals carry
+//! offsets and operation numbers), so a call that fails in transport, or that a proxy or a
+//! busy server answers with 429/502/503/504 and no typed body, is sent again with
+//! exponential backoff until `give_up` has passed; then it fails as `remote_unavailable`.
+
+use std::time::{Duration, Instant};
+
+use conch_seams::{Error, ErrorCode, Result};
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::proto::{CLIENT_HEADER, ErrorReply};
+
+/// Everything a control call needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Http {
+    pub(crate) client: reqwest::Client,
+    pub(crate) base: String,
+    pub(crate) token: Option<String>,
+    pub(crate) client_id: String,
+    pub(crate) give_up: Duration,
+    pub(crate) max_backoff: Duration,
+}
+
+/// First retry delay; doubles up to the configured maximum.
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+
+impl Http {
+    /// Calls `method path` with an optional JSON body. `extra` lengthens the per-attempt
+    /// timeout for calls that legitimately take long (a teardown's grace).
+    pub(crate) async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + Sync)>,
+        extra: Duration,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut backoff = FIRST_BACKOFF;
+        let url = format!("{}{path}", self.base);
+        let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        loop {
+            let mut req = self
+                .client
+                .request(method.clone(), &url)
+                .header(CLIENT_HEADER, &self.client_id)
+                .timeout(self.give_up + extra);
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let why = match req.send().await {
+                Ok(resp) => match self.answer(resp, &endpoint).await {
+                    Answer::Done(r) => return r,
+                    Answer::Retry(why) => why,
+                },
+                Err(e) => without_url(&e),
+            };
+            if started.elapsed() + backoff > self.give_up {
+                return Err(unavailable(&self.base, self.give_up, &why));
+            }
+            tracing::debug!(endpoint = %endpoint, cause = %why, "retrying a control call");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.max_backoff);
+        }
+    }
+
+    async fn answer<T: DeserializeOwned>(
+        &self,
+        resp: reqwest::Response,
+        endpoint: &str,
+    ) -> Answer<T> {
+        let status = resp.status();
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                return Answer::Retry(format!("reading the answer failed: {}", without_url(&e)));
+            }
+        };
+        if status.is_success() {
+            return Answer::Done(serde_json::from_slice(&bytes).map_err(|e| {
+                Error::new(
+                    ErrorCode::Protocol,
+                    format!("the daemon's answer to {endpoint} is not what RXP/1 defines: {e}"),
+                )
+                .with_provider(super::NAME)
+            }));
+        }
+        if let Ok(reply) = serde_json::from_slice::<ErrorReply>(&bytes) {
+            return Answer::Done(Err(Error::from_body(reply.error)));
+        }
+        match status {
+            StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT => {
+                Answer::Retry(format!("HTTP {status} from {endpoint}"))
+            }
+            StatusCode::UNAUTHORIZED => Answer::Done(Err(unauthenticated(endpoint))),
+            _ => Answer::Done(Err(Error::new(
+                ErrorCode::Protocol,
+                format!("{endpoint} answered HTTP {status} without an RXP/1 error body"),
+            )
+            .with_provider(super::NAME))),
+        }
+    }
+}
+
+enum Answer<T> {
+    Done(Result<T>),
+    Retry(String),
+}
+
+/// A reqwest error's text without the URL (which may carry query values).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(url) = e.url() {
+        s = s.replace(url.as_str(), "<daemon>");
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+pub(crate) fn unavailable(base: &str, give_up: Duration, why: &str) -> Error {
+    Error::new(
+        ErrorCode::RemoteUnavailable,
+        format!(
+            "the sandbox daemon at {base} did not answer for {} ms (give_up_ms); last cause: {why}",
+            give_up.as_millis()
+        ),
+    )
+    .with_provider(super::NAME)
+}
+
+pub(crate) fn unauthenticated(endpoint: &str) -> Error {
+    Error::new(
+        ErrorCode::Unauthenticated,
+        format!(
+            "the sandbox daemon refused {endpoint}: wrong or missing token; set `token_file` \
+             (or CONCH_PLUGINS__REMOTE_SANDBOX__TOKEN) to the daemon's --token-file contents"
+        ),
+    )
+    .with_provider(super::NAME)
+}

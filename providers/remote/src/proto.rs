@@ -1,0 +1,456 @@
+//! RXP/1, the wire vocabulary shared by `conch sandboxd` and the `remote-sandbox` client.
+//! `docs/protocol.md` is the prose description; this module is the one definition both
+//! sides compile against.
+//!
+//! Control calls are HTTP with JSON bodies; bytes travel base64 in JSON and raw in binary
+//! WebSocket frames. Every field is sent explicitly (a clean exit says `"code": 0`).
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use conch_seams::{
+    CollectedOutput, ErrorBody, ExitStatus, ForegroundTarget, Leftover, Probe, Signal, SpawnSpec,
+    SpillRef, StreamId, SubprocessCapabilities, TerminalObservation, TerminalSize,
+    TerminalSpawnSpec,
+};
+use serde::{Deserialize, Serialize};
+
+/// The protocol name and version; a server speaking another one is refused.
+pub const PROTOCOL: &str = "rxp/1";
+/// Header that names the client (its lease) on every HTTP request.
+pub const CLIENT_HEADER: &str = "x-conch-client";
+
+/// Base64 of bytes in JSON.
+pub mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes bytes as standard base64.
+    ///
+    /// # Errors
+    /// Never for JSON.
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    /// Parses standard base64.
+    ///
+    /// # Errors
+    /// Text that is not base64.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD.decode(s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Encodes bytes as base64 text.
+pub fn encode(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// What a server can do, beyond the subprocess capabilities of the provider it hosts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The hosted provider's capabilities.
+    pub subprocess: SubprocessCapabilities,
+    /// Processes are leased to their client and reaped when it goes quiet.
+    pub leases: bool,
+    /// Stdin writes are addressed by offset (a resent chunk is typed once).
+    pub stdin_offsets: bool,
+    /// Streams resume from a byte offset after a reconnect.
+    pub resume: bool,
+}
+
+/// Limits the server enforces and advertises.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest HTTP request body (bytes); past it the server answers 413.
+    pub max_body_bytes: u64,
+    /// Largest WebSocket message the server accepts or sends (bytes).
+    pub max_frame_bytes: u64,
+    /// Live processes and terminals one client may hold.
+    pub max_procs: u64,
+    /// Output bytes the server retains per stream for replay after a reconnect.
+    pub retain_bytes: u64,
+    /// A client silent for this long loses its processes (killed as trees).
+    pub lease_ms: u64,
+    /// How often the server sends heartbeats; a peer silent for two intervals is dead.
+    pub heartbeat_ms: u64,
+}
+
+/// `GET /v1/info`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Info {
+    /// [`PROTOCOL`].
+    pub protocol: String,
+    /// Changes every time the server starts: a client that sees it change knows that every
+    /// process and retained byte it knew of is gone.
+    pub boot_id: String,
+    /// `conch-sandboxd <version>`.
+    pub server: String,
+    /// The hosted subprocess provider's name.
+    pub provider: String,
+    /// What it can do.
+    pub capabilities: Capabilities,
+    /// What it enforces.
+    pub limits: Limits,
+}
+
+/// `POST /v1/procs`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StartProc {
+    /// Client-chosen id: starting the same id again returns the same process.
+    pub id: String,
+    /// The spawn.
+    pub spec: SpawnSpec,
+}
+
+/// `POST /v1/terms`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StartTerm {
+    /// Client-chosen id, as for [`StartProc`].
+    pub id: String,
+    /// The PTY spawn.
+    pub spec: TerminalSpawnSpec,
+}
+
+/// The answer to a start.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Started {
+    /// The id.
+    pub id: String,
+    /// Pid of the direct child in the server's world.
+    pub pid: Option<u32>,
+    /// False when the id already existed and this is that process.
+    pub created: bool,
+}
+
+/// `GET /v1/which`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Which {
+    /// The resolved path on the server's PATH.
+    pub path: Option<String>,
+}
+
+/// `POST /v1/procs/{id}/stdin` and `POST /v1/terms/{id}/input`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Input {
+    /// Input offset of `data[0]`: bytes below what the server accepted are skipped, so a
+    /// resent chunk is written once.
+    pub offset: u64,
+    /// The bytes.
+    #[serde(with = "b64")]
+    pub data: Vec<u8>,
+    /// Close stdin after the bytes (processes only).
+    pub eof: bool,
+}
+
+/// The answer to an input write.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Accepted {
+    /// Input bytes accepted so far (the offset the next write starts at).
+    pub next_offset: u64,
+}
+
+/// Where a stream's spill stands, as the server sees it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpillState {
+    /// The complete spill on the server, while there is one.
+    pub spill: Option<SpillRef>,
+    /// The server evicted a complete spill.
+    pub evicted: bool,
+}
+
+/// `GET /v1/procs/{id}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcStatus {
+    /// The id.
+    pub id: String,
+    /// The direct child's exit, once it exited.
+    pub exited: Option<ExitStatus>,
+    /// The settlement status, once settled.
+    pub settled: Option<ExitStatus>,
+    /// What was stopped because it outlived the child.
+    pub leftovers: Vec<Leftover>,
+    /// Summaries of the collected streams.
+    pub streams: BTreeMap<String, CollectedOutput>,
+}
+
+/// `POST /v1/terms/{id}/observe`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObserveReq {
+    /// How much to look at.
+    pub probe: Probe,
+}
+
+/// `POST /v1/terms/{id}/signal`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SignalReq {
+    /// Client-chosen operation number: a resent request with the number of the last one
+    /// gets that one's answer instead of a second delivery.
+    pub op: u64,
+    /// The signal, by name.
+    pub signal: Signal,
+    /// Which foreground group it may reach.
+    pub target: ForegroundTarget,
+}
+
+/// `POST /v1/terms/{id}/resize`.
+pub type ResizeReq = TerminalSize;
+
+/// `POST /v1/terms/{id}/terminate`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TerminateReq {
+    /// Time between TERM and KILL.
+    pub grace_ms: u64,
+}
+
+/// The server's observation: `delivered_bytes` counts PTY bytes the server took in, which
+/// the client compares with what it handed out.
+pub type Observation = TerminalObservation;
+
+/// A typed error body, with the HTTP status beside it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// The error.
+    pub error: ErrorBody,
+}
+
+/// Stream numbers in binary frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// A process's stdout.
+    Stdout,
+    /// A process's stderr.
+    Stderr,
+    /// A terminal's output.
+    Pty,
+}
+
+impl Stream {
+    fn byte(self) -> u8 {
+        match self {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+            Stream::Pty => 2,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(Stream::Stdout),
+            1 => Some(Stream::Stderr),
+            2 => Some(Stream::Pty),
+            _ => None,
+        }
+    }
+
+    /// The collected stream it is, for a process.
+    pub fn of(id: StreamId) -> Self {
+        match id {
+            StreamId::Stdout => Stream::Stdout,
+            StreamId::Stderr => Stream::Stderr,
+        }
+    }
+
+    /// The collected stream it names, for a process stream.
+    pub fn stream_id(self) -> Option<StreamId> {
+        match self {
+            Stream::Stdout => Some(StreamId::Stdout),
+            Stream::Stderr => Some(StreamId::Stderr),
+            Stream::Pty => None,
+        }
+    }
+}
+
+/// Client → server text messages.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum ClientMsg {
+    /// First message on a connection.
+    Hello {
+        /// [`PROTOCOL`].
+        protocol: String,
+        /// The client's heartbeat interval: the server drops a connection silent for two.
+        heartbeat_ms: u64,
+    },
+    /// Streams a process's or terminal's output from these offsets (missing streams: 0).
+    Attach {
+        /// The id.
+        id: String,
+        /// Next offset per stream.
+        from: BTreeMap<Stream, u64>,
+    },
+    /// Stops streaming one id on this connection.
+    Detach {
+        /// The id.
+        id: String,
+    },
+    /// Heartbeat (also renews the client's lease).
+    Hb,
+}
+
+/// Server → client text messages.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum ServerMsg {
+    /// Answer to `hello`.
+    Hello {
+        /// The server's boot id.
+        boot_id: String,
+        /// The server's heartbeat interval.
+        heartbeat_ms: u64,
+    },
+    /// Bytes `[from, to)` of a stream are no longer retained and will never be sent.
+    Gap {
+        /// The id.
+        id: String,
+        /// The stream.
+        stream: Stream,
+        /// First lost offset.
+        from: u64,
+        /// First offset after the loss.
+        to: u64,
+    },
+    /// The stream ended at `at`; every byte before it was sent.
+    Eof {
+        /// The id.
+        id: String,
+        /// The stream.
+        stream: Stream,
+        /// Its final length.
+        at: u64,
+    },
+    /// The spill state of a stream changed.
+    Spill {
+        /// The id.
+        id: String,
+        /// The stream.
+        stream: Stream,
+        /// The state.
+        state: SpillState,
+    },
+    /// The direct child (or the terminal's leader) exited.
+    Exited {
+        /// The id.
+        id: String,
+        /// How.
+        status: ExitStatus,
+    },
+    /// The process settled: its streams ended (sent after their `eof`s).
+    Settled {
+        /// The id.
+        id: String,
+        /// How.
+        status: ExitStatus,
+        /// What was stopped because it outlived the child.
+        leftovers: Vec<Leftover>,
+    },
+    /// The process group is proven gone.
+    GroupGone {
+        /// The id.
+        id: String,
+    },
+    /// Something about one id (or the connection) failed.
+    Error {
+        /// The id, when it is about one.
+        id: Option<String>,
+        /// The error.
+        error: ErrorBody,
+    },
+    /// Heartbeat.
+    Hb,
+}
+
+/// Binary frame layout: `[kind=1][stream][id_len u16 BE][id][offset u64 BE][bytes…]`.
+const DATA_KIND: u8 = 1;
+
+/// Encodes one data frame.
+pub fn encode_data(id: &str, stream: Stream, offset: u64, data: &[u8]) -> Vec<u8> {
+    let id = id.as_bytes();
+    let mut out = Vec::with_capacity(12 + id.len() + data.len());
+    out.push(DATA_KIND);
+    out.push(stream.byte());
+    out.extend_from_slice(&u16::try_from(id.len()).unwrap_or(u16::MAX).to_be_bytes());
+    out.extend_from_slice(&id[..id.len().min(usize::from(u16::MAX))]);
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// One decoded data frame.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DataFrame<'a> {
+    /// The id.
+    pub id: &'a str,
+    /// The stream.
+    pub stream: Stream,
+    /// Stream offset of `data[0]`.
+    pub offset: u64,
+    /// The bytes.
+    pub data: &'a [u8],
+}
+
+/// Decodes a data frame; `None` for anything malformed.
+pub fn decode_data(frame: &[u8]) -> Option<DataFrame<'_>> {
+    let (&kind, rest) = frame.split_first()?;
+    if kind != DATA_KIND {
+        return None;
+    }
+    let (&stream, rest) = rest.split_first()?;
+    let stream = Stream::from_byte(stream)?;
+    let len = usize::from(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?));
+    let id = std::str::from_utf8(rest.get(2..2 + len)?).ok()?;
+    let rest = rest.get(2 + len..)?;
+    let offset = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    Some(DataFrame { id, stream, offset, data: &rest[8..] })
+}
+
+/// A random 128-bit id in hex (boot ids, client ids).
+pub fn random_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        b = (t ^ u128::from(std::process::id())).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_frames_round_trip_and_garbage_is_refused() {
+        let f = encode_data("p-1", Stream::Stderr, 1 << 40, b"bytes");
+        let d = decode_data(&f).unwrap();
+        assert_eq!(
+            d,
+            DataFrame { id: "p-1", stream: Stream::Stderr, offset: 1 << 40, data: b"bytes" }
+        );
+        for cut in 0..f.len() - 5 {
+            assert!(decode_data(&f[..cut]).is_none() || cut >= 15, "cut at {cut}");
+        }
+        assert!(decode_data(&[2, 0, 0, 0]).is_none());
+        assert!(decode_data(&[1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_none());
+    }
+
+    #[test]
+    fn messages_are_tagged_and_explicit() {
+        let m = ServerMsg::Exited { id: "a".into(), status: ExitStatus::code(0) };
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            serde_json::json!({"t": "exited", "id": "a", "status": {"code": 0, "signal": null}})
+        );
+        let c: ClientMsg =
+            serde_json::from_str(r#"{"t":"attach","id":"x","from":{"stdout":5}}"#).unwrap();
+        assert_eq!(
+            c,
+            ClientMsg::Attach { id: "x".into(), from: BTreeMap::from([(Stream::Stdout, 5)]) }
+        );
+    }
+}

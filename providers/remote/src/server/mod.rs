@@ -1,0 +1,416 @@
+//! `conch sandboxd`: hosts one subprocess provider's world over RXP/1.
+//!
+//! # Invariants
+//! - No process lifetime depends on a request or a connection: starts, kills and teardowns
+//!   run in tasks of their own that finish even when the request that asked is dropped;
+//!   output is retained per stream whether or not anybody is attached.
+//! - Every process belongs to the client that started it (the `x-conch-client` header);
+//!   another client's ids are `not_found`, never reachable.
+//! - Leases: a client whose last request or heartbeat is older than `lease` loses every
+//!   process and terminal it holds (trees killed, output released).
+//! - The token is compared in constant time and never logged.
+
+mod api;
+mod ws;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conch_output::{Collector, CollectorConfig};
+use conch_seams::{
+    Error, ErrorCode, OutputSpec, Process, Result, SignalDelivery, Subprocess, TerminalProcess,
+};
+use tokio::sync::watch;
+
+use crate::proto::{self, Capabilities, Info, Limits};
+
+pub use api::router;
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Bearer token; `None` only on loopback with `--insecure-no-auth`.
+    pub token: Option<String>,
+    /// A client silent this long loses its processes.
+    pub lease: Duration,
+    /// Live processes and terminals per client.
+    pub max_procs: usize,
+    /// Output bytes retained per stream for replay.
+    pub retain_bytes: usize,
+    /// Server heartbeat interval.
+    pub heartbeat: Duration,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Largest WebSocket message.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            lease: Duration::from_secs(30),
+            max_procs: 256,
+            retain_bytes: 4 << 20,
+            heartbeat: Duration::from_secs(5),
+            max_body_bytes: 8 << 20,
+            max_frame_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A process or terminal the daemon holds for a client.
+#[derive(Debug)]
+pub(crate) enum Held {
+    Proc(ProcEntry),
+    Term(TermEntry),
+}
+
+#[derive(Debug)]
+pub(crate) struct ProcEntry {
+    pub(crate) proc: Arc<dyn Process>,
+    /// Stdin bytes accepted so far; the lock also serialises writes.
+    pub(crate) stdin: tokio::sync::Mutex<u64>,
+    pub(crate) collected: [bool; 2],
+}
+
+#[derive(Debug)]
+pub(crate) struct TermEntry {
+    pub(crate) term: Arc<dyn TerminalProcess>,
+    /// What the PTY printed, retained by offset; a reader task feeds it.
+    pub(crate) out: Arc<Collector>,
+    pub(crate) progress: watch::Sender<u64>,
+    pub(crate) input: tokio::sync::Mutex<u64>,
+    /// The last signal operation and its answer (a resend gets the same answer).
+    pub(crate) last_signal: tokio::sync::Mutex<Option<(u64, Option<SignalDelivery>)>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) held: Held,
+}
+
+#[derive(Debug)]
+struct ClientState {
+    last_seen: Instant,
+    entries: HashMap<String, Arc<Entry>>,
+}
+
+/// The daemon's state.
+#[derive(Debug)]
+pub struct State {
+    pub(crate) sub: Arc<dyn Subprocess>,
+    pub(crate) cfg: ServerConfig,
+    pub(crate) boot_id: String,
+    clients: Mutex<HashMap<String, ClientState>>,
+    /// Set once shutdown began: no new work.
+    closing: watch::Sender<bool>,
+    started: AtomicU64,
+}
+
+impl State {
+    /// State hosting `sub`; call [`State::run_leases`] (or [`serve`]) to enforce leases.
+    pub fn new(sub: Arc<dyn Subprocess>, cfg: ServerConfig) -> Arc<Self> {
+        Arc::new(Self {
+            sub,
+            cfg,
+            boot_id: proto::random_id(),
+            clients: Mutex::default(),
+            closing: watch::Sender::new(false),
+            started: AtomicU64::new(0),
+        })
+    }
+
+    /// What `GET /v1/info` says.
+    pub fn info(&self) -> Info {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Info {
+            protocol: proto::PROTOCOL.into(),
+            boot_id: self.boot_id.clone(),
+            server: format!("conch-sandboxd {}", env!("CARGO_PKG_VERSION")),
+            provider: self.sub.provider_name().into(),
+            capabilities: Capabilities {
+                subprocess: self.sub.capabilities(),
+                leases: true,
+                stdin_offsets: true,
+                resume: true,
+            },
+            limits: Limits {
+                max_body_bytes: self.cfg.max_body_bytes as u64,
+                max_frame_bytes: self.cfg.max_frame_bytes as u64,
+                max_procs: self.cfg.max_procs as u64,
+                retain_bytes: self.cfg.retain_bytes as u64,
+                lease_ms: ms(self.cfg.lease),
+                heartbeat_ms: ms(self.cfg.heartbeat),
+            },
+        }
+    }
+
+    /// True when requests must carry the bearer token.
+    pub fn has_token(&self) -> bool {
+        self.cfg.token.is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ClientState>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renews `client`'s lease.
+    pub(crate) fn touch(&self, client: &str) {
+        let mut clients = self.lock();
+        match clients.get_mut(client) {
+            Some(c) => c.last_seen = Instant::now(),
+            None => {
+                clients.insert(
+                    client.to_owned(),
+                    ClientState { last_seen: Instant::now(), entries: HashMap::new() },
+                );
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, client: &str, id: &str) -> Result<Arc<Entry>> {
+        self.lock().get(client).and_then(|c| c.entries.get(id)).cloned().ok_or_else(|| {
+            Error::new(ErrorCode::NotFound, format!("no process `{id}` for this client"))
+        })
+    }
+
+    /// Reserves a slot for a new id: `Ok(Some(entry))` when the id already exists.
+    fn existing_or_room(&self, client: &str, id: &str) -> Result<Option<Arc<Entry>>> {
+        if *self.closing.borrow() {
+            return Err(Error::new(ErrorCode::Disposing, "the daemon is shutting down"));
+        }
+        let clients = self.lock();
+        let Some(c) = clients.get(client) else { return Ok(None) };
+        if let Some(e) = c.entries.get(id) {
+            return Ok(Some(Arc::clone(e)));
+        }
+        if c.entries.len() >= self.cfg.max_procs {
+            return Err(Error::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "this client holds {} processes and terminals, the daemon's limit \
+                     (--max-procs); wait for or kill some",
+                    c.entries.len()
+                ),
+            ));
+        }
+        Ok(None)
+    }
+
+    fn insert(&self, client: &str, entry: Arc<Entry>) -> Arc<Entry> {
+        let mut clients = self.lock();
+        let c = clients
+            .entry(client.to_owned())
+            .or_insert_with(|| ClientState { last_seen: Instant::now(), entries: HashMap::new() });
+        // A concurrent start of the same id won: keep the first, the caller stops its own.
+        Arc::clone(c.entries.entry(entry.id.clone()).or_insert(entry))
+    }
+
+    pub(crate) fn remove(&self, client: &str, id: &str) -> Option<Arc<Entry>> {
+        self.lock().get_mut(client).and_then(|c| c.entries.remove(id))
+    }
+
+    fn take_client(&self, client: &str) -> Vec<Arc<Entry>> {
+        self.lock().remove(client).map(|c| c.entries.into_values().collect()).unwrap_or_default()
+    }
+
+    /// Starts a process for `client` (idempotent by id).
+    pub(crate) async fn start_proc(
+        self: &Arc<Self>,
+        client: &str,
+        req: proto::StartProc,
+    ) -> Result<(Arc<Entry>, bool)> {
+        if let Some(e) = self.existing_or_room(client, &req.id)? {
+            return Ok((e, false));
+        }
+        let mut spec = req.spec;
+        let collected = [spec.stdout.clone(), spec.stderr.clone()]
+            .map(|s| matches!(s, OutputSpec::Collect { .. }));
+        // The server keeps at least `retain_bytes` per stream, so a reconnecting client can
+        // be replayed what it missed; the client keeps its own window.
+        for out in [&mut spec.stdout, &mut spec.stderr] {
+            if let OutputSpec::Collect { max_bytes, .. } = out {
+                *max_bytes = (*max_bytes).max(self.cfg.retain_bytes);
+            }
+        }
+        let proc = self.sub.spawn(spec).await?;
+        self.started.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(Entry {
+            id: req.id,
+            held: Held::Proc(ProcEntry {
+                proc: Arc::clone(&proc),
+                stdin: tokio::sync::Mutex::new(0),
+                collected,
+            }),
+        });
+        let kept = self.insert(client, Arc::clone(&entry));
+        if !Arc::ptr_eq(&kept, &entry) {
+            proc.kill();
+            proc.release();
+            return Ok((kept, false));
+        }
+        Ok((entry, true))
+    }
+
+    /// Starts a terminal for `client` (idempotent by id).
+    pub(crate) async fn start_term(
+        self: &Arc<Self>,
+        client: &str,
+        req: proto::StartTerm,
+    ) -> Result<(Arc<Entry>, bool)> {
+        if let Some(e) = self.existing_or_room(client, &req.id)? {
+            return Ok((e, false));
+        }
+        let term = self.sub.spawn_terminal(req.spec).await?;
+        let out = Arc::new(Collector::new(CollectorConfig::new(self.cfg.retain_bytes, 0)));
+        let progress = watch::Sender::new(0u64);
+        // Reads the PTY for as long as it has output, attached client or not.
+        {
+            let (term, out, progress) = (Arc::clone(&term), Arc::clone(&out), progress.clone());
+            tokio::spawn(async move {
+                loop {
+                    match term.read_chunk().await {
+                        Ok(Some(chunk)) => out.push(&chunk),
+                        Ok(None) | Err(_) => break,
+                    }
+                    progress.send_modify(|n| *n += 1);
+                }
+                out.seal();
+                progress.send_modify(|n| *n += 1);
+            });
+        }
+        let entry = Arc::new(Entry {
+            id: req.id,
+            held: Held::Term(TermEntry {
+                term: Arc::clone(&term),
+                out,
+                progress,
+                input: tokio::sync::Mutex::new(0),
+                last_signal: tokio::sync::Mutex::new(None),
+            }),
+        });
+        let kept = self.insert(client, Arc::clone(&entry));
+        if !Arc::ptr_eq(&kept, &entry) {
+            let _ = term.terminate(Duration::from_secs(1)).await;
+            return Ok((kept, false));
+        }
+        Ok((entry, true))
+    }
+
+    /// Kills and forgets everything `client` holds, awaiting each teardown.
+    pub(crate) async fn drop_client(&self, client: &str) {
+        let entries = self.take_client(client);
+        futures::future::join_all(entries.iter().map(|e| stop(e))).await;
+    }
+
+    /// Enforces leases until the state is closed.
+    pub async fn run_leases(self: Arc<Self>) {
+        let period = (self.cfg.lease / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut closing = self.closing.subscribe();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                _ = closing.wait_for(|c| *c) => return,
+            }
+            let expired: Vec<String> = self
+                .lock()
+                .iter()
+                .filter(|(_, c)| c.last_seen.elapsed() > self.cfg.lease)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for client in expired {
+                let n = self.lock().get(&client).map_or(0, |c| c.entries.len());
+                if n > 0 {
+                    tracing::info!(client = %client, processes = n, "lease expired; stopping its processes");
+                }
+                let me = Arc::clone(&self);
+                tokio::spawn(async move { me.drop_client(&client).await });
+            }
+        }
+    }
+
+    /// Refuses new work, kills and reaps every process, then shuts the provider down.
+    pub async fn shutdown(&self) {
+        self.closing.send_replace(true);
+        let all: Vec<String> = self.lock().keys().cloned().collect();
+        futures::future::join_all(all.iter().map(|c| self.drop_client(c))).await;
+        self.sub.shutdown().await;
+    }
+
+    pub(crate) fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+}
+
+/// Stops one entry: a process is killed as a tree and awaited, then its output released; a
+/// terminal is torn down.
+async fn stop(e: &Entry) {
+    match &e.held {
+        Held::Proc(p) => {
+            p.proc.kill();
+            let _ = p.proc.wait().await;
+            let _ = p.proc.wait_group_gone().await;
+            p.proc.release();
+        }
+        Held::Term(t) => {
+            let _ = t.term.terminate(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, then shuts the state down (every
+/// process killed and reaped) and returns.
+///
+/// # Errors
+/// The listener failed.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let leases = tokio::spawn(Arc::clone(&state).run_leases());
+    let app = router(Arc::clone(&state)).into_make_service_with_connect_info::<SocketAddr>();
+    let closing = state.closing();
+    let stop_ws = async move {
+        shutdown.await;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = rx.await;
+    });
+    let watcher = {
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            stop_ws.await;
+            // Processes first (the streams end with them), then the listener.
+            state.shutdown().await;
+            let _ = tx.send(());
+        })
+    };
+    drop(closing);
+    let r = served.await;
+    watcher.abort();
+    leases.abort();
+    if r.is_err() {
+        state.shutdown().await;
+    }
+    r
+}
+
+/// True when `addr` is a loopback address (the only place `--insecure-no-auth` is allowed).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// Constant-time comparison of two byte strings (length leaks, content does not).
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,153 @@
+//! The remote substrate: every conformance suite over `remote-sandbox` against a real
+//! `sandboxd` on 127.0.0.1, plus the daemon's own promises (auth, limits, leases, resume).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
+use conch_provider_remote::server::{self, ServerConfig, State};
+use conch_provider_local::{LocalConfig, LocalSubprocess};
+
+mod daemon;
+mod faults;
+
+/// A daemon hosting a fresh subprocess-local on an ephemeral port, in a thread and runtime
+/// of its own (so a test's current-thread runtime can block in `connect`). It lives until
+/// the test process exits, or until `stop` is sent.
+pub(crate) struct Daemon {
+    pub(crate) addr: SocketAddr,
+    pub(crate) state: Arc<State>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Daemon {
+    pub(crate) fn start(cfg: ServerConfig) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (state_tx, state_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
+                let state = State::new(sub, cfg);
+                state_tx.send(Arc::clone(&state)).unwrap();
+                server::serve(listener, state, async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let state = state_rx.recv().unwrap();
+        Self { addr, state, stop: Some(tx), thread: Some(thread) }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shuts the daemon down (every process killed and reaped) and waits for it.
+    pub(crate) fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+
+    /// A client config for this daemon.
+    pub(crate) fn client_config(&self) -> RemoteConfig {
+        RemoteConfig {
+            url: self.url(),
+            token: self.state_token(),
+            heartbeat_ms: 500,
+            reconnect_max_backoff_ms: 200,
+            give_up_ms: 10_000,
+            ..RemoteConfig::default()
+        }
+    }
+
+    fn state_token(&self) -> Option<String> {
+        TOKEN.with(|t| t.borrow().clone())
+    }
+
+    pub(crate) fn client(&self) -> Arc<RemoteSubprocess> {
+        Arc::new(RemoteSubprocess::connect(&self.client_config()).unwrap())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Leaked daemons (the conformance ones) keep serving; a dropped handle stops it.
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+thread_local! {
+    /// The token the next `client_config` of this thread uses.
+    static TOKEN: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+pub(crate) fn with_token<T>(token: Option<&str>, f: impl FnOnce() -> T) -> T {
+    let old = TOKEN.with(|t| t.replace(token.map(str::to_owned)));
+    let r = f();
+    TOKEN.with(|t| *t.borrow_mut() = old);
+    r
+}
+
+/// A fresh daemon (kept for the rest of the test process) and a client of it.
+pub(crate) fn remote() -> Arc<RemoteSubprocess> {
+    let d = Daemon::start(ServerConfig { heartbeat: Duration::from_millis(500), ..ServerConfig::default() });
+    let client = d.client();
+    std::mem::forget(d);
+    client
+}
+
+mod subprocess_remote {
+    conch_conformance::subprocess_suite!(super::remote);
+
+    mod terminal_process {
+        conch_conformance::terminal_process_suite!(super::super::remote);
+    }
+}
+
+mod bash_remote {
+    use std::sync::Arc;
+
+    use conch_provider_bash::{BashLocal, BashLocalConfig};
+
+    fn make() -> Arc<BashLocal> {
+        Arc::new(BashLocal::new(BashLocalConfig::default(), super::remote()).unwrap())
+    }
+
+    conch_conformance::shell_suite!(make);
+}
+
+mod terminal_bash_remote {
+    use std::sync::Arc;
+
+    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+
+    fn make() -> Arc<TerminalBash> {
+        let config = TerminalBashConfig {
+            idle_silence_ms: 1000,
+            dispose_grace_ms: 500,
+            ..TerminalBashConfig::default()
+        };
+        Arc::new(TerminalBash::new(config, super::remote()).unwrap())
+    }
+
+    conch_conformance::terminal_suite!(make);
+}
