@@ -166,8 +166,6 @@ pub struct SpillState {
 pub struct ProcStatus {
     /// The id.
     pub id: String,
-    /// The direct child's exit, once it exited.
-    pub exited: Option<ExitStatus>,
     /// The settlement status, once settled.
     pub settled: Option<ExitStatus>,
     /// What was stopped because it outlived the child.

@@ -164,8 +164,25 @@ impl Shared {
         }
     }
 
-    fn register(&self, mirror: &Arc<Mirror>) {
+    /// Registers `mirror` (so a connect attaches it), asks the daemon to start it with
+    /// `req` at `path`, and attaches it; a refused start leaves nothing registered.
+    async fn start(
+        &self,
+        mirror: &Arc<Mirror>,
+        path: &str,
+        req: &(impl serde::Serialize + Sync),
+    ) -> Result<Started> {
         conn::lock(&self.mirrors).insert(mirror.id.clone(), Arc::downgrade(mirror));
+        match self.http.call(Method::POST, path, Some(req), Duration::ZERO).await {
+            Ok(started) => {
+                self.command(Cmd::Attach(mirror.id.clone()));
+                Ok(started)
+            }
+            Err(e) => {
+                conn::lock(&self.mirrors).remove(&mirror.id);
+                Err(e)
+            }
+        }
     }
 
     /// A handle was dropped: stop streaming its id, and once it finished let the daemon
@@ -369,19 +386,9 @@ impl Subprocess for RemoteSubprocess {
             streams.push((Stream::Stderr, max));
         }
         let mirror = Arc::new(Mirror::new(id.clone(), shared.dial.base.clone(), &streams));
-        shared.register(&mirror);
         let cancel = spec.cancel.clone();
         let stdin_piped = matches!(spec.stdin, StdinSpec::Pipe);
-        let req = proto::StartProc { id: id.clone(), spec };
-        let started: Started =
-            match shared.http.call(Method::POST, "/v1/procs", Some(&req), Duration::ZERO).await {
-                Ok(s) => s,
-                Err(e) => {
-                    conn::lock(&shared.mirrors).remove(&id);
-                    return Err(e);
-                }
-            };
-        shared.command(Cmd::Attach(id.clone()));
+        let started = shared.start(&mirror, "/v1/procs", &proto::StartProc { id, spec }).await?;
         let done = CancellationToken::new();
         {
             // Cancellation is the same as kill, as for every provider.
@@ -425,17 +432,7 @@ impl Subprocess for RemoteSubprocess {
             shared.dial.base.clone(),
             &[(Stream::Pty, TERMINAL_RETAIN)],
         ));
-        shared.register(&mirror);
-        let req = proto::StartTerm { id: id.clone(), spec };
-        let started: Started =
-            match shared.http.call(Method::POST, "/v1/terms", Some(&req), Duration::ZERO).await {
-                Ok(s) => s,
-                Err(e) => {
-                    conn::lock(&shared.mirrors).remove(&id);
-                    return Err(e);
-                }
-            };
-        shared.command(Cmd::Attach(id));
+        let started = shared.start(&mirror, "/v1/terms", &proto::StartTerm { id, spec }).await?;
         Ok(Arc::new(RemoteTerminal {
             shared: Arc::clone(shared),
             mirror,

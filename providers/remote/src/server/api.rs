@@ -151,13 +151,13 @@ async fn json_body<T: DeserializeOwned>(state: &State, body: Body) -> Result<T, 
 }
 
 /// Runs `f` in a task of its own: the work finishes even when the client drops the request.
-async fn detached<T: Send + 'static>(
-    f: impl std::future::Future<Output = conch_seams::Result<T>> + Send + 'static,
+async fn detached<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
+    f: impl std::future::Future<Output = Result<T, E>> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::spawn(f)
         .await
         .map_err(|e| ApiError::from(Error::internal(format!("task failed: {e}"))))?
-        .map_err(ApiError::from)
+        .map_err(Into::into)
 }
 
 fn proc_of(e: &Entry) -> Result<&ProcEntry, ApiError> {
@@ -248,7 +248,6 @@ pub(crate) fn proc_status_of(id: &str, p: &ProcEntry) -> ProcStatus {
     let settled = p.proc.try_status();
     ProcStatus {
         id: id.to_owned(),
-        exited: settled.clone(),
         leftovers: if settled.is_some() { p.proc.leftovers() } else { Vec::new() },
         settled,
         streams,
@@ -342,7 +341,7 @@ async fn proc_stdin(
 ) -> ApiResult<Accepted> {
     let e = entry(&state, &headers, &id)?;
     let input: proto::Input = json_body(&state, body).await?;
-    let task = tokio::spawn(async move {
+    let accepted = detached(async move {
         let p = proc_of(&e)?;
         let mut accepted = p.stdin.lock().await;
         let fresh = fresh_part(&input, *accepted)?;
@@ -354,9 +353,8 @@ async fn proc_stdin(
             p.proc.close_stdin();
         }
         Ok::<_, ApiError>(Accepted { next_offset: *accepted })
-    });
-    let accepted =
-        task.await.map_err(|e| ApiError::from(Error::internal(format!("task failed: {e}"))))??;
+    })
+    .await?;
     Ok(axum::Json(accepted))
 }
 
@@ -380,19 +378,29 @@ async fn release_proc(
     Ok(axum::Json(serde_json::json!({})))
 }
 
-/// `DELETE /v1/procs/{id}`: kills the tree if it still runs, releases its output and forgets
-/// the id (an unknown id is `not_found`).
+/// `DELETE /v1/procs/{id}` and `/v1/terms/{id}`: stops what still runs (a process's tree is
+/// killed and its output released, a terminal torn down) and forgets the id; an unknown id,
+/// or one of the other kind, is `not_found`.
+fn forget(
+    state: &State,
+    headers: &HeaderMap,
+    id: &str,
+    kind: fn(&Entry) -> Result<(), ApiError>,
+) -> ApiResult<serde_json::Value> {
+    let client = client_of(state, headers)?;
+    let e = state.get(&client, id)?;
+    kind(&e)?;
+    let e = state.remove(&client, id).unwrap_or(e);
+    tokio::spawn(async move { super::stop(&e).await });
+    Ok(axum::Json(serde_json::json!({})))
+}
+
 async fn forget_proc(
     AxState(state): AxState<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<serde_json::Value> {
-    let client = client_of(&state, &headers)?;
-    let e = state.get(&client, &id)?;
-    proc_of(&e)?;
-    let e = state.remove(&client, &id).unwrap_or(e);
-    tokio::spawn(async move { super::stop(&e).await });
-    Ok(axum::Json(serde_json::json!({})))
+    forget(&state, &headers, &id, |e| proc_of(e).map(drop))
 }
 
 #[derive(serde::Serialize)]
@@ -424,7 +432,7 @@ async fn term_input(
 ) -> ApiResult<Accepted> {
     let e = entry(&state, &headers, &id)?;
     let input: proto::Input = json_body(&state, body).await?;
-    let task = tokio::spawn(async move {
+    let accepted = detached(async move {
         let t = term_of(&e)?;
         let mut accepted = t.input.lock().await;
         let fresh = fresh_part(&input, *accepted)?;
@@ -433,9 +441,8 @@ async fn term_input(
             *accepted += fresh.len() as u64;
         }
         Ok::<_, ApiError>(Accepted { next_offset: *accepted })
-    });
-    let accepted =
-        task.await.map_err(|e| ApiError::from(Error::internal(format!("task failed: {e}"))))??;
+    })
+    .await?;
     Ok(axum::Json(accepted))
 }
 
@@ -463,7 +470,7 @@ async fn term_signal(
 ) -> ApiResult<Option<conch_seams::SignalDelivery>> {
     let e = entry(&state, &headers, &id)?;
     let req: proto::SignalReq = json_body(&state, body).await?;
-    let task = tokio::spawn(async move {
+    let answer = detached(async move {
         let t = term_of(&e)?;
         let mut last = t.last_signal.lock().await;
         if let Some((op, answer)) = *last
@@ -474,9 +481,8 @@ async fn term_signal(
         let answer = t.term.signal_foreground(req.signal, req.target).await?;
         *last = Some((req.op, answer));
         Ok::<_, ApiError>(answer)
-    });
-    let answer =
-        task.await.map_err(|e| ApiError::from(Error::internal(format!("task failed: {e}"))))??;
+    })
+    .await?;
     Ok(axum::Json(answer))
 }
 
@@ -515,12 +521,7 @@ async fn forget_term(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<serde_json::Value> {
-    let client = client_of(&state, &headers)?;
-    let e = state.get(&client, &id)?;
-    term_of(&e)?;
-    let e = state.remove(&client, &id).unwrap_or(e);
-    tokio::spawn(async move { super::stop(&e).await });
-    Ok(axum::Json(serde_json::json!({})))
+    forget(&state, &headers, &id, |e| term_of(e).map(drop))
 }
 
 /// `POST /v1/leave`: the client is done; everything it holds is stopped now, not at lease
@@ -533,7 +534,7 @@ async fn leave(
     let st = Arc::clone(&state);
     detached(async move {
         st.drop_client(&client).await;
-        Ok(())
+        Ok::<_, ApiError>(())
     })
     .await?;
     Ok(axum::Json(serde_json::json!({})))

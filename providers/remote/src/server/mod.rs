@@ -15,7 +15,6 @@ mod ws;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -109,7 +108,6 @@ pub struct State {
     clients: Mutex<HashMap<String, ClientState>>,
     /// Set once shutdown began: no new work.
     closing: watch::Sender<bool>,
-    started: AtomicU64,
 }
 
 impl State {
@@ -121,7 +119,6 @@ impl State {
             boot_id: proto::random_id(),
             clients: Mutex::default(),
             closing: watch::Sender::new(false),
-            started: AtomicU64::new(0),
         })
     }
 
@@ -239,7 +236,6 @@ impl State {
             }
         }
         let proc = self.sub.spawn(spec).await?;
-        self.started.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(Entry {
             id: req.id,
             held: Held::Proc(ProcEntry {
@@ -374,11 +370,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let leases = tokio::spawn(Arc::clone(&state).run_leases());
-    let app = router(Arc::clone(&state)).into_make_service_with_connect_info::<SocketAddr>();
-    let closing = state.closing();
-    let stop_ws = async move {
-        shutdown.await;
-    };
+    let app = router(Arc::clone(&state));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let served = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = rx.await;
@@ -386,13 +378,12 @@ pub async fn serve(
     let watcher = {
         let state = Arc::clone(&state);
         tokio::spawn(async move {
-            stop_ws.await;
+            shutdown.await;
             // Processes first (the streams end with them), then the listener.
             state.shutdown().await;
             let _ = tx.send(());
         })
     };
-    drop(closing);
     let r = served.await;
     watcher.abort();
     leases.abort();

@@ -80,14 +80,8 @@ async fn session(state: Arc<State>, client: String, socket: WebSocket) {
                 Duration::from_millis(heartbeat_ms.clamp(50, 600_000))
             }
             Ok(ClientMsg::Hello { protocol, .. }) => {
-                let e = Error::new(
-                    ErrorCode::Protocol,
-                    format!("this daemon speaks {}, not {protocol}", proto::PROTOCOL),
-                );
-                let _ = send_msg(&tx, &ServerMsg::Error { id: None, error: e.to_body() }).await;
-                drop(tx);
-                let _ = writer.await;
-                return;
+                let why = format!("this daemon speaks {}, not {protocol}", proto::PROTOCOL);
+                return close_bad(tx, writer, &why).await;
             }
             _ => return close_bad(tx, writer, "the first message must be hello").await,
         },
