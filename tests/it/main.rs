@@ -6,8 +6,8 @@
 mod compositions;
 mod conformance;
 mod reaper;
-// The remote suites are not wired in yet: some cases fail or hang over remote-sandbox (see issue 11 notes).
-// mod remote;
+
+mod remote;
 mod spills;
 mod terminals;
 mod tidy;

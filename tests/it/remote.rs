@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
 use conch_provider_remote::server::{self, ServerConfig, State};
-use conch_provider_local::{LocalConfig, LocalSubprocess};
 
 mod daemon;
 mod faults;
@@ -109,7 +109,10 @@ pub(crate) fn with_token<T>(token: Option<&str>, f: impl FnOnce() -> T) -> T {
 
 /// A fresh daemon (kept for the rest of the test process) and a client of it.
 pub(crate) fn remote() -> Arc<RemoteSubprocess> {
-    let d = Daemon::start(ServerConfig { heartbeat: Duration::from_millis(500), ..ServerConfig::default() });
+    let d = Daemon::start(ServerConfig {
+        heartbeat: Duration::from_millis(500),
+        ..ServerConfig::default()
+    });
     let client = d.client();
     std::mem::forget(d);
     client

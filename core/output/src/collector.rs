@@ -48,8 +48,12 @@ const SPILL_BUFFER: usize = 64 * 1024;
 /// How a [`Collector`] retains a stream.
 #[derive(Clone, Debug)]
 pub struct CollectorConfig {
-    /// Tail bytes kept in memory.
+    /// Tail bytes kept in memory; the spill starts once the stream passes it.
     pub max_bytes: usize,
+    /// Bytes kept in memory beyond `max_bytes` so that a replica of this stream elsewhere
+    /// can be replayed what it missed (a remote daemon's retention). Reads reach into them;
+    /// summaries and the spill threshold still follow `max_bytes`. Usually 0.
+    pub replay_bytes: usize,
     /// Largest stream the spill may represent; past it the spill is deleted.
     pub spill_cap: u64,
     /// Parent of the private spill directory; `None` means [`std::env::temp_dir`]. Ignored
@@ -66,7 +70,7 @@ pub struct CollectorConfig {
 impl CollectorConfig {
     /// A config with these limits, the default spill location and no registry.
     pub fn new(max_bytes: usize, spill_cap: u64) -> Self {
-        Self { max_bytes, spill_cap, spill_dir: None, root: None, registry: None }
+        Self { max_bytes, replay_bytes: 0, spill_cap, spill_dir: None, root: None, registry: None }
     }
 }
 
@@ -88,11 +92,13 @@ pub struct Collector {
 #[derive(Debug)]
 struct State {
     max_bytes: usize,
+    /// What memory holds at most: `max_bytes` plus the config's `replay_bytes`.
+    memory_bytes: usize,
     spill_cap: u64,
     spill_dir: Option<PathBuf>,
     root: Option<Arc<SpillRoot>>,
     registry: Option<Arc<SpillRegistry>>,
-    /// The last `max_bytes` bytes of the stream.
+    /// The last `memory_bytes` bytes of the stream.
     tail: VecDeque<u8>,
     /// Every byte ever pushed (before sealing).
     total: u64,
@@ -264,9 +270,9 @@ impl State {
         }
     }
 
-    /// Keeps exactly the last `max_bytes` bytes after appending `chunk`.
+    /// Keeps exactly the last `memory_bytes` bytes after appending `chunk`.
     fn retain(&mut self, chunk: &[u8]) {
-        let max = self.max_bytes;
+        let max = self.memory_bytes;
         if chunk.len() >= max {
             let start = chunk.len() - max;
             if start > 0 {
@@ -360,10 +366,11 @@ impl State {
 impl Collector {
     /// An empty, unsealed collector.
     pub fn new(cfg: CollectorConfig) -> Self {
-        let CollectorConfig { max_bytes, spill_cap, spill_dir, root, registry } = cfg;
+        let CollectorConfig { max_bytes, replay_bytes, spill_cap, spill_dir, root, registry } = cfg;
         Self {
             state: Mutex::new(State {
                 max_bytes,
+                memory_bytes: max_bytes.saturating_add(replay_bytes),
                 spill_cap,
                 spill_dir,
                 root,
@@ -471,10 +478,13 @@ impl Collector {
     pub fn summary(&self) -> CollectedOutput {
         let mut s = self.lock();
         let total_bytes = s.total;
-        let dropped = s.window_start() > 0;
-        let at_line = s.before_window.is_none_or(|b| b == b'\n');
+        // The summary covers the last `max_bytes` even when memory holds replay bytes too.
+        let skip = s.tail.len().saturating_sub(s.max_bytes);
+        let dropped = s.window_start() + skip as u64 > 0;
+        let before = if skip > 0 { s.tail.get(skip - 1).copied() } else { s.before_window };
+        let at_line = before.is_none_or(|b| b == b'\n');
         let (text, kept, starts_mid_line) = {
-            let bytes = s.tail.make_contiguous();
+            let bytes = &s.tail.make_contiguous()[skip..];
             // A tail whose head was dropped mid-line starts at its next line instead, so no
             // fragment passes for a whole line; when that would give up more than half of
             // the tail (one long line), the fragment stays and is flagged as one.
@@ -507,7 +517,7 @@ impl Collector {
         self.lock().total
     }
 
-    /// Bytes held in memory right now (at most `max_bytes`).
+    /// Bytes held in memory right now (at most `max_bytes` plus `replay_bytes`).
     pub fn retained_bytes(&self) -> usize {
         self.lock().tail.len()
     }

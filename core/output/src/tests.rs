@@ -43,6 +43,7 @@ impl XorShift {
 fn collector(max_bytes: usize, spill_cap: u64, dir: &Path) -> Collector {
     Collector::new(CollectorConfig {
         max_bytes,
+        replay_bytes: 0,
         spill_cap,
         spill_dir: Some(dir.to_path_buf()),
         root: None,
@@ -54,6 +55,7 @@ fn collector(max_bytes: usize, spill_cap: u64, dir: &Path) -> Collector {
 fn registered(dir: &Path, spill_cap: u64, registry: &Arc<SpillRegistry>) -> Collector {
     Collector::new(CollectorConfig {
         max_bytes: 10,
+        replay_bytes: 0,
         spill_cap,
         spill_dir: Some(dir.to_path_buf()),
         root: None,
@@ -782,6 +784,7 @@ fn the_spill_root_is_made_by_the_first_spill_only_and_removed_whole() {
     let c = |max_bytes| {
         Collector::new(CollectorConfig {
             max_bytes,
+            replay_bytes: 0,
             spill_cap: 1 << 20,
             spill_dir: None,
             root: Some(Arc::clone(&root)),

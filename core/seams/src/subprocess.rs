@@ -200,6 +200,12 @@ pub struct SpawnSpec {
     pub env: EnvOverlay,
     /// What settlement waits for after the direct child exits.
     pub after_exit: AfterExit,
+    /// Bytes of each collected stream kept in memory beyond its `max_bytes`, so that a
+    /// replica elsewhere (a remote client) can be replayed what it missed. Offset reads
+    /// reach into them; summaries and the spill threshold still follow `max_bytes`.
+    /// 0 for ordinary callers.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub replay_bytes: usize,
 }
 
 impl SpawnSpec {
@@ -220,7 +226,15 @@ impl SpawnSpec {
             cancel: CancellationToken::new(),
             env: EnvOverlay::new(),
             after_exit: AfterExit::WaitForEof,
+            replay_bytes: 0,
         }
+    }
+
+    /// Keeps `bytes` more of each collected stream in memory for replay (see the field).
+    #[must_use]
+    pub fn with_replay_bytes(mut self, bytes: usize) -> Self {
+        self.replay_bytes = bytes;
+        self
     }
 
     /// Sets the working directory (`None`: the provider's default).

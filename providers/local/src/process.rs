@@ -277,11 +277,16 @@ pub(crate) struct SpillPlace<'a> {
     pub(crate) keep: bool,
 }
 
-fn collector(spec: &OutputSpec, spills: &SpillPlace<'_>) -> Option<Arc<Collector>> {
+fn collector(
+    spec: &OutputSpec,
+    replay_bytes: usize,
+    spills: &SpillPlace<'_>,
+) -> Option<Arc<Collector>> {
     match spec {
         OutputSpec::Collect { max_bytes, spill_cap } => {
             Some(Arc::new(Collector::new(CollectorConfig {
                 max_bytes: *max_bytes,
+                replay_bytes,
                 spill_cap: *spill_cap,
                 spill_dir: None,
                 root: Some(Arc::clone(spills.root)),
@@ -403,8 +408,8 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
         .process_group(0)
         .kill_on_drop(false);
 
-    let stdout_sink = collector(&spec.stdout, spills);
-    let stderr_sink = collector(&spec.stderr, spills);
+    let stdout_sink = collector(&spec.stdout, spec.replay_bytes, spills);
+    let stderr_sink = collector(&spec.stderr, spec.replay_bytes, spills);
     let merged = matches!(spec.stderr, OutputSpec::MergeIntoStdout) && stdout_sink.is_some();
     // A merged stream uses one OS pipe for both fds, so interleaving is the child's order.
     let mut merged_reader: Option<std::io::PipeReader> = None;

@@ -1,1 +1,63 @@
-//! Daemon promises.
+//! Daemon promises: auth before anything runs, shutdown reaps, leave retires.
+
+use conch_conformance::{pid_gone, within};
+use conch_provider_remote::server::ServerConfig;
+use conch_seams::{ErrorCode, SpawnSpec, Subprocess};
+
+use super::{Daemon, with_token};
+
+fn sleeper() -> SpawnSpec {
+    SpawnSpec::new(vec!["sleep".into(), "1000".into()], "/tmp")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_or_missing_token_is_refused_before_anything_runs() {
+    let d = Daemon::start(ServerConfig {
+        token: Some("s3cret-token".into()),
+        ..ServerConfig::default()
+    });
+    for token in [Some("wrong-token"), None] {
+        let err = with_token(token, || {
+            conch_provider_remote::client::RemoteSubprocess::connect(&d.client_config())
+        })
+        .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");
+        assert!(!err.to_string().contains("s3cret-token"), "the token is not echoed: {err}");
+    }
+    assert_eq!(d.state.live_count(), 0, "nothing was started");
+    let ok = with_token(Some("s3cret-token"), || d.client());
+    let p = ok.spawn(sleeper()).await.unwrap();
+    assert_eq!(d.state.live_count(), 1);
+    p.kill();
+    within("kill", p.wait()).await.unwrap();
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_daemon_kills_and_reaps_every_process() {
+    let d = Daemon::start(ServerConfig::default());
+    let client = d.client();
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let p = client.spawn(sleeper()).await.unwrap();
+        pids.push(p.pid().unwrap() as i32);
+    }
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+    for pid in pids {
+        assert!(pid_gone(pid), "{pid} survived the daemon's shutdown");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_still_learns_how_its_processes_ended() {
+    let d = Daemon::start(ServerConfig::default());
+    let client = d.client();
+    let p = client.spawn(sleeper()).await.unwrap();
+    let pid = p.pid().unwrap() as i32;
+    // `shutdown` is the client's leave: the daemon stops everything, and the handle still
+    // gets its settlement even though its entry is no longer live.
+    within("leave", client.shutdown()).await;
+    assert!(pid_gone(pid));
+    assert!(p.try_status().is_some(), "settled after leave");
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}

@@ -73,7 +73,11 @@ impl Mirror {
 
     /// True when nothing more can arrive for this id.
     pub(crate) fn finished(&self) -> bool {
-        let f = self.facts();
+        self.finished_in(&self.facts())
+    }
+
+    /// [`Mirror::finished`] for a caller that already holds the facts (inside `until`).
+    pub(crate) fn finished_in(&self, f: &Facts) -> bool {
         let sealed = self.streams.iter().all(|(_, c)| c.is_sealed());
         f.failed.is_some()
             || (sealed
@@ -129,7 +133,9 @@ impl Mirror {
             ServerMsg::Spill { stream, state, .. } => {
                 self.facts().spill.insert(stream, state);
             }
-            ServerMsg::Exited { status, .. } => self.facts().exited = Some(status),
+            ServerMsg::Exited { status, .. } => {
+                self.facts().exited.get_or_insert(status);
+            }
             ServerMsg::Settled { status, leftovers, .. } => {
                 let mut f = self.facts();
                 f.exited.get_or_insert_with(|| status.clone());
@@ -164,6 +170,7 @@ impl Mirror {
 
     /// Waits until `f` has an answer. `f` sees the facts first, so something that happened
     /// before a failure is still reported.
+    /// `f` runs under the facts lock: it must use the `Facts` it is given, never `facts()`.
     pub(crate) async fn until<T>(&self, f: impl Fn(&Self, &Facts) -> Option<T>) -> Result<T> {
         let mut rx = self.bump.subscribe();
         loop {

@@ -459,7 +459,7 @@ impl Subprocess for RemoteSubprocess {
         let pending: Vec<Arc<Mirror>> =
             conn::lock(&shared.mirrors).values().filter_map(std::sync::Weak::upgrade).collect();
         let all_done = futures::future::join_all(
-            pending.iter().map(|m| m.until(|m, _| m.finished().then_some(()))),
+            pending.iter().map(|m| m.until(|m, f| m.finished_in(f).then_some(()))),
         );
         let _ = tokio::time::timeout(Duration::from_secs(2), all_done).await;
         shared.stop.cancel();

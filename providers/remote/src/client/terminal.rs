@@ -122,7 +122,15 @@ impl TerminalProcess for RemoteTerminal {
     async fn terminate(&self, grace: Duration) -> Result<TeardownReport> {
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         // Teardown waits out the grace (twice: descendants, then the leader) on the daemon.
-        self.post("terminate", &proto::TerminateReq { grace_ms }, grace * 3).await
+        let report: TeardownReport =
+            self.post("terminate", &proto::TerminateReq { grace_ms }, grace * 3).await?;
+        // The daemon reaped the leader before it answered: the status is known now, even if
+        // its `exited` message is still on the way.
+        if let Some(status) = &report.leader {
+            let id = self.mirror.id.clone();
+            self.mirror.message(proto::ServerMsg::Exited { id, status: status.clone() });
+        }
+        Ok(report)
     }
 
     async fn wait(&self) -> Result<ExitStatus> {

@@ -8,6 +8,10 @@
 //!   another client's ids are `not_found`, never reachable.
 //! - Leases: a client whose last request or heartbeat is older than `lease` loses every
 //!   process and terminal it holds (trees killed, output released).
+//! - What a client loses (by `leave` or its lease) stays readable and attachable, stopped,
+//!   for one more lease: an attach that was on its way when the teardown began still gets
+//!   the output, the exit and the settlement instead of `not_found`. It no longer counts
+//!   against `--max-procs`.
 //! - The token is compared in constant time and never logged.
 
 mod api;
@@ -97,6 +101,14 @@ pub(crate) struct Entry {
 struct ClientState {
     last_seen: Instant,
     entries: HashMap<String, Arc<Entry>>,
+    /// Stopped entries kept readable after a leave or a lease expiry, with when they went.
+    retired: HashMap<String, (Instant, Arc<Entry>)>,
+}
+
+impl ClientState {
+    fn new() -> Self {
+        Self { last_seen: Instant::now(), entries: HashMap::new(), retired: HashMap::new() }
+    }
 }
 
 /// The daemon's state.
@@ -147,6 +159,11 @@ impl State {
         }
     }
 
+    /// Live processes and terminals over every client (retired ones not counted).
+    pub fn live_count(&self) -> usize {
+        self.lock().values().map(|c| c.entries.len()).sum()
+    }
+
     /// True when requests must carry the bearer token.
     pub fn has_token(&self) -> bool {
         self.cfg.token.is_some()
@@ -162,18 +179,18 @@ impl State {
         match clients.get_mut(client) {
             Some(c) => c.last_seen = Instant::now(),
             None => {
-                clients.insert(
-                    client.to_owned(),
-                    ClientState { last_seen: Instant::now(), entries: HashMap::new() },
-                );
+                clients.insert(client.to_owned(), ClientState::new());
             }
         }
     }
 
     pub(crate) fn get(&self, client: &str, id: &str) -> Result<Arc<Entry>> {
-        self.lock().get(client).and_then(|c| c.entries.get(id)).cloned().ok_or_else(|| {
-            Error::new(ErrorCode::NotFound, format!("no process `{id}` for this client"))
-        })
+        let clients = self.lock();
+        let c = clients.get(client);
+        let live = c.and_then(|c| c.entries.get(id));
+        live.or_else(|| c.and_then(|c| c.retired.get(id).map(|(_, e)| e))).cloned().ok_or_else(
+            || Error::new(ErrorCode::NotFound, format!("no process `{id}` for this client")),
+        )
     }
 
     /// Reserves a slot for a new id: `Ok(Some(entry))` when the id already exists.
@@ -201,19 +218,28 @@ impl State {
 
     fn insert(&self, client: &str, entry: Arc<Entry>) -> Arc<Entry> {
         let mut clients = self.lock();
-        let c = clients
-            .entry(client.to_owned())
-            .or_insert_with(|| ClientState { last_seen: Instant::now(), entries: HashMap::new() });
+        let c = clients.entry(client.to_owned()).or_insert_with(ClientState::new);
         // A concurrent start of the same id won: keep the first, the caller stops its own.
         Arc::clone(c.entries.entry(entry.id.clone()).or_insert(entry))
     }
 
     pub(crate) fn remove(&self, client: &str, id: &str) -> Option<Arc<Entry>> {
-        self.lock().get_mut(client).and_then(|c| c.entries.remove(id))
+        let mut clients = self.lock();
+        let c = clients.get_mut(client)?;
+        let retired = c.retired.remove(id).map(|(_, e)| e);
+        c.entries.remove(id).or(retired)
     }
 
-    fn take_client(&self, client: &str) -> Vec<Arc<Entry>> {
-        self.lock().remove(client).map(|c| c.entries.into_values().collect()).unwrap_or_default()
+    /// Moves everything `client` holds to its retired entries and returns it.
+    fn retire_client(&self, client: &str) -> Vec<Arc<Entry>> {
+        let mut clients = self.lock();
+        let Some(c) = clients.get_mut(client) else { return Vec::new() };
+        let now = Instant::now();
+        let taken: Vec<Arc<Entry>> = c.entries.drain().map(|(_, e)| e).collect();
+        for e in &taken {
+            c.retired.insert(e.id.clone(), (now, Arc::clone(e)));
+        }
+        taken
     }
 
     /// Starts a process for `client` (idempotent by id).
@@ -228,13 +254,9 @@ impl State {
         let mut spec = req.spec;
         let collected = [spec.stdout.clone(), spec.stderr.clone()]
             .map(|s| matches!(s, OutputSpec::Collect { .. }));
-        // The server keeps at least `retain_bytes` per stream, so a reconnecting client can
-        // be replayed what it missed; the client keeps its own window.
-        for out in [&mut spec.stdout, &mut spec.stderr] {
-            if let OutputSpec::Collect { max_bytes, .. } = out {
-                *max_bytes = (*max_bytes).max(self.cfg.retain_bytes);
-            }
-        }
+        // The server keeps `retain_bytes` more per stream in memory, so a reconnecting
+        // client can be replayed what it missed; windows and spills stay the client's.
+        spec.replay_bytes = self.cfg.retain_bytes;
         let proc = self.sub.spawn(spec).await?;
         let entry = Arc::new(Entry {
             id: req.id,
@@ -298,9 +320,10 @@ impl State {
         Ok((entry, true))
     }
 
-    /// Kills and forgets everything `client` holds, awaiting each teardown.
+    /// Kills everything `client` holds, awaiting each teardown; the entries stay readable
+    /// (retired) for one more lease.
     pub(crate) async fn drop_client(&self, client: &str) {
-        let entries = self.take_client(client);
+        let entries = self.retire_client(client);
         futures::future::join_all(entries.iter().map(|e| stop(e))).await;
     }
 
@@ -313,17 +336,23 @@ impl State {
                 () = tokio::time::sleep(period) => {}
                 _ = closing.wait_for(|c| *c) => return,
             }
-            let expired: Vec<String> = self
-                .lock()
-                .iter()
-                .filter(|(_, c)| c.last_seen.elapsed() > self.cfg.lease)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for client in expired {
-                let n = self.lock().get(&client).map_or(0, |c| c.entries.len());
-                if n > 0 {
-                    tracing::info!(client = %client, processes = n, "lease expired; stopping its processes");
+            let lease = self.cfg.lease;
+            let mut expired = Vec::new();
+            {
+                let mut clients = self.lock();
+                for (k, c) in clients.iter_mut() {
+                    c.retired.retain(|_, (when, _)| when.elapsed() <= lease);
+                    if c.last_seen.elapsed() > lease && !c.entries.is_empty() {
+                        expired.push((k.clone(), c.entries.len()));
+                    }
                 }
+                // A client that is silent and holds nothing is forgotten.
+                clients.retain(|_, c| {
+                    c.last_seen.elapsed() <= lease || !c.entries.is_empty() || !c.retired.is_empty()
+                });
+            }
+            for (client, n) in expired {
+                tracing::info!(client = %client, processes = n, "lease expired; stopping its processes");
                 let me = Arc::clone(&self);
                 tokio::spawn(async move { me.drop_client(&client).await });
             }
