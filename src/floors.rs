@@ -15,49 +15,57 @@ use serde_json::json;
 
 /// A goal: what must hold for a row to count as met.
 #[derive(Clone, Copy, Debug)]
-enum Goal {
+pub(crate) enum Goal {
     /// measured <= this many ms.
     AtMostMs(f64),
+    /// measured <= this, in the row's unit.
+    AtMost(f64),
     /// measured <= floor + this many ms.
     FloorPlusMs(f64),
     /// measured / floor <= this.
     Ratio(f64),
+    /// measured <= this times the floor plus this many ms.
+    RatioPlusMs(f64, f64),
 }
 
 impl Goal {
-    fn text(self) -> String {
+    fn text(self, unit: &str) -> String {
         match self {
             Goal::AtMostMs(ms) => format!("<= {ms} ms"),
+            Goal::AtMost(v) => format!("<= {v} {unit}"),
             Goal::FloorPlusMs(ms) => format!("<= floor + {ms} ms"),
             Goal::Ratio(r) => format!("<= {r:.2}x floor"),
+            Goal::RatioPlusMs(r, ms) => format!("<= {r}x floor + {ms} ms"),
         }
     }
 
     fn met(self, measured: f64, floor: Option<f64>) -> bool {
         match (self, floor) {
             (Goal::AtMostMs(ms), _) => measured <= ms,
+            (Goal::AtMost(v), _) => measured <= v,
             (Goal::FloorPlusMs(ms), Some(f)) => measured <= f + ms,
             (Goal::Ratio(r), Some(f)) => f > 0.0 && measured / f <= r,
+            (Goal::RatioPlusMs(r, ms), Some(f)) => measured <= f * r + ms,
             (_, None) => false,
         }
     }
 }
 
-struct Row {
-    path: &'static str,
-    unit: &'static str,
-    measured: f64,
-    floor: Option<f64>,
-    floor_name: &'static str,
-    goal: Goal,
+pub(crate) struct Row {
+    pub(crate) path: &'static str,
+    pub(crate) unit: &'static str,
+    pub(crate) measured: f64,
+    pub(crate) floor: Option<f64>,
+    pub(crate) floor_name: &'static str,
+    pub(crate) goal: Goal,
 }
 
-fn median(mut v: Vec<Duration>) -> f64 {
+pub(crate) fn median(mut v: Vec<Duration>) -> f64 {
     v.sort();
     v[v.len() / 2].as_secs_f64() * 1000.0
 }
 
-async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<f64>
+pub(crate) async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<f64>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
@@ -73,7 +81,7 @@ where
 
 /// Times a floor and a measured path in alternation, `n` of each, and returns both medians:
 /// the machine's drift over the run (frequency, neighbours) then weighs on both alike.
-async fn paired<F, Fut, G, Gut>(
+pub(crate) async fn paired<F, Fut, G, Gut>(
     n: usize,
     mut floor: F,
     mut measured: G,
@@ -96,11 +104,11 @@ where
     Ok((median(a), median(b)))
 }
 
-fn owner() -> Arc<Owner> {
+pub(crate) fn owner() -> Arc<Owner> {
     Owner::new("bench", Arc::new(CollectingSink::default()) as Arc<dyn NoticeSink>)
 }
 
-fn e(err: conch_seams::Error) -> anyhow::Error {
+pub(crate) fn e(err: conch_seams::Error) -> anyhow::Error {
     anyhow!("{err}")
 }
 
@@ -132,7 +140,12 @@ async fn read_until(t: &dyn TerminalProcess, needle: &str) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn terminal_send(rt: &Runtime, o: &Arc<Owner>, id: &str, text: &str) -> anyhow::Result<()> {
+pub(crate) async fn terminal_send(
+    rt: &Runtime,
+    o: &Arc<Owner>,
+    id: &str,
+    text: &str,
+) -> anyhow::Result<()> {
     let r =
         rt.call(o, "terminal_send", json!({"session_id": id, "text": text})).await.map_err(e)?;
     let reason = r.structured.as_ref().and_then(|s| s["wait_reason"].as_str()).unwrap_or("");
@@ -384,7 +397,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     render(&rows, n, as_json)
 }
 
-fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::Result<String> {
+pub(crate) fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::Result<String> {
     if as_json {
         let rows: Vec<serde_json::Value> = rows
             .iter()
@@ -396,7 +409,7 @@ fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::Result<Stri
                     "floor": r.floor,
                     "floor_is": r.floor_name,
                     "ratio": r.floor.map(|f| r.measured / f),
-                    "goal": r.goal.text(),
+                    "goal": r.goal.text(r.unit),
                     "met": r.goal.met(r.measured, r.floor),
                 })
             })
@@ -421,7 +434,7 @@ fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::Result<Stri
             r.measured,
             floor,
             ratio,
-            format!("{} {met}", r.goal.text()),
+            format!("{} {met}", r.goal.text(r.unit)),
             r.floor_name
         )?;
     }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod floors;
+mod remote_bench;
 mod sandboxd;
 
 use std::io::{BufRead, Write};
@@ -48,20 +49,21 @@ enum Command {
     },
     /// List registered plugins.
     Plugins,
-    /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
-    /// terminal_send vs persistent bash, and time to stdin_read), or `floors` (every goal
-    /// next to its floor measured in the same run, with the ratio).
     /// Serve this composition's subprocess provider to `remote-sandbox` clients over RXP/1
     /// (HTTP + WebSocket) until SIGTERM/SIGINT.
     Sandboxd(sandboxd::Args),
+    /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
+    /// terminal_send vs persistent bash, and time to stdin_read), `floors` (every goal
+    /// next to its floor measured in the same run, with the ratio), or `remote` (the same
+    /// calls local and through a `conch sandboxd` started on loopback in this process).
     Bench {
         /// Which benchmark.
-        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors"])]
+        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors", "remote"])]
         suite: String,
         /// Iterations per measurement.
         #[arg(long, default_value_t = 50)]
         iterations: usize,
-        /// Print the `floors` rows as JSON.
+        /// Print the rows as JSON (`floors` unless `--suite remote`).
         #[arg(long)]
         json: bool,
     },
@@ -145,7 +147,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { suite, iterations, json } => {
-            let report = if json || suite == "floors" {
+            let report = if suite == "remote" {
+                remote_bench::run(iterations, json).await
+            } else if json || suite == "floors" {
                 floors::run(iterations, json).await
             } else if suite == "terminal" {
                 bench::run_terminal(iterations.max(1)).await

@@ -27,8 +27,9 @@ pub struct Args {
     /// Live processes and terminals per client.
     #[arg(long, default_value_t = 256)]
     pub max_procs: usize,
-    /// Output bytes kept in memory per stream of a process that has no spill, and per
-    /// terminal, for replay after a reconnect.
+    /// Output bytes kept in memory per stream, beyond what the client asked to keep, and per
+    /// terminal, for replay after a reconnect (older bytes come from the stream's spill
+    /// while it has one; past both, the client is told of a gap).
     #[arg(long, default_value_t = 4 << 20)]
     pub retain_bytes: usize,
     /// Server heartbeat interval (ms).

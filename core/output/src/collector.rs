@@ -457,7 +457,15 @@ impl Collector {
         // in-memory length and the cast cannot truncate.
         let from = (start_offset - window_start) as usize;
         let to = from + max_bytes.min(s.tail.len() - from);
-        let data: Vec<u8> = s.tail.range(from..to).copied().collect();
+        // Copied slice by slice (two memcpys at most), not byte by byte.
+        let mut data = Vec::with_capacity(to - from);
+        let (a, b) = s.tail.as_slices();
+        if from < a.len() {
+            data.extend_from_slice(&a[from..to.min(a.len())]);
+        }
+        if to > a.len() {
+            data.extend_from_slice(&b[from.saturating_sub(a.len())..to - a.len()]);
+        }
         let next_offset = start_offset + data.len() as u64;
         let spill = s.published_path().map(SpillRef::local);
         StreamRead {

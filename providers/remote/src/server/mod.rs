@@ -401,6 +401,11 @@ pub async fn serve(
     let leases = tokio::spawn(Arc::clone(&state).run_leases());
     let app = router(Arc::clone(&state));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    // Small control answers and frames must not wait for Nagle's algorithm to meet the
+    // peer's delayed ACK (40 ms a round trip on Linux loopback).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let served = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = rx.await;
     });
