@@ -48,12 +48,12 @@ enum Command {
     },
     /// List registered plugins.
     Plugins,
-    /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
-    /// terminal_send vs persistent bash, and time to stdin_read), or `floors` (every goal
-    /// next to its floor measured in the same run, with the ratio).
     /// Serve this composition's subprocess provider to `remote-sandbox` clients over RXP/1
     /// (HTTP + WebSocket) until SIGTERM/SIGINT.
     Sandboxd(sandboxd::Args),
+    /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
+    /// terminal_send vs persistent bash, and time to stdin_read), or `floors` (every goal
+    /// next to its floor measured in the same run, with the ratio).
     Bench {
         /// Which benchmark.
         #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors"])]
@@ -160,8 +160,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         command => {
-            let runtime =
-                conch::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+            // A runtime that cannot be built (a daemon that refuses the token, a bad
+            // composition) is reported with its typed code, as `check` does.
+            let runtime = match conch::build_runtime(&cli.composition) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error[{}]: {e}", e.code());
+                    return Ok(ExitCode::from(1));
+                }
+            };
             let sink = Arc::new(CollectingSink::default());
             let owner = Owner::new("cli", Arc::clone(&sink) as Arc<dyn conch_seams::NoticeSink>);
             let code = match command {
