@@ -164,8 +164,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         command => {
-            let runtime =
-                conch::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+            // A runtime that cannot be built (a daemon that refuses the token, a bad
+            // composition) is reported with its typed code, as `check` does.
+            let runtime = match conch::build_runtime(&cli.composition) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error[{}]: {e}", e.code());
+                    return Ok(ExitCode::from(1));
+                }
+            };
             let sink = Arc::new(CollectingSink::default());
             let owner = Owner::new("cli", Arc::clone(&sink) as Arc<dyn conch_seams::NoticeSink>);
             let code = match command {

@@ -206,7 +206,10 @@ async fn session(
     };
     *down_since = None;
     for m in live(mirrors) {
-        if !m.finished()
+        // Only ids the daemon confirmed: one whose start is still in flight is attached by
+        // its own `Cmd::Attach` once the start returns.
+        if m.is_started()
+            && !m.finished()
             && let Err(e) = ws.send(attach_msg(&m)).await
         {
             return End::Lost(format!("attaching failed: {e}"));

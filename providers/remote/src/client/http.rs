@@ -92,6 +92,12 @@ impl Http {
             }));
         }
         if let Ok(reply) = serde_json::from_slice::<ErrorReply>(&bytes) {
+            if reply.error.code == ErrorCode::Unauthenticated {
+                // The daemon's words name its own flag; the client's say which setting here
+                // holds the token.
+                let why = reply.error.message.split(';').next().unwrap_or_default().to_owned();
+                return Answer::Done(Err(unauthenticated(endpoint).with_context("daemon", why)));
+            }
             return Answer::Done(Err(Error::from_body(reply.error)));
         }
         match status {

@@ -10,6 +10,7 @@
 //!   Once the provider gives up, every wait fails with the recorded error instead.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use conch_output::{Collector, CollectorConfig};
@@ -41,6 +42,10 @@ pub(crate) struct Mirror {
     bump: watch::Sender<u64>,
     /// Whose filesystem the server's spill paths belong to.
     world: String,
+    /// Set once the daemon confirmed the start. A (re)connect attaches only started ids:
+    /// an attach that overtook its own start would be answered `not_found` and fail the id
+    /// for good.
+    started: AtomicBool,
 }
 
 impl Mirror {
@@ -51,7 +56,24 @@ impl Mirror {
             // No client-side spill: the complete stream lives in the server's spill.
             .map(|&(s, max)| (s, Collector::new(CollectorConfig::new(max, 0))))
             .collect();
-        Self { id, streams, facts: Mutex::default(), bump: watch::Sender::new(0), world }
+        Self {
+            id,
+            streams,
+            facts: Mutex::default(),
+            bump: watch::Sender::new(0),
+            world,
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// The daemon confirmed the start: from now on a (re)connect attaches this id.
+    pub(crate) fn mark_started(&self) {
+        self.started.store(true, Ordering::Release);
+    }
+
+    /// True once the daemon confirmed the start.
+    pub(crate) fn is_started(&self) -> bool {
+        self.started.load(Ordering::Acquire)
     }
 
     pub(crate) fn facts(&self) -> MutexGuard<'_, Facts> {

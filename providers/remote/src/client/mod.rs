@@ -175,6 +175,7 @@ impl Shared {
         conn::lock(&self.mirrors).insert(mirror.id.clone(), Arc::downgrade(mirror));
         match self.http.call(Method::POST, path, Some(req), Duration::ZERO).await {
             Ok(started) => {
+                mirror.mark_started();
                 self.command(Cmd::Attach(mirror.id.clone()));
                 Ok(started)
             }

@@ -1,0 +1,372 @@
+//! The real `conch sandboxd` binary on 127.0.0.1 driven by the real `conch` CLI through the
+//! `remote-sandbox` and `remote-terminal` compositions, as the README shows it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{conch, pid_gone};
+
+/// Everything here waits on events (lines, EOF, exit) bounded by this.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A running `conch sandboxd`, killed when dropped (even when the test failed).
+struct Daemon {
+    child: Child,
+    addr: String,
+    token: String,
+    token_file: PathBuf,
+    stderr: Arc<Mutex<String>>,
+    /// Fires once the daemon's stderr reached EOF (it exited).
+    stderr_closed: mpsc::Receiver<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// Starts the daemon on an ephemeral loopback port with a token file and debug logging,
+    /// and returns once its first stderr line named the address.
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let token = format!("tok-{}-{}", std::process::id(), "s3cr3t-never-logged-0123456789");
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let mut child = conch()
+            .args(["sandboxd", "--listen", "127.0.0.1:0", "--token-file"])
+            .arg(&token_file)
+            .env("CONCH_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (first_tx, first_rx) = mpsc::channel();
+        let (closed_tx, stderr_closed) = mpsc::channel();
+        {
+            let pipe = child.stderr.take().unwrap();
+            let stderr = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                let mut lines = BufReader::new(pipe);
+                let mut first = true;
+                loop {
+                    let mut line = String::new();
+                    match lines.read_line(&mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    if first {
+                        let _ = first_tx.send(line.clone());
+                        first = false;
+                    }
+                    stderr.lock().unwrap().push_str(&line);
+                }
+                let _ = closed_tx.send(());
+            });
+        }
+        let mut daemon = Self {
+            child,
+            addr: String::new(),
+            token,
+            token_file,
+            stderr,
+            stderr_closed,
+            _dir: dir,
+        };
+        let first = first_rx.recv_timeout(LIMIT).expect("the daemon's first stderr line");
+        daemon.addr = first
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("first line names the address: {first:?}"))
+            .to_owned();
+        daemon
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The overrides that point a remote composition at this daemon.
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("CONCH_PLUGINS__REMOTE_SANDBOX__URL".into(), self.url()),
+            (
+                "CONCH_PLUGINS__REMOTE_SANDBOX__TOKEN_FILE".into(),
+                self.token_file.display().to_string(),
+            ),
+        ]
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// SIGTERM, then waits for the daemon to close its stderr and exit.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let status =
+            Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        self.stderr_closed.recv_timeout(LIMIT).expect("the daemon exits after SIGTERM");
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `conch batch` whose stdin stays open: lines are sent and answers read one by one.
+struct Batch {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Batch {
+    fn start(composition: &str, env: &[(String, String)]) -> Self {
+        let mut child = conch()
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .args(["--composition", composition, "batch"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let out: ChildStdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, stdin, lines }
+    }
+
+    fn call(&mut self, line: &str) -> serde_json::Value {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+        let answer = self.lines.recv_timeout(LIMIT).expect("an answer line");
+        serde_json::from_str(&answer).unwrap()
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `lines` through `conch batch` to the end and returns the answers.
+fn batch(composition: &str, env: &[(String, String)], lines: &[String]) -> Vec<serde_json::Value> {
+    let mut child = conch()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .args(["--composition", composition, "batch"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let mut stdin = child.stdin.take().unwrap();
+        for l in lines {
+            writeln!(stdin, "{l}").unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "batch exits 0: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn call(tool: &str, args: serde_json::Value) -> String {
+    serde_json::json!({"tool": tool, "args": args}).to_string()
+}
+
+/// The fields of one answer that must not depend on where the process ran.
+fn meaning(v: &serde_json::Value) -> serde_json::Value {
+    let s = &v["structured"];
+    serde_json::json!({
+        "ok": v["ok"],
+        "error": v["error"]["code"],
+        "exit_code": s["exit_code"],
+        "status": s["status"],
+        "output": s["output"],
+        "detail": s["detail"],
+        "job_id": s["job_id"],
+        "session_id": s["session_id"],
+        "name": s["name"],
+        "wait_reason": s["wait_reason"],
+        "session_status": s["session_status"],
+        "survivors": s["survivors"],
+    })
+}
+
+#[test]
+fn remote_batches_answer_as_the_local_ones_do() {
+    let daemon = Daemon::start();
+    let env = daemon.env();
+    let oneshot = [
+        call("bash", serde_json::json!({"command": "uname -a"})),
+        call("bash", serde_json::json!({"command": "echo hello; echo oops >&2; exit 3"})),
+        call("bash", serde_json::json!({"command": "cd /tmp && pwd"})),
+        call(
+            "bash",
+            serde_json::json!({"command": "sleep 0.2; echo bg-done", "run_in_background": true}),
+        ),
+        call(
+            "job_output",
+            serde_json::json!({"job_id": "bash-1", "wait": true, "timeout_ms": 30000}),
+        ),
+        call("bash", serde_json::json!({"command": "sleep 1000", "run_in_background": true})),
+        call("job_kill", serde_json::json!({"job_id": "bash-2"})),
+        call(
+            "job_output",
+            serde_json::json!({"job_id": "bash-2", "wait": true, "timeout_ms": 30000}),
+        ),
+    ];
+    let local = batch("standard", &[], &oneshot);
+    let remote = batch("remote-sandbox", &env, &oneshot);
+    assert_eq!(local.len(), oneshot.len(), "{local:#?}");
+    assert_eq!(remote.len(), oneshot.len(), "{remote:#?}");
+    for (i, (l, r)) in local.iter().zip(&remote).enumerate() {
+        assert_eq!(meaning(r), meaning(l), "call {i}: remote {r:#?}\nlocal {l:#?}");
+    }
+    // The one-shot texts are the command's output, byte for byte.
+    for i in 0..3 {
+        assert_eq!(remote[i]["text"], local[i]["text"], "call {i}");
+    }
+    assert_eq!(remote[1]["text"], "hello\noops\n[exit code: 3]", "{:?}", remote[1]);
+    assert_eq!(remote[4]["structured"]["output"], "bg-done\n");
+    assert_eq!(remote[7]["structured"]["status"], "killed", "{:?}", remote[7]);
+
+    let terminal = [
+        call("terminal_open", serde_json::json!({"name": "main"})),
+        call(
+            "terminal_send",
+            serde_json::json!({"session_id": "pty-1", "text": "cd /tmp; export A=kept"}),
+        ),
+        call(
+            "terminal_send",
+            serde_json::json!({"session_id": "pty-1", "text": "read -p 'name? ' n"}),
+        ),
+        call("terminal_send", serde_json::json!({"session_id": "pty-1", "text": "conch"})),
+        call(
+            "terminal_send",
+            serde_json::json!({"session_id": "pty-1", "text": "echo $n $A $PWD"}),
+        ),
+        call("terminal_close", serde_json::json!({"session_id": "pty-1"})),
+    ];
+    let local = batch("terminal", &[], &terminal);
+    let remote = batch("remote-terminal", &env, &terminal);
+    assert_eq!(remote.len(), terminal.len(), "{remote:#?}");
+    for (i, (l, r)) in local.iter().zip(&remote).enumerate() {
+        assert_eq!(meaning(r), meaning(l), "call {i}: remote {r:#?}\nlocal {l:#?}");
+    }
+    for (i, r) in remote.iter().enumerate().take(5).skip(1) {
+        assert_eq!(r["structured"]["wait_reason"], "stdin_read", "call {i}: {r:?}");
+    }
+    assert!(remote[2]["structured"]["output"].as_str().unwrap().contains("name? "));
+    assert!(
+        remote[4]["structured"]["output"].as_str().unwrap().contains("conch kept /tmp"),
+        "{:?}",
+        remote[4]
+    );
+    assert_eq!(remote[5]["structured"]["survivors"], serde_json::json!([]), "{:?}", remote[5]);
+}
+
+#[test]
+fn a_wrong_token_fails_the_cli_as_unauthenticated_and_no_token_is_logged() {
+    let daemon = Daemon::start();
+    let out = conch()
+        .env("CONCH_PLUGINS__REMOTE_SANDBOX__URL", daemon.url())
+        .env("CONCH_PLUGINS__REMOTE_SANDBOX__TOKEN", "not-the-token-at-all-0000")
+        .args(["--composition", "remote-sandbox", "call", "bash", r#"{"command":"echo no"}"#])
+        .output()
+        .unwrap();
+    // Regression: a runtime that failed to build printed `error: ...` without its code.
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error[unauthenticated]: "), "{err}");
+    assert!(err.contains("wrong or missing token"), "{err}");
+    assert!(err.contains("the bearer token is wrong"), "the daemon's reason: {err}");
+    assert!(err.contains("CONCH_PLUGINS__REMOTE_SANDBOX__TOKEN"), "{err}");
+    assert!(!err.contains("not-the-token-at-all"), "the given token is not echoed: {err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("no"), "nothing ran");
+
+    // The right token, given as the variable, works; the daemon, at debug level, logs the
+    // connection but never the token.
+    let out = conch()
+        .env("CONCH_PLUGINS__REMOTE_SANDBOX__URL", daemon.url())
+        .env("CONCH_PLUGINS__REMOTE_SANDBOX__TOKEN", &daemon.token)
+        .args(["--composition", "remote-sandbox", "call", "bash", r#"{"command":"echo yes"}"#])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "yes\n");
+    let log = daemon.stderr();
+    assert!(log.contains("DEBUG"), "debug logging is on: {log}");
+    assert!(log.contains("stream connection open"), "{log}");
+    assert!(!log.contains(&daemon.token), "the token leaked into the daemon's log:\n{log}");
+    assert!(!log.contains("s3cr3t"), "part of the token leaked:\n{log}");
+}
+
+#[test]
+fn sigterm_stops_the_daemon_and_what_it_still_runs() {
+    let mut daemon = Daemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let mut env = daemon.env();
+    // The client outlives the daemon here; its own teardown should not wait 30 s for it.
+    env.push(("CONCH_PLUGINS__REMOTE_SANDBOX__GIVE_UP_MS".into(), "2000".into()));
+    let mut client = Batch::start("remote-sandbox", &env);
+    let started = client.call(&call(
+        "bash",
+        serde_json::json!({
+            "command": format!("echo $BASHPID > {}; exec sleep 1000", pidfile.display()),
+            "run_in_background": true,
+        }),
+    ));
+    assert_eq!(started["structured"]["job_id"], "bash-1", "{started:?}");
+    // Waits in the sandbox until the job wrote its pid.
+    let f = pidfile.display();
+    let waited = client.call(&call(
+        "bash",
+        serde_json::json!({"command": format!("while [ ! -s {f} ]; do sleep 0.01; done; cat {f}")}),
+    ));
+    let pid: u64 = waited["text"]
+        .as_str()
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("a pid: {waited:?}\n{}", daemon.stderr()));
+    assert!(!pid_gone(pid), "the background sleep {pid} runs");
+    let status = daemon.terminate();
+    assert!(status.success(), "the daemon exits 0 on SIGTERM: {status:?}\n{}", daemon.stderr());
+    assert!(pid_gone(pid), "the daemon left {pid} running");
+    let log = daemon.stderr();
+    assert!(log.contains("shutting down: stopping every process"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+    drop(client);
+}
+
+#[test]
+fn sandboxd_help_describes_the_daemon_and_not_the_benchmarks() {
+    // Regression: the `bench` doc comment had slid onto `sandboxd`.
+    let out = conch().args(["sandboxd", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.starts_with("Serve this composition's subprocess provider"), "{help}");
+    assert!(!help.contains("Benchmarks"), "{help}");
+    let out = conch().args(["bench", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Benchmarks"));
+}
