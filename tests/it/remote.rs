@@ -9,6 +9,7 @@ use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
 use conch_provider_remote::server::{self, ServerConfig, State};
 
+mod client_errors;
 mod daemon;
 mod faults;
 
