@@ -368,3 +368,27 @@ async fn a_daemon_that_never_answers_is_remote_unavailable_in_time() {
     assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
     assert!(took < Duration::from_secs(3), "the per-try timeout is bounded too: {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_hangs_late_in_the_retries_still_gives_up_at_the_deadline() {
+    let (server, client) = connected(1500).await;
+    // About a second of quick refusals (25 ms doubling to 100 ms), then silence.
+    Mock::given(method("POST"))
+        .and(path("/v1/procs"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(11)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/procs"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    let started = Instant::now();
+    let err = spawn_err(&client).await;
+    let took = started.elapsed();
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
+    assert!(requests_to(&server, "POST", "/v1/procs").await.len() > 11, "it reached the hang");
+    // give_up_ms bounds the whole call, not each try.
+    assert!(took < Duration::from_millis(2100), "gave up {took:?} after the start, not ~1.5 s");
+}
