@@ -9,8 +9,10 @@ use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
 use conch_provider_remote::server::{self, ServerConfig, State};
 
+mod client_errors;
 mod daemon;
 mod faults;
+mod security;
 
 /// A daemon hosting a fresh subprocess-local on an ephemeral port, in a thread and runtime
 /// of its own (so a test's current-thread runtime can block in `connect`). It lives until

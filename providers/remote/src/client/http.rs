@@ -43,11 +43,16 @@ impl Http {
         let url = format!("{}{path}", self.base);
         let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
         loop {
+            // Each try gets what is left of the give-up deadline, not a whole one: a daemon
+            // that starts hanging late in the retries stretched a call to almost twice
+            // give_up_ms (found by `a_daemon_that_hangs_late_in_the_retries_...` in
+            // tests/it/remote/client_errors.rs). The check below leaves at least one backoff.
+            let left = self.give_up.saturating_sub(started.elapsed());
             let mut req = self
                 .client
                 .request(method.clone(), &url)
                 .header(CLIENT_HEADER, &self.client_id)
-                .timeout(self.give_up + extra);
+                .timeout(left + extra);
             if let Some(t) = &self.token {
                 req = req.bearer_auth(t);
             }

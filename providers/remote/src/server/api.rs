@@ -88,6 +88,48 @@ pub fn router(state: Shared) -> Router {
         .merge(v1)
         .fallback(not_found)
         .with_state(state)
+        .layer(middleware::from_fn(typed_refusals))
+}
+
+/// axum answers some client mistakes itself, before any handler runs: a method a route
+/// does not have (405, empty body), a path or query that does not parse (400, plain text),
+/// a `/v1/ws` request that is no WebSocket upgrade. Every refusal must carry a typed JSON
+/// body (clients read the code, not the text), so those are rewritten here with the same
+/// status and axum's text as the message. Found by the fuzz in `tests/it/remote/security.rs`.
+async fn typed_refusals(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let typed = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if typed || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthenticated,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::LimitExceeded,
+        s if s.is_server_error() => ErrorCode::Internal,
+        _ => ErrorCode::InvalidArgument,
+    };
+    let message = match (text.is_empty(), status) {
+        (false, _) => text,
+        (true, StatusCode::METHOD_NOT_ALLOWED) => {
+            "this endpoint does not take that method; see docs/protocol.md".to_owned()
+        }
+        (true, _) => format!("request refused with HTTP {status}"),
+    };
+    let mut typed = ApiError(Box::new(Error::new(code, message)), status).into_response();
+    if let Some(allow) = parts.headers.get(header::ALLOW) {
+        typed.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    typed
 }
 
 async fn not_found() -> ApiError {
