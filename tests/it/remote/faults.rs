@@ -608,10 +608,14 @@ async fn a_daemon_that_hangs_mid_wait_gives_remote_unavailable_within_give_up() 
         c.connect_timeout_ms = 30_000;
     })
     .await;
-    let mut spec = SpawnSpec::new(vec!["sleep".into(), "1000".into()], "/tmp");
+    let mut spec = bash("echo up; exec sleep 1000");
     spec.stdout = collect(4096);
     let p = client.spawn(spec).await.unwrap();
     let pid = p.pid().unwrap() as i32;
+    // Output arrived, so the stream connection is up: what follows is a live connection
+    // going silent (dead-peer detection), then reconnect attempts that hang in the
+    // handshake.
+    within("first output", p.readable(StreamId::Stdout, 0)).await.unwrap();
     let waiting = {
         let p = Arc::clone(&p);
         tokio::spawn(async move { p.wait().await })
