@@ -48,6 +48,8 @@ struct ProxyShared {
     swallowed: AtomicUsize,
     /// While set, nothing is forwarded in either direction (connections stay open).
     frozen: AtomicBool,
+    /// While set, the same for stream connections only (HTTP calls still pass).
+    streams_frozen: AtomicBool,
     thaw: tokio::sync::Notify,
 }
 
@@ -103,10 +105,12 @@ impl ProxyShared {
         false
     }
 
-    async fn unfrozen(&self) {
+    async fn unfrozen(&self, link: &LinkState) {
         loop {
             let notified = self.thaw.notified();
-            if !self.frozen.load(Ordering::SeqCst) {
+            let held = self.frozen.load(Ordering::SeqCst)
+                || (link.ws.load(Ordering::SeqCst) && self.streams_frozen.load(Ordering::SeqCst));
+            if !held {
                 return;
             }
             notified.await;
@@ -170,6 +174,18 @@ impl Proxy {
         self.shared.frozen.store(true, Ordering::SeqCst);
     }
 
+    /// Holds every stream connection, present and future, where it stands.
+    fn freeze_streams(&self) {
+        self.shared.streams_frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards again what was held.
+    fn thaw(&self) {
+        self.shared.frozen.store(false, Ordering::SeqCst);
+        self.shared.streams_frozen.store(false, Ordering::SeqCst);
+        self.shared.thaw.notify_waiters();
+    }
+
     /// Stops accepting and cuts everything: the daemon is unreachable for good.
     fn shutdown(&self) -> Cut {
         self.accept.abort();
@@ -180,8 +196,7 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.shutdown();
-        self.shared.frozen.store(false, Ordering::SeqCst);
-        self.shared.thaw.notify_waiters();
+        self.thaw();
     }
 }
 
@@ -208,8 +223,9 @@ async fn link(
                     Ok(n) => n,
                     Err(_) => return,
                 };
-                shared.unfrozen().await;
+                // Classify first, so a stream connection is held from its upgrade on.
                 state.saw(&buf[..n]);
+                shared.unfrozen(&state).await;
                 if uw.write_all(&buf[..n]).await.is_err() {
                     return;
                 }
@@ -225,7 +241,7 @@ async fn link(
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
-                shared.unfrozen().await;
+                shared.unfrozen(&state).await;
                 if shared.swallow_now(&state) || cw.write_all(&buf[..n]).await.is_err() {
                     return;
                 }
@@ -392,6 +408,81 @@ async fn output_cut_six_times_mid_stream_arrives_exactly_once() {
     assert!(cuts.len() >= 6 && ws_cuts >= 5, "the stream connection was cut mid-stream: {cuts:?}");
     let c = p.collected(StreamId::Stdout).unwrap();
     assert_eq!(c.total_bytes, TOTAL);
+    drop(p);
+    within("leave", client.shutdown()).await;
+    drop(proxy);
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}
+
+/// The client falls behind the daemon's memory on purpose: its stream connections are held
+/// while the child writes 100 MB and exits (stdin, over HTTP, is the gate). On release the
+/// client resumes from offset 0, which only the daemon's complete spill still holds: the
+/// bytes arrive from it exactly once, no gap, no lossy read.
+///
+/// Retention: the daemon's memory is the window (32 MiB) plus `retain_bytes` (4 MiB), well
+/// under the 100 MB the child writes before the client may read a byte, so the replay
+/// cannot come from memory; the spill cap (128 MiB) holds the whole stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_far_behind_is_replayed_from_the_daemons_spill_exactly_once() {
+    const TOTAL: u64 = 100_000_000;
+    const WINDOW: usize = 32 << 20;
+    const RETAIN: usize = 4 << 20;
+    const _: () = assert!((WINDOW + RETAIN) as u64 * 2 < TOTAL);
+    let d = Daemon::start(ServerConfig {
+        retain_bytes: RETAIN,
+        heartbeat: Duration::from_millis(500),
+        ..ServerConfig::default()
+    });
+    let proxy = Proxy::start(d.addr).await;
+    // Waits must outlive the hold: giving up is not what this test is about.
+    let client = client_via(&d, &proxy, |c| c.give_up_ms = 120_000).await;
+    proxy.freeze_streams();
+    let script = format!("read _; head -c {TOTAL} /dev/urandom | tee >(sha256sum >&2)");
+    let mut spec = bash(&script);
+    spec.stdin = StdinSpec::Pipe;
+    spec.stdout = OutputSpec::Collect { max_bytes: WINDOW, spill_cap: 128 << 20 };
+    spec.stderr = collect(4096);
+    let p = client.spawn(spec).await.unwrap();
+    let leader = p.pid().unwrap() as i32;
+    within("the gate", p.write_stdin(b"go\n")).await.unwrap();
+    p.close_stdin();
+    // The child wrote everything and exited while the client could read nothing.
+    all_gone(&[leader], Duration::from_secs(120)).await.expect("the writer finished");
+    assert_eq!(p.collected(StreamId::Stdout).unwrap().total_bytes, 0, "nothing arrived yet");
+    proxy.thaw();
+
+    let mut hasher = Sha256::new();
+    let mut offset = 0u64;
+    let mut spilled = false;
+    let read_all = async {
+        for _ in 0..10_000_000 {
+            p.readable(StreamId::Stdout, offset).await.unwrap();
+            let r = p.read(StreamId::Stdout, offset, 4 << 20).unwrap();
+            assert!(!r.lossy, "lossy read at {offset} (start {})", r.start_offset);
+            assert_eq!(r.start_offset, offset, "a read starts where the last one ended");
+            spilled |= r.spill.is_some();
+            hasher.update(&r.data);
+            offset = r.next_offset;
+            if r.sealed && r.data.is_empty() {
+                return;
+            }
+        }
+        panic!("stdout never sealed");
+    };
+    tokio::time::timeout(Duration::from_secs(600), read_all)
+        .await
+        .unwrap_or_else(|_| panic!("100 MB did not arrive in 600 s; read {offset}"));
+    let status = within("settlement", p.wait()).await.unwrap();
+    assert_eq!(status.code, Some(0), "{status:?}");
+    let stderr = read_to_end(p.as_ref(), StreamId::Stderr).await;
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert_eq!(offset, TOTAL, "every byte arrived once");
+    assert_eq!(
+        hex(&hasher.finalize()),
+        stderr.split_whitespace().next().unwrap_or_default(),
+        "the bytes are the child's"
+    );
+    assert!(spilled, "the daemon had a complete spill to replay from");
     drop(p);
     within("leave", client.shutdown()).await;
     drop(proxy);
