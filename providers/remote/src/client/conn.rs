@@ -14,6 +14,7 @@
 //!   started later.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -78,10 +79,34 @@ pub(crate) async fn run(
     let mut backoff = Duration::from_millis(25);
     let mut down_since: Option<Instant> = None;
     let mut gave_up = false;
+    let mut last_why = String::from("no stream connection yet");
     loop {
-        let outcome = tokio::select! {
-            () = stop.cancelled() => return,
-            r = session(&dial, &mirrors, &mut cmds, &stop, &dead, &mut down_since) => r,
+        // Pending waits must fail once the daemon has been unreachable for `give_up`, even
+        // while an attempt is stuck: a peer that accepts TCP and then says nothing (a hung
+        // daemon, a black-holed network) holds an attempt for `connect_timeout`, which may
+        // be far longer. So the deadline runs beside the attempt, counted from the loss (or
+        // from this attempt, when none succeeded yet), and only while it has not come up.
+        let since = *down_since.get_or_insert_with(Instant::now);
+        let up = AtomicBool::new(false);
+        let mut armed = !gave_up;
+        let outcome = {
+            let attempt = session(&dial, &mirrors, &mut cmds, &stop, &dead, &mut down_since, &up);
+            tokio::pin!(attempt);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = &mut attempt => break r,
+                    () = tokio::time::sleep_until((since + dial.give_up).into()), if armed => {
+                        armed = false;
+                        if !up.load(Ordering::SeqCst) {
+                            gave_up = true;
+                            let why = format!("{last_why}; reconnecting is still under way");
+                            tracing::warn!(cause = %why, "sandbox daemon unreachable past give_up_ms; failing pending calls");
+                            fail_pending(&dial, &mirrors, &why);
+                        }
+                    }
+                }
+            }
         };
         match outcome {
             End::Stop => return,
@@ -92,16 +117,13 @@ pub(crate) async fn run(
                         tracing::warn!(cause = %why, "sandbox daemon unreachable past give_up_ms; failing pending calls");
                     }
                     gave_up = true;
-                    let e = super::http::unavailable(&dial.base, dial.give_up, &why);
-                    for m in live(&mirrors) {
-                        if !m.finished() {
-                            m.fail(&e);
-                        }
-                    }
+                    // Again after every attempt: ids started meanwhile fail too.
+                    fail_pending(&dial, &mirrors, &why);
                 } else {
                     gave_up = false;
                     tracing::debug!(cause = %why, "stream connection lost; reconnecting");
                 }
+                last_why = why;
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(backoff) => {}
@@ -115,6 +137,17 @@ pub(crate) async fn run(
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Fails every pending wait `remote_unavailable` (reconnecting goes on, for ids started
+/// later).
+fn fail_pending(dial: &Dial, mirrors: &Mirrors, why: &str) {
+    let e = super::http::unavailable(&dial.base, dial.give_up, why);
+    for m in live(mirrors) {
+        if !m.finished() {
+            m.fail(&e);
         }
     }
 }
@@ -137,6 +170,7 @@ async fn session(
     stop: &CancellationToken,
     dead: &Mutex<Option<Error>>,
     down_since: &mut Option<Instant>,
+    up: &AtomicBool,
 ) -> End {
     let mut req = match dial.ws_url.as_str().into_client_request() {
         Ok(r) => r,
@@ -205,6 +239,7 @@ async fn session(
         _ => return End::Lost("the daemon did not answer hello".into()),
     };
     *down_since = None;
+    up.store(true, Ordering::SeqCst);
     for m in live(mirrors) {
         // Only ids the daemon confirmed: one whose start is still in flight is attached by
         // its own `Cmd::Attach` once the start returns.
