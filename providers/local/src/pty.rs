@@ -93,6 +93,13 @@ impl TermInner {
         lock(&self.master).process_group_leader()
     }
 
+    /// Output the terminal's programs wrote that the reader thread has not read yet,
+    /// including bytes still in the master's flip buffer (see `ttyq`).
+    fn output_in_flight(&self) -> bool {
+        let master = lock(&self.master);
+        master.as_raw_fd().is_some_and(crate::ttyq::raw_readable)
+    }
+
     async fn wait_exit(&self, limit: Duration) -> Option<ExitStatus> {
         let mut rx = self.status.subscribe();
         let waited = tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await;
@@ -206,8 +213,11 @@ impl TermInner {
             leader_owns_foreground: foreground == Some(self.sid()),
             stdin,
             delivered_bytes,
-            // Anything read from the master while the sample ran is pending too.
-            output_pending: output_pending || self.queued.load(Ordering::Acquire) > 0,
+            // Anything read from the master while the sample ran is pending too, and so is
+            // what a waiter wrote before it blocked that the reader has not read yet.
+            output_pending: output_pending
+                || self.queued.load(Ordering::Acquire) > 0
+                || (stdin == StdinWait::Waiting && self.output_in_flight()),
         }
     }
 

@@ -16,6 +16,7 @@
 
 mod conn;
 mod http;
+mod input;
 mod mirror;
 mod process;
 mod terminal;
@@ -411,7 +412,7 @@ impl Subprocess for RemoteSubprocess {
             shared: Arc::clone(shared),
             mirror,
             pid: started.pid,
-            stdin: Arc::new(tokio::sync::Mutex::new(0)),
+            stdin: input::Input::default(),
             stdin_piped,
             done,
         }))
@@ -440,7 +441,7 @@ impl Subprocess for RemoteSubprocess {
             pid: started.pid,
             delivered: tokio::sync::Mutex::new(0),
             delivered_now: AtomicU64::new(0),
-            input: tokio::sync::Mutex::new(0),
+            input: input::Input::default(),
             ops: AtomicU64::new(0),
         }))
     }

@@ -10,8 +10,9 @@ use conch_seams::{
 use reqwest::Method;
 
 use super::Shared;
+use super::input::Input;
 use super::mirror::Mirror;
-use crate::proto::{self, Accepted, Stream};
+use crate::proto::Stream;
 
 /// A process running in the daemon's world.
 #[derive(Debug)]
@@ -19,8 +20,8 @@ pub struct RemoteProcess {
     pub(crate) shared: Arc<Shared>,
     pub(crate) mirror: Arc<Mirror>,
     pub(crate) pid: Option<u32>,
-    /// Stdin bytes the daemon accepted; the lock orders writes and the close.
-    pub(crate) stdin: Arc<tokio::sync::Mutex<u64>>,
+    /// Stdin, written in order and exactly once (the close goes after every write).
+    pub(crate) stdin: Input,
     pub(crate) stdin_piped: bool,
     pub(crate) done: tokio_util::sync::CancellationToken,
 }
@@ -101,15 +102,7 @@ impl Process for RemoteProcess {
         if !self.stdin_piped {
             return Err(Error::invalid("stdin is not a pipe for this process"));
         }
-        let mut offset = self.stdin.lock().await;
-        let body = proto::Input { offset: *offset, data: data.to_vec(), eof: false };
-        let a: Accepted = self
-            .shared
-            .http
-            .call(Method::POST, &self.path("stdin"), Some(&body), Duration::ZERO)
-            .await?;
-        *offset = a.next_offset;
-        Ok(())
+        self.stdin.send(&self.shared, self.path("stdin"), data.to_vec(), false).await
     }
 
     fn close_stdin(&self) {
@@ -117,14 +110,10 @@ impl Process for RemoteProcess {
             return;
         }
         let (shared, stdin, path) =
-            (Arc::clone(&self.shared), Arc::clone(&self.stdin), self.path("stdin"));
+            (Arc::clone(&self.shared), self.stdin.clone(), self.path("stdin"));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let offset = stdin.lock().await;
-                let body = proto::Input { offset: *offset, data: Vec::new(), eof: true };
-                let r: Result<Accepted> =
-                    shared.http.call(Method::POST, &path, Some(&body), Duration::ZERO).await;
-                if let Err(e) = r {
+                if let Err(e) = stdin.send(&shared, path, Vec::new(), true).await {
                     tracing::debug!(error = %e, "closing stdin failed");
                 }
             });

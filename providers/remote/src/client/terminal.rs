@@ -12,8 +12,9 @@ use conch_seams::{
 use reqwest::Method;
 
 use super::Shared;
+use super::input::Input;
 use super::mirror::Mirror;
-use crate::proto::{self, Accepted, Stream};
+use crate::proto::{self, Stream};
 
 /// Largest chunk `read_chunk` hands out.
 const CHUNK: usize = 64 << 10;
@@ -27,7 +28,8 @@ pub struct RemoteTerminal {
     /// Output offset `read_chunk` has handed out up to.
     pub(crate) delivered: tokio::sync::Mutex<u64>,
     pub(crate) delivered_now: AtomicU64,
-    pub(crate) input: tokio::sync::Mutex<u64>,
+    /// Keyboard input, written in order and exactly once.
+    pub(crate) input: Input,
     pub(crate) ops: AtomicU64,
 }
 
@@ -87,11 +89,7 @@ impl TerminalProcess for RemoteTerminal {
     }
 
     async fn write(&self, data: &[u8]) -> Result<()> {
-        let mut offset = self.input.lock().await;
-        let body = proto::Input { offset: *offset, data: data.to_vec(), eof: false };
-        let a: Accepted = self.post("input", &body, Duration::ZERO).await?;
-        *offset = a.next_offset;
-        Ok(())
+        self.input.send(&self.shared, self.path("input"), data.to_vec(), false).await
     }
 
     async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {
