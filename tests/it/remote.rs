@@ -26,7 +26,12 @@ pub(crate) struct Daemon {
 
 impl Daemon {
     pub(crate) fn start(cfg: ServerConfig) -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_at("127.0.0.1:0", cfg)
+    }
+
+    /// A daemon on `addr` (a fixed loopback port, to stand in for a restarted daemon).
+    pub(crate) fn start_at(addr: &str, cfg: ServerConfig) -> Self {
+        let listener = std::net::TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -19,6 +19,11 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL: &str = "rxp/1";
 /// Header that names the client (its lease) on every HTTP request.
 pub const CLIENT_HEADER: &str = "x-conch-client";
+/// Header with the boot id a client learned from `GET /v1/info`: a daemon with another boot
+/// id (it restarted, and every process the client knew is gone) refuses the request with
+/// `remote_unavailable` and reason `BOOT_CHANGED` instead of serving it as if nothing
+/// happened. Optional: a request without it is not checked.
+pub const BOOT_HEADER: &str = "x-conch-boot";
 
 /// Base64 of bytes in JSON.
 pub mod b64 {

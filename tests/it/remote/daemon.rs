@@ -2,7 +2,7 @@
 
 use conch_conformance::{pid_gone, within};
 use conch_provider_remote::server::ServerConfig;
-use conch_seams::{ErrorCode, SpawnSpec, Subprocess};
+use conch_seams::{ErrorCode, ErrorReason, SpawnSpec, Subprocess};
 
 use super::{Daemon, with_token};
 
@@ -60,4 +60,28 @@ async fn a_client_that_leaves_still_learns_how_its_processes_ended() {
     assert!(pid_gone(pid));
     assert!(p.try_status().is_some(), "settled after leave");
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_is_a_typed_boot_change_not_a_fresh_start() {
+    let first = Daemon::start(ServerConfig::default());
+    let addr = first.addr;
+    let client = first.client();
+    let p = client.spawn(sleeper()).await.unwrap();
+    let pid = p.pid().unwrap() as i32;
+    tokio::task::spawn_blocking(move || first.stop()).await.unwrap();
+    assert!(pid_gone(pid), "the first daemon took its process with it");
+    // Another daemon on the same address: same URL, new boot id.
+    let second = Daemon::start_at(&addr.to_string(), ServerConfig::default());
+    // A control call names the boot id it knew: refused, typed, nothing started.
+    let err = within("a spawn on the restarted daemon", client.spawn(sleeper())).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
+    assert_eq!(err.reason(), Some(ErrorReason::BootChanged), "{err}");
+    assert!(err.to_string().contains("restarted"), "{err}");
+    assert_eq!(second.state.live_count(), 0, "nothing ran on the new daemon");
+    // Reads of the old process say what happened, or carry its settlement from before.
+    if let Err(e) = within("wait on the old process", p.wait()).await {
+        assert_eq!(e.code(), ErrorCode::RemoteUnavailable, "{e}");
+    }
+    tokio::task::spawn_blocking(move || second.stop()).await.unwrap();
 }

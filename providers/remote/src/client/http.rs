@@ -12,7 +12,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::proto::{CLIENT_HEADER, ErrorReply};
+use crate::proto::{BOOT_HEADER, CLIENT_HEADER, ErrorReply};
 
 /// Everything a control call needs.
 #[derive(Debug, Clone)]
@@ -21,6 +21,9 @@ pub(crate) struct Http {
     pub(crate) base: String,
     pub(crate) token: Option<String>,
     pub(crate) client_id: String,
+    /// The daemon's boot id once known: sent with every call, so a restarted daemon refuses
+    /// instead of serving calls about processes it never had.
+    pub(crate) boot_id: Option<String>,
     pub(crate) give_up: Duration,
     pub(crate) max_backoff: Duration,
 }
@@ -55,6 +58,9 @@ impl Http {
                 .timeout(left + extra);
             if let Some(t) = &self.token {
                 req = req.bearer_auth(t);
+            }
+            if let Some(b) = &self.boot_id {
+                req = req.header(BOOT_HEADER, b);
             }
             if let Some(b) = body {
                 req = req.json(b);

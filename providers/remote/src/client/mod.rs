@@ -242,15 +242,17 @@ impl RemoteSubprocess {
         };
         let base = cfg.url.trim_end_matches('/').to_owned();
         let client_id = proto::random_id();
-        let http = Http {
+        let mut http = Http {
             client: http_client(cfg)?,
             base: base.clone(),
             token: token.clone(),
             client_id: client_id.clone(),
+            boot_id: None,
             give_up: ms(cfg.give_up_ms),
             max_backoff: ms(cfg.reconnect_max_backoff_ms),
         };
         let info = fetch_info(cfg, &http)?;
+        http.boot_id = Some(info.boot_id.clone());
         let dial = Dial {
             ws_url: format!("ws://{}/v1/ws", base.trim_start_matches("http://")),
             token,

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
-use conch_seams::{Error, ErrorCode, StreamId, TerminalObservation};
+use conch_seams::{Error, ErrorCode, ErrorReason, StreamId, TerminalObservation};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -157,6 +157,23 @@ async fn auth(AxState(state): AxState<Shared>, req: Request, next: Next) -> Resp
             ))
             .into_response();
         }
+    }
+    // After auth, so an unauthenticated caller learns nothing about restarts.
+    let known = req.headers().get(proto::BOOT_HEADER).and_then(|v| v.to_str().ok());
+    if let Some(known) = known
+        && known != state.boot_id
+    {
+        return ApiError::from(
+            Error::new(
+                ErrorCode::RemoteUnavailable,
+                format!(
+                    "this daemon restarted (boot id {}, the client knew {known}): every process                      the client started is gone; rebuild the runtime",
+                    state.boot_id
+                ),
+            )
+            .with_reason(ErrorReason::BootChanged),
+        )
+        .into_response();
     }
     next.run(req).await
 }
