@@ -178,6 +178,28 @@ async fn every_argument_error_names_its_field() {
     rt.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_read_that_lost_bytes_says_how_many() {
+    // Memory keeps 1000 bytes and there is no spill to fall back on (the cap equals the
+    // window), so a read after 5000 bytes skips 4000 of them and must say so.
+    let rt = crate::runtime(
+        "plugins:\n  subprocess-local: {}\n  bash-local: { max_output_bytes: 1000, max_spill_bytes: 1000 }\n  jobs: {}\n  tool-bash: {}\n  tool-jobs: {}\n",
+    );
+    let (o, _) = owner("s");
+    let args = json!({"command": "head -c 5000 /dev/zero | tr '\\0' x", "run_in_background": true});
+    let out = call(&rt, &o, "bash", args).await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let out =
+        call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 30000})).await;
+    let s = out.structured.as_ref().unwrap();
+    assert_eq!(s["status"], "completed", "{}", out.text);
+    assert_eq!(s["lossy"], true);
+    assert_eq!(s["skipped_bytes"], 4000);
+    assert!(out.text.contains("[output truncated; 4000 earlier bytes omitted]"), "{}", out.text);
+    assert_eq!(s["output"].as_str().unwrap().len(), 1000);
+    rt.shutdown().await;
+}
+
 #[tokio::test]
 async fn background_job_output_is_a_consuming_delta_and_wait_returns_final() {
     let rt = standard();

@@ -53,6 +53,8 @@ pub struct JobRead {
     pub text: String,
     /// Some bytes were lost between reads.
     pub lossy: bool,
+    /// How many bytes were lost between reads (0 when unknown or none).
+    pub skipped_bytes: u64,
     /// Where the complete output is, when complete.
     pub spill_path: Option<String>,
     /// The complete output was kept in a spill that has since been evicted (spill limits):

@@ -150,6 +150,9 @@ pub struct ShellProcessRead {
     pub text: String,
     /// Bytes were dropped between reads.
     pub lossy: bool,
+    /// How many: output between the previous read and `text` that is not in it (it fell
+    /// out of the retained window, or a remote world lost it in transport).
+    pub skipped_bytes: u64,
     /// Complete spill file when still complete.
     pub spill: Option<SpillRef>,
     /// The complete spill was evicted under the subprocess provider's spill limits.

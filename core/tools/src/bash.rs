@@ -166,6 +166,7 @@ fn to_job_read(r: conch_seams::ShellProcessRead) -> JobRead {
     JobRead {
         text: r.text,
         lossy: r.lossy,
+        skipped_bytes: r.skipped_bytes,
         spill_path: r.spill.map(|p| p.to_string()),
         spill_evicted: r.spill_evicted,
     }

@@ -38,12 +38,17 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
     head.push(']');
     let mut out = head;
     if read.lossy || cut {
+        // Without a complete spill the skipped bytes are gone: say how many.
+        let gone = match read.skipped_bytes {
+            0 => String::new(),
+            n => format!("; {n} earlier bytes omitted"),
+        };
         match &read.spill_path {
             Some(p) => out.push_str(&format!("\n[output truncated; full output: {p}]")),
             None if read.spill_evicted => {
-                out.push_str(&format!("\n[output truncated; {}]", crate::bash::EVICTED));
+                out.push_str(&format!("\n[output truncated{gone}; {}]", crate::bash::EVICTED));
             }
-            None => out.push_str("\n[output truncated]"),
+            None => out.push_str(&format!("\n[output truncated{gone}]")),
         }
         if cut && mid_line {
             out.push_str("\n[the kept output starts mid-line]");
@@ -56,6 +61,7 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
     let mut json = info_json(info);
     json["output"] = serde_json::Value::String(text.to_string());
     json["lossy"] = serde_json::Value::Bool(read.lossy || cut);
+    json["skipped_bytes"] = serde_json::Value::from(read.skipped_bytes);
     json["spill_path"] =
         read.spill_path.clone().map_or(serde_json::Value::Null, serde_json::Value::String);
     json["spill_evicted"] = serde_json::Value::Bool(read.spill_evicted);
@@ -90,7 +96,9 @@ impl Tool for JobOutputTool {
     }
 
     fn description(&self) -> &'static str {
-        "Read new output of a background job since the last read (each byte is returned once). \
+        "Read new output of a background job since the last read (each byte is returned at \
+         most once). Output that was not kept between reads is reported, never hidden: \
+         `[output truncated; full output: PATH]`, or how many earlier bytes were omitted. \
          With wait: true, wait up to timeout_ms for the job to finish first; if it is still \
          running then, it keeps running."
     }

@@ -414,6 +414,9 @@ impl ShellProcess for Background {
             return ShellProcessRead::default();
         };
         let lossy = r.lossy;
+        // A lossy read also drops the carried partial character from before the gap.
+        let skipped_bytes =
+            if lossy { r.start_offset.saturating_sub(*offset) + carry.len() as u64 } else { 0 };
         let mut bytes = if lossy { Vec::new() } else { std::mem::take(carry) };
         bytes.extend_from_slice(&r.data);
         *offset = r.next_offset;
@@ -437,6 +440,7 @@ impl ShellProcess for Background {
         ShellProcessRead {
             text,
             lossy,
+            skipped_bytes,
             spill: r.spill,
             spill_evicted: r.spill_evicted,
             total_bytes: total,
@@ -451,6 +455,7 @@ impl ShellProcess for Background {
         }
         ShellProcessRead {
             lossy: c.omitted_bytes > 0,
+            skipped_bytes: c.omitted_bytes,
             text,
             spill: c.spill,
             spill_evicted: c.spill_evicted,
@@ -506,6 +511,7 @@ impl ShellProcess for FailedStart {
         ShellProcessRead {
             text: self.text.clone(),
             lossy: false,
+            skipped_bytes: 0,
             spill: None,
             spill_evicted: false,
             total_bytes: self.text.len() as u64,
