@@ -170,23 +170,12 @@ impl Drop for Batch {
 
 /// Runs `lines` through `conch batch` to the end and returns the answers.
 fn batch(composition: &str, env: &[(String, String)], lines: &[String]) -> Vec<serde_json::Value> {
-    let mut child = conch()
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .args(["--composition", composition, "batch"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        let mut stdin = child.stdin.take().unwrap();
-        for l in lines {
-            writeln!(stdin, "{l}").unwrap();
-        }
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "batch exits 0: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    super::batch_text(composition, &env, &lines)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn call(tool: &str, args: serde_json::Value) -> String {
