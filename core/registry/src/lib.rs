@@ -9,8 +9,8 @@ use std::sync::Arc;
 use conch_config::{Composition, CompositionError};
 use conch_env::ShellEnv;
 use conch_seams::{
-    Error, ErrorCode, Jobs, Owner, PluginConfig, Sandbox, ShellExecutor, Subprocess,
-    TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
+    Approval, Error, ErrorCode, Jobs, Owner, PluginConfig, Sandbox, SandboxPolicy, ShellExecutor,
+    Subprocess, TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
 };
 use futures::future::BoxFuture;
 
@@ -31,6 +31,10 @@ pub enum SeamId {
     TerminalBackend,
     /// `Terminals` (the owner-scoped session service).
     Terminals,
+    /// `Approval` (escalation decisions).
+    Approval,
+    /// The default `SandboxPolicy` (mode and workspace root) from the composition.
+    SandboxPolicy,
 }
 
 impl SeamId {
@@ -43,6 +47,8 @@ impl SeamId {
             SeamId::Sandbox => "sandbox",
             SeamId::TerminalBackend => "terminal-backend",
             SeamId::Terminals => "terminals",
+            SeamId::Approval => "approval",
+            SeamId::SandboxPolicy => "sandbox-policy",
         }
     }
 }
@@ -68,6 +74,10 @@ pub enum SeamHandle {
     TerminalBackend(Arc<dyn TerminalBackend>),
     /// A terminals service.
     Terminals(Arc<dyn Terminals>),
+    /// An approver.
+    Approval(Arc<dyn Approval>),
+    /// The default sandbox policy.
+    SandboxPolicy(Arc<SandboxPolicy>),
 }
 
 impl SeamHandle {
@@ -79,6 +89,8 @@ impl SeamHandle {
             SeamHandle::Sandbox(_) => SeamId::Sandbox,
             SeamHandle::TerminalBackend(_) => SeamId::TerminalBackend,
             SeamHandle::Terminals(_) => SeamId::Terminals,
+            SeamHandle::Approval(_) => SeamId::Approval,
+            SeamHandle::SandboxPolicy(_) => SeamId::SandboxPolicy,
         }
     }
 }
@@ -168,6 +180,10 @@ pub struct Seams {
     pub terminal_backend: Option<Arc<dyn TerminalBackend>>,
     /// Terminals service.
     pub terminals: Option<Arc<dyn Terminals>>,
+    /// Approver.
+    pub approval: Option<Arc<dyn Approval>>,
+    /// Default sandbox policy.
+    pub sandbox_policy: Option<Arc<SandboxPolicy>>,
 }
 
 impl Seams {
@@ -179,6 +195,8 @@ impl Seams {
             SeamHandle::Sandbox(x) => self.sandbox = Some(x),
             SeamHandle::TerminalBackend(x) => self.terminal_backend = Some(x),
             SeamHandle::Terminals(x) => self.terminals = Some(x),
+            SeamHandle::Approval(x) => self.approval = Some(x),
+            SeamHandle::SandboxPolicy(x) => self.sandbox_policy = Some(x),
         }
     }
 }
@@ -249,6 +267,24 @@ impl BuildContext<'_> {
     /// The sandbox seam, when present.
     pub fn sandbox(&self) -> Option<Arc<dyn Sandbox>> {
         self.seams.sandbox.clone()
+    }
+
+    /// The sandbox seam, required.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn sandbox_required(&self) -> Result<Arc<dyn Sandbox>, Error> {
+        self.seams.sandbox.clone().ok_or_else(|| unbound(self.plugin, SeamId::Sandbox))
+    }
+
+    /// The approval seam, when present.
+    pub fn approval(&self) -> Option<Arc<dyn Approval>> {
+        self.seams.approval.clone()
+    }
+
+    /// The default sandbox policy, when a `sandbox-policy` plugin supplies one.
+    pub fn sandbox_policy(&self) -> Option<Arc<SandboxPolicy>> {
+        self.seams.sandbox_policy.clone()
     }
 
     /// The terminal backend seam.

@@ -54,6 +54,9 @@ pub enum ErrorCode {
     /// A remote world stayed unreachable past the provider's give-up time, or it restarted
     /// and lost what it held (reason `BOOT_CHANGED`).
     RemoteUnavailable,
+    /// The sandbox cannot be enforced here (no Landlock, no bubblewrap, a blocked user
+    /// namespace) or its runner failed to launch; never answered by running unconfined.
+    SandboxUnavailable,
 }
 
 impl ErrorCode {
@@ -81,6 +84,7 @@ impl ErrorCode {
         ErrorCode::Disposing,
         ErrorCode::Unauthenticated,
         ErrorCode::RemoteUnavailable,
+        ErrorCode::SandboxUnavailable,
     ];
 
     /// The stable snake_case spelling shown to models and scripts.
@@ -108,6 +112,7 @@ impl ErrorCode {
             ErrorCode::Disposing => "disposing",
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::RemoteUnavailable => "remote_unavailable",
+            ErrorCode::SandboxUnavailable => "sandbox_unavailable",
         }
     }
 
@@ -490,6 +495,7 @@ mod tests {
             "disposing",
             "unauthenticated",
             "remote_unavailable",
+            "sandbox_unavailable",
         ];
         let got: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         assert_eq!(got, pinned);

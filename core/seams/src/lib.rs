@@ -24,7 +24,10 @@ pub use jobs::{
 pub use owner::{
     CollectingSink, DEFAULT_WAKE_BUDGET, Notice, NoticeRoute, NoticeSink, Owner, TurnGuard,
 };
-pub use sandbox::{Sandbox, SandboxInfo, SandboxMode, SandboxPolicy};
+pub use sandbox::{
+    Approval, ApprovalDecision, CommandLine, Denial, EscalationRequest, Sandbox,
+    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy,
+};
 pub use shell::{
     ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
     ShellProcessRead, ShellProcessStatus, ShellRunResult,

@@ -1,16 +1,25 @@
-//! The sandbox seam: wraps an exact argv under a policy.
+//! The sandbox seam: confines an exact command line under a policy, and the approval seam
+//! that decides whether a confined command may run again with wider permissions.
+//!
+//! A sandbox never runs anything itself: [`Sandbox::wrap`] turns a command line into another
+//! one (a runner in front of the exact argv) that the caller spawns through its subprocess
+//! seam, so the same wrapping serves one-shot calls, background jobs and terminals.
 
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::Result;
+use async_trait::async_trait;
+
+use crate::{EnvOverlay, ExitStatus, Result};
 
 /// The three policy modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum SandboxMode {
-    /// Reads anywhere, writes nowhere (except /dev/null and the tty).
+    /// Reads anywhere, writes nowhere (except /dev/null and the terminal).
     ReadOnly,
-    /// Writes only under the workspace root.
+    /// Writes only under the workspace root and the policy's extra writable roots.
     WorkspaceWrite,
     /// No confinement.
     DangerFullAccess,
@@ -25,39 +34,269 @@ impl SandboxMode {
             SandboxMode::DangerFullAccess => "danger-full-access",
         }
     }
+
+    /// Parses the kebab-case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "read-only" => Some(SandboxMode::ReadOnly),
+            "workspace-write" => Some(SandboxMode::WorkspaceWrite),
+            "danger-full-access" => Some(SandboxMode::DangerFullAccess),
+            _ => None,
+        }
+    }
+
+    /// True for the modes that confine anything.
+    pub fn confines(self) -> bool {
+        self != SandboxMode::DangerFullAccess
+    }
+}
+
+impl fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A complete per-call policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct SandboxPolicy {
     /// Mode.
     pub mode: SandboxMode,
-    /// Root of the writable workspace.
+    /// Root of the writable workspace (workspace-write).
     pub workspace_root: PathBuf,
+    /// More roots writable in workspace-write mode.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub writable_roots: Vec<PathBuf>,
+    /// Network allowed. Off means no network at all (no TCP, UDP or other IP sockets).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub network: bool,
+    /// Paths under the writable roots that stay read-only anyway (by default the
+    /// workspace's `.git/hooks` and `.git/config`, which run or configure code outside the
+    /// sandbox later).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub read_only_paths: Vec<PathBuf>,
+}
+
+impl SandboxPolicy {
+    /// A policy for `mode` rooted at `workspace_root`: no extra roots, no network, and the
+    /// workspace's `.git/hooks` and `.git/config` kept read-only.
+    pub fn new(mode: SandboxMode, workspace_root: impl Into<PathBuf>) -> Self {
+        let workspace_root = workspace_root.into();
+        let read_only_paths =
+            vec![workspace_root.join(".git/hooks"), workspace_root.join(".git/config")];
+        Self { mode, workspace_root, writable_roots: Vec::new(), network: false, read_only_paths }
+    }
+
+    /// Adds a writable root.
+    #[must_use]
+    pub fn with_writable_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.writable_roots.push(root.into());
+        self
+    }
+
+    /// Allows or forbids the network.
+    #[must_use]
+    pub fn with_network(mut self, network: bool) -> Self {
+        self.network = network;
+        self
+    }
+
+    /// Replaces the read-only paths under the writable roots.
+    #[must_use]
+    pub fn with_read_only_paths(mut self, paths: Vec<PathBuf>) -> Self {
+        self.read_only_paths = paths;
+        self
+    }
+
+    /// Every root writable in this policy's mode (none in read-only).
+    pub fn writable(&self) -> Vec<PathBuf> {
+        match self.mode {
+            SandboxMode::WorkspaceWrite => std::iter::once(self.workspace_root.clone())
+                .chain(self.writable_roots.iter().cloned())
+                .collect(),
+            SandboxMode::ReadOnly | SandboxMode::DangerFullAccess => Vec::new(),
+        }
+    }
+}
+
+/// A command line before or after wrapping: what a subprocess seam spawns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CommandLine {
+    /// argv[0] is the executable; no shell interpretation.
+    pub argv: Vec<String>,
+    /// Working directory (`None`: the subprocess provider's default).
+    pub cwd: Option<PathBuf>,
+    /// Environment overlay applied after the scrub.
+    pub env: EnvOverlay,
+}
+
+impl CommandLine {
+    /// A command line with no cwd and no overlay.
+    pub fn new(argv: Vec<String>) -> Self {
+        Self { argv, cwd: None, env: EnvOverlay::new() }
+    }
+
+    /// Sets the working directory.
+    #[must_use]
+    pub fn with_cwd(mut self, cwd: Option<PathBuf>) -> Self {
+        self.cwd = cwd;
+        self
+    }
+
+    /// Sets the environment overlay.
+    #[must_use]
+    pub fn with_env(mut self, env: EnvOverlay) -> Self {
+        self.env = env;
+        self
+    }
+}
+
+/// What a sandbox provider can enforce on this machine (probed when it is built).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct SandboxCapabilities {
+    /// Modes it can enforce (danger-full-access is always possible).
+    pub modes: Vec<SandboxMode>,
+    /// It can take the network away.
+    pub network_control: bool,
+    /// The command runs in a pid namespace of its own: nothing it starts outlives it, and
+    /// it cannot see or signal processes outside.
+    pub pid_isolation: bool,
+    /// Signals to processes outside the sandbox are denied (without a pid namespace).
+    pub signal_scoping: bool,
+    /// How it enforces, in words (e.g. `landlock ABI 7 + seccomp`).
+    pub enforcement: String,
+}
+
+/// Which kind of access a denial was about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Denial {
+    /// A file or directory access.
+    File,
+    /// A network access.
+    Network,
 }
 
 /// Sandbox facts reported with a result.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct SandboxInfo {
     /// The mode in force.
     pub mode: SandboxMode,
     /// The command hit a denial.
     pub denied: bool,
+    /// What kind, when known.
+    pub denial: Option<Denial>,
+    /// How the policy was enforced (the provider's words), when confined.
+    pub enforcement: Option<String>,
     /// The runner could not be launched (background only; foreground errors instead).
     pub runner_failed: bool,
+    /// The command ran again outside the sandbox after an approved escalation.
+    pub escalated: bool,
+}
+
+impl SandboxInfo {
+    /// Facts for a command that ran under `mode` and hit no denial.
+    pub fn new(mode: SandboxMode) -> Self {
+        Self {
+            mode,
+            denied: false,
+            denial: None,
+            enforcement: None,
+            runner_failed: false,
+            escalated: false,
+        }
+    }
 }
 
 /// The sandbox seam.
 ///
 /// # Contract
-/// `wrap` returns an argv that runs `argv` confined by `policy`, or an error; it never
-/// returns an unconfined argv for a confining mode.
+/// - `wrap` returns a command line that runs the given one confined by `policy`, or an
+///   error (`sandbox_unavailable` when the machine cannot enforce it, with what to do); it
+///   never returns an unconfined command line for a confining mode.
+/// - The wrapped command keeps the original's argv exactly (no shell interpretation), its
+///   cwd and its environment overlay.
+/// - `classify` looks only at what the command left (exit status and the tail of its
+///   output); it never guesses a denial from the command's text.
 pub trait Sandbox: Send + Sync + fmt::Debug + 'static {
     /// Provider name.
     fn provider_name(&self) -> &'static str;
-    /// Wraps argv.
+    /// What it can enforce here.
+    fn capabilities(&self) -> SandboxCapabilities;
+    /// Wraps a command line.
     ///
     /// # Errors
-    /// `sandbox_denied` or `unsupported` when the policy cannot be enforced.
-    fn wrap(&self, policy: &SandboxPolicy, argv: Vec<String>) -> Result<Vec<String>>;
+    /// `sandbox_unavailable` when the policy cannot be enforced on this machine;
+    /// `invalid_argument` for a bad policy (a relative root).
+    fn wrap(&self, policy: &SandboxPolicy, command: CommandLine) -> Result<CommandLine>;
+    /// What the sandbox did to a command that ran wrapped under `policy`.
+    fn classify(&self, policy: &SandboxPolicy, exit: &ExitStatus, output_tail: &str)
+    -> SandboxInfo;
+}
+
+/// A request to run a confined command again with wider permissions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EscalationRequest {
+    /// The exact command (as the model wrote it).
+    pub command: String,
+    /// Why the model says it needs it.
+    pub justification: String,
+    /// What it asks for (`require_escalated`).
+    pub permissions: String,
+    /// The owner's session id.
+    pub session: String,
+}
+
+impl EscalationRequest {
+    /// A request.
+    pub fn new(
+        command: impl Into<String>,
+        justification: impl Into<String>,
+        permissions: impl Into<String>,
+        session: impl Into<String>,
+    ) -> Self {
+        Self {
+            command: command.into(),
+            justification: justification.into(),
+            permissions: permissions.into(),
+            session: session.into(),
+        }
+    }
+}
+
+/// The approver's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// Run it with the wider permissions, once.
+    Approved,
+    /// Do not; the reason is shown to the model.
+    Denied {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The approval seam: decides escalations.
+///
+/// # Contract
+/// Never approves by default: a provider that cannot ask (no terminal, no rule matched)
+/// denies and says why.
+#[async_trait]
+pub trait Approval: Send + Sync + fmt::Debug + 'static {
+    /// Provider name.
+    fn provider_name(&self) -> &'static str;
+    /// Decides one escalation.
+    ///
+    /// # Errors
+    /// Only for infrastructure failures; a refusal is [`ApprovalDecision::Denied`].
+    async fn approve_escalation(&self, request: &EscalationRequest) -> Result<ApprovalDecision>;
 }

@@ -44,7 +44,9 @@ pub(crate) fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::SpawnFailed => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorCode::Unsupported => StatusCode::NOT_IMPLEMENTED,
         ErrorCode::Timeout => StatusCode::GATEWAY_TIMEOUT,
-        ErrorCode::Disposing | ErrorCode::RemoteUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::Disposing | ErrorCode::RemoteUnavailable | ErrorCode::SandboxUnavailable => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
