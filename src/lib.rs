@@ -28,6 +28,8 @@ pub fn link_all() {
     conch_jobs::register();
     conch_provider_terminal_bash::register();
     conch_terminals::register();
+    conch_provider_sandbox::register();
+    conch_provider_approval::register();
 }
 
 /// Loads a composition by embedded name or path and builds it with the process's CONCH_HOME.
