@@ -781,3 +781,49 @@ async fn a_vanished_client_has_its_process_trees_reaped_after_the_lease() {
     drop((tree, plain));
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
 }
+
+/// A connection that came up and was cut again starts its reconnect backoff over: thirteen
+/// cuts in a row each resume within moments, where a backoff that kept doubling from
+/// 25 ms would wait 102 s before the last reconnect (past the 30 s patience of a wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cut_is_followed_by_a_prompt_reconnect() {
+    let d = Daemon::start(ServerConfig {
+        heartbeat: Duration::from_millis(500),
+        ..ServerConfig::default()
+    });
+    let proxy = Proxy::start(d.addr).await;
+    let client = client_via(&d, &proxy, |c| {
+        c.reconnect_max_backoff_ms = 120_000;
+        c.give_up_ms = 300_000;
+    })
+    .await;
+    let mut spec = SpawnSpec::new(vec!["cat".into()], "/tmp");
+    spec.stdin = StdinSpec::Pipe;
+    spec.stdout = collect(1 << 16);
+    let p = client.spawn(spec).await.unwrap();
+    let mut offset = 0;
+    for i in 0..13 {
+        let cut = proxy.cut_all();
+        assert!(cut.links > 0, "round {i}: something was cut");
+        let line = format!("round {i}\n");
+        within("write_stdin", p.write_stdin(line.as_bytes())).await.unwrap();
+        // The echo comes back only over a new stream connection.
+        let mut got = Vec::new();
+        while got.len() < line.len() {
+            within(&format!("round {i}'s echo after a cut"), p.readable(StreamId::Stdout, offset))
+                .await
+                .unwrap();
+            let r = p.read(StreamId::Stdout, offset, 1 << 16).unwrap();
+            assert!(!r.lossy);
+            got.extend_from_slice(&r.data);
+            offset = r.next_offset;
+        }
+        assert_eq!(String::from_utf8_lossy(&got), line);
+    }
+    p.close_stdin();
+    within("settlement", p.wait()).await.unwrap();
+    drop(p);
+    within("leave", client.shutdown()).await;
+    drop(proxy);
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}

@@ -60,6 +60,9 @@ pub(crate) struct Dial {
     pub(crate) max_frame: usize,
 }
 
+/// The first wait before reconnecting; it doubles up to `reconnect_max_backoff_ms`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+
 /// Why a session ended.
 enum End {
     /// Reconnect.
@@ -76,7 +79,7 @@ pub(crate) async fn run(
     stop: CancellationToken,
     dead: Arc<Mutex<Option<Error>>>,
 ) {
-    let mut backoff = Duration::from_millis(25);
+    let mut backoff = FIRST_BACKOFF;
     let mut down_since: Option<Instant> = None;
     let mut gave_up = false;
     let mut last_why = String::from("no stream connection yet");
@@ -124,6 +127,11 @@ pub(crate) async fn run(
                     tracing::debug!(cause = %why, "stream connection lost; reconnecting");
                 }
                 last_why = why;
+                // A connection that came up and then dropped starts the backoff over: the
+                // doubling is for a daemon that keeps refusing, not for one cut now and then.
+                if up.load(Ordering::SeqCst) {
+                    backoff = FIRST_BACKOFF;
+                }
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(backoff) => {}
