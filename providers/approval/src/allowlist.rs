@@ -195,7 +195,7 @@ mod tests {
         ] {
             match decide(&a, chained).await {
                 ApprovalDecision::Denied { reason } => {
-                    assert!(reason.contains("no rule"), "{reason}")
+                    assert!(reason.contains("no rule"), "{reason}");
                 }
                 ApprovalDecision::Approved => panic!("approved {chained:?}"),
             }

@@ -177,7 +177,7 @@ impl PromptIo for TtyIo {
             self.slot = Some(rx);
         }
         let Some(slot) = self.slot.as_mut() else { return Ok(None) };
-        let line = slot.await.unwrap_or_else(|_| Ok(None));
+        let line = slot.await.unwrap_or(Ok(None));
         self.slot = None;
         line
     }
@@ -303,7 +303,7 @@ mod tests {
         for no in ["n\n", "\n", "no\n", "yess\n", "sure\n"] {
             match dialogue(no, false, 5_000).await.0 {
                 ApprovalDecision::Denied { reason } => {
-                    assert!(reason.contains("answered"), "{reason}")
+                    assert!(reason.contains("answered"), "{reason}");
                 }
                 ApprovalDecision::Approved => panic!("{no:?} approved"),
             }
@@ -317,7 +317,7 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5));
         match decision {
             ApprovalDecision::Denied { reason } => {
-                assert!(reason.contains("within 200 ms"), "{reason}")
+                assert!(reason.contains("within 200 ms"), "{reason}");
             }
             ApprovalDecision::Approved => panic!("silence approved"),
         }
