@@ -239,3 +239,24 @@ async fn bash_sandbox_needs_a_sandbox_and_a_policy() {
         assert!(e.contains("bash-sandbox") && e.contains("requires"), "{e}");
     }
 }
+
+#[tokio::test]
+async fn a_background_job_whose_runner_failed_settles_killed_and_says_why() {
+    let rt = runtime(&format!("{SANDBOX_NONE}  tool-jobs: {{}}\n"));
+    let (o, _) = owner("s");
+    let out = crate::tools::call(
+        &rt,
+        &o,
+        "bash",
+        json!({"command": "echo never", "run_in_background": true}),
+    )
+    .await;
+    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let args = json!({"job_id": id, "wait": true, "timeout_ms": 30000});
+    let out = crate::tools::call(&rt, &o, "job_output", args).await;
+    let s = out.structured.unwrap();
+    assert_eq!(s["status"], "killed", "{s}");
+    assert!(s["detail"].as_str().unwrap().starts_with("sandbox unavailable"), "{s}");
+    assert!(!s["output"].as_str().unwrap().contains("never"), "{s}");
+    rt.shutdown().await;
+}

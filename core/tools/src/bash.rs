@@ -349,6 +349,15 @@ fn settlement(p: &dyn ShellProcess) -> JobSettlement {
 }
 
 fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
+    if p.sandbox().is_some_and(|s| s.runner_failed) {
+        return JobSettlement {
+            status: JobStatus::Killed,
+            detail: Some(
+                "sandbox unavailable: the runner could not confine the command, which did not run"
+                    .into(),
+            ),
+        };
+    }
     match p.status() {
         ShellProcessStatus::Killed => JobSettlement {
             status: JobStatus::Killed,
