@@ -854,6 +854,27 @@ mod tests {
     }
 
     #[test]
+    fn only_the_runners_exit_with_its_marker_counts_as_unavailable() {
+        let line = "conch-sandbox: unavailable: landlock is not enabled in this kernel";
+        let out = format!("{line}\n");
+        assert_eq!(
+            runner_unavailable(&ExitStatus::code(RUNNER_UNAVAILABLE_EXIT), &out).as_deref(),
+            Some(line)
+        );
+        // A command's own 126 (a file that is not executable) is data, not a runner failure.
+        let own = "bash: ./x: Permission denied\n";
+        assert_eq!(runner_unavailable(&ExitStatus::code(126), own), None);
+        assert_eq!(runner_unavailable(&ExitStatus::code(1), &out), None);
+    }
+
+    #[test]
+    fn the_classifier_tail_is_cut_on_a_char_boundary() {
+        let text = format!("é{}", "x".repeat(CLASSIFY_TAIL_BYTES - 1));
+        assert_eq!(tail(&text).len(), CLASSIFY_TAIL_BYTES - 1);
+        assert_eq!(tail("short"), "short");
+    }
+
+    #[test]
     fn config_validation_names_the_key() {
         let c = BashLocalConfig { max_timeout_ms: 10, ..BashLocalConfig::default() };
         let err = c.check(NAME).unwrap_err();
