@@ -21,6 +21,8 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("minimal", include_str!("../../compositions/minimal.yaml")),
     ("remote-sandbox", include_str!("../../compositions/remote-sandbox.yaml")),
     ("remote-terminal", include_str!("../../compositions/remote-terminal.yaml")),
+    ("sandbox", include_str!("../../compositions/sandbox.yaml")),
+    ("sandbox-bwrap", include_str!("../../compositions/sandbox-bwrap.yaml")),
 ];
 
 /// The composition used when none is named.

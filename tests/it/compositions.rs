@@ -22,9 +22,15 @@ fn registered_plugins_are_exactly_the_expected_set() {
     assert_eq!(
         names,
         [
+            "approval-allowlist",
+            "approval-deny",
+            "approval-prompt",
             "bash-local",
+            "bash-sandbox",
             "jobs",
             "remote-sandbox",
+            "sandbox-none",
+            "sandbox-policy",
             "subprocess-local",
             "terminal-bash",
             "terminals",
@@ -35,6 +41,17 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "tool-terminal"
         ]
     );
+}
+
+/// The sandbox runner a shipped sandbox composition names when this build lacks it.
+fn missing_runner(file: &str) -> Option<&'static str> {
+    let runner = match file {
+        "sandbox.yaml" => "sandbox-landlock",
+        "sandbox-bwrap.yaml" => "sandbox-bwrap",
+        _ => return None,
+    };
+    let registered = conch::plugins().unwrap().iter().any(|p| p.name == runner);
+    (!registered).then_some(runner)
 }
 
 #[tokio::test]
@@ -55,6 +72,18 @@ async fn every_shipped_composition_builds() {
             // Building one connects to a daemon; here it must plan (every plugin known, every
             // seam bound). The remote tests build them against a real daemon.
             conch_registry::plan(&c).unwrap_or_else(|e| panic!("{e}"));
+            seen += 1;
+            continue;
+        }
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if let Some(runner) = missing_runner(name) {
+            // The runners (sandbox-landlock, sandbox-bwrap) land separately; until then the
+            // file must still parse, and the test says what it could not build.
+            eprintln!("skip building {name}: plugin `{runner}` is not registered in this build");
+            match conch_registry::plan(&c) {
+                Err(RegistryError::UnknownPlugin { name, .. }) => assert_eq!(name, runner),
+                other => panic!("{name}: expected only `{runner}` missing, got {other:?}"),
+            }
             seen += 1;
             continue;
         }
@@ -90,7 +119,8 @@ fn unknown_plugin_is_named_with_a_suggestion() {
     assert!(msg.contains("comp.yaml"), "{msg}");
     assert!(msg.contains("`bash-locl`"), "{msg}");
     assert!(msg.contains("did you mean `bash-local`"), "{msg}");
-    assert!(msg.contains("available: bash-local, jobs"), "{msg}");
+    assert!(msg.contains("available: approval-allowlist, approval-deny"), "{msg}");
+    assert!(msg.contains("bash-local, bash-sandbox, jobs"), "{msg}");
 }
 
 // A second real subprocess provider, registered only in this test binary, so a composition

@@ -8,6 +8,7 @@ mod conformance;
 mod reaper;
 
 mod remote;
+mod sandbox_tools;
 mod spills;
 mod terminals;
 mod tidy;

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::subprocess::{CollectedOutput, EnvOverlay, ExitStatus, Leftover, SpillRef};
-use crate::{Result, SandboxInfo};
+use crate::{Result, SandboxInfo, SandboxMode, SandboxPolicy};
 
 /// A raw request; [`ShellExecutor::resolve`] fills defaults and caps.
 #[derive(Clone, Debug, Default)]
@@ -33,6 +33,11 @@ pub struct ShellExecRequest {
     pub managed_env: BTreeMap<String, String>,
     /// Caller cancellation (foreground only).
     pub cancel: Option<CancellationToken>,
+    /// The sandbox mode for this call instead of the executor's default. The bash tool sets
+    /// `DangerFullAccess` only for an escalation the approval seam approved; a sandboxed
+    /// executor stamps it into the call's policy, and an unsandboxed one refuses a confining
+    /// mode it cannot apply (`unsupported`).
+    pub sandbox_mode: Option<SandboxMode>,
 }
 
 impl ShellExecRequest {
@@ -99,6 +104,9 @@ pub struct ShellExecSpec {
     pub env: EnvOverlay,
     /// Caller cancellation.
     pub cancel: CancellationToken,
+    /// The complete sandbox policy this call runs under (`None`: the executor confines
+    /// nothing).
+    pub sandbox: Option<SandboxPolicy>,
 }
 
 /// A foreground result. Non-zero exit, timeout and abort are facts, not errors.
@@ -240,4 +248,9 @@ pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
     async fn run(&self, spec: ShellExecSpec) -> Result<ShellRunResult>;
     /// Starts in the background.
     async fn start(&self, spec: ShellExecSpec) -> Arc<dyn ShellProcess>;
+    /// The sandbox mode calls run under by default (`None`: the executor confines nothing).
+    /// Tools read it once to decide what they offer (escalation arguments, denial wording).
+    fn sandbox_mode(&self) -> Option<SandboxMode> {
+        None
+    }
 }

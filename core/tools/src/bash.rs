@@ -1,4 +1,10 @@
 //! The one-shot `bash` tool: a fresh shell per call, optional background job.
+//!
+//! Under an executor that confines (its sandbox mode is read-only or workspace-write) the
+//! tool also renders sandbox denials and offers escalation: a call with
+//! `sandbox_permissions: "require_escalated"` and a `justification` asks the approval seam
+//! and, if approved, runs the command once under danger-full-access. It never escalates on
+//! its own: only a call that asks does.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,9 +13,10 @@ use async_trait::async_trait;
 use conch_env::ShellEnv;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    Error, ErrorCode, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
-    Leftover, Result, ShellDialect, ShellExecRequest, ShellExecutor, ShellProcess,
-    ShellProcessStatus, ShellRunResult, Tool, ToolContext, ToolOutput,
+    Approval, ApprovalDecision, Denial, Error, ErrorCode, EscalationRequest, JobHooks, JobOutput,
+    JobRead, JobSettlement, JobStart, JobStatus, Jobs, Leftover, Result, SandboxInfo, SandboxMode,
+    ShellDialect, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
+    ShellRunResult, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -34,6 +41,30 @@ pub struct BashArgs {
     /// Start as a background job and return its id at once.
     #[serde(default)]
     pub run_in_background: Option<bool>,
+    /// Only after a sandbox denial, when the command must run outside the sandbox:
+    /// "require_escalated" asks for approval to run it once without confinement. Needs a
+    /// justification.
+    #[serde(default)]
+    pub sandbox_permissions: Option<SandboxPermissions>,
+    /// Why the command needs to run outside the sandbox (shown to whoever approves).
+    #[serde(default)]
+    pub justification: Option<String>,
+}
+
+/// What a call asks of the sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+pub enum SandboxPermissions {
+    /// Run this command once outside the sandbox, if the approver agrees.
+    #[serde(rename = "require_escalated")]
+    RequireEscalated,
+}
+
+impl SandboxPermissions {
+    fn as_str(self) -> &'static str {
+        match self {
+            SandboxPermissions::RequireEscalated => "require_escalated",
+        }
+    }
 }
 
 /// tool-bash config.
@@ -57,6 +88,10 @@ impl conch_seams::PluginConfig for BashToolConfig {}
 pub struct BashTool {
     shell: Arc<dyn ShellExecutor>,
     jobs: Option<Arc<dyn Jobs>>,
+    approval: Option<Arc<dyn Approval>>,
+    /// The executor's mode when it confines; escalation is offered only then.
+    confining: Option<SandboxMode>,
+    schema: serde_json::Value,
     shell_env: Arc<ShellEnv>,
     config: BashToolConfig,
     dialect: ShellDialect,
@@ -71,8 +106,20 @@ impl BashTool {
         shell_env: Arc<ShellEnv>,
         config: BashToolConfig,
     ) -> Self {
+        Self::with_approval(shell, jobs, None, shell_env, config)
+    }
+
+    /// A tool that can escalate through `approval` when its executor confines.
+    pub fn with_approval(
+        shell: Arc<dyn ShellExecutor>,
+        jobs: Option<Arc<dyn Jobs>>,
+        approval: Option<Arc<dyn Approval>>,
+        shell_env: Arc<ShellEnv>,
+        config: BashToolConfig,
+    ) -> Self {
         let dialect = shell.dialect();
-        let description = format!(
+        let confining = shell.sandbox_mode().filter(|m| m.confines());
+        let mut description = format!(
             "Run a command with {} in a fresh shell. No state (cwd, variables, functions) \
              persists between calls: pass workdir instead of cd. A non-zero exit is shown as \
              [exit code: N]. Long output keeps its tail and names the file holding the full \
@@ -82,7 +129,72 @@ impl BashTool {
              job_output and stop it with job_kill.",
             dialect.one_shot
         );
-        Self { shell, jobs, shell_env, config, dialect, description }
+        if let Some(mode) = confining {
+            description.push_str(&format!(
+                " Commands run in a sandbox ({mode} mode); a denied access is shown as \
+                 [sandbox: file access denied under {mode} mode] (or network access). If the \
+                 command must run outside the sandbox, call again with sandbox_permissions: \
+                 \"require_escalated\" and a justification; it runs once without confinement \
+                 only if approved."
+            ));
+        }
+        // Built once: the arguments offered depend on the composition, not on the call.
+        let mut schema = schema_of::<BashArgs>();
+        if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+            if !config.enable_run_in_background || jobs.is_none() {
+                props.remove("run_in_background");
+            }
+            if confining.is_none() {
+                props.remove("sandbox_permissions");
+                props.remove("justification");
+            }
+        }
+        if confining.is_none()
+            && let Some(defs) = schema.get_mut("$defs").and_then(|d| d.as_object_mut())
+        {
+            defs.remove("SandboxPermissions");
+        }
+        Self { shell, jobs, approval, confining, schema, shell_env, config, dialect, description }
+    }
+
+    /// Decides an escalation the call asked for: `Ok` to run it unconfined once.
+    async fn escalate(
+        &self,
+        ctx: &ToolContext,
+        command: &str,
+        permissions: SandboxPermissions,
+        justification: Option<String>,
+    ) -> Result<()> {
+        let justification = justification.filter(|j| !j.trim().is_empty()).ok_or_else(|| {
+            Error::invalid(format!(
+                "invalid arguments for `{}`: justification is required when \
+                 sandbox_permissions is \"require_escalated\"",
+                self.dialect.name
+            ))
+        })?;
+        let Some(approval) = &self.approval else {
+            return Err(Error::new(
+                ErrorCode::PermissionDenied,
+                "escalation refused: no approval provider in this composition (add \
+                 approval-allowlist or approval-prompt to allow escalations)",
+            ));
+        };
+        let request = EscalationRequest::new(
+            command,
+            justification,
+            permissions.as_str(),
+            ctx.owner.session_id(),
+        );
+        match approval.approve_escalation(&request).await? {
+            ApprovalDecision::Approved => Ok(()),
+            ApprovalDecision::Denied { reason } => Err(Error::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "escalation denied by {}: {reason}. The command did not run.",
+                    approval.provider_name()
+                ),
+            )),
+        }
     }
 }
 
@@ -111,6 +223,32 @@ fn plural(n: usize) -> &'static str {
 pub(crate) const EVICTED: &str =
     "the full output was evicted from the spill directory (spill limits)";
 
+/// The marker for a sandbox denial, or `None` when the sandbox denied nothing.
+pub fn sandbox_marker(info: &SandboxInfo) -> Option<String> {
+    if !info.denied {
+        return None;
+    }
+    let what = match info.denial {
+        Some(Denial::Network) => "network access",
+        Some(Denial::File) | None => "file access",
+    };
+    Some(format!("[sandbox: {what} denied under {} mode]", info.mode))
+}
+
+fn sandbox_json(info: &SandboxInfo) -> serde_json::Value {
+    serde_json::json!({
+        "mode": info.mode.as_str(),
+        "denied": info.denied,
+        "denial": info.denial.map(|d| match d {
+            Denial::File => "file",
+            Denial::Network => "network",
+        }),
+        "enforcement": info.enforcement,
+        "runner_failed": info.runner_failed,
+        "escalated": info.escalated,
+    })
+}
+
 /// Renders a foreground result the way the model sees it.
 pub fn render_run(r: &ShellRunResult) -> String {
     let mut out = String::new();
@@ -134,6 +272,12 @@ pub fn render_run(r: &ShellRunResult) -> String {
     let mut markers = Vec::new();
     if r.timed_out {
         markers.push(format!("[timed out after {}ms]", r.timeout_ms));
+    }
+    if let Some(marker) = r.sandbox.as_ref().and_then(sandbox_marker) {
+        markers.push(marker);
+    }
+    if r.sandbox.as_ref().is_some_and(|s| s.escalated) {
+        markers.push("[ran outside the sandbox after an approved escalation]".into());
     }
     if !r.leftovers.is_empty() {
         let n = r.leftovers.len();
@@ -205,6 +349,15 @@ fn settlement(p: &dyn ShellProcess) -> JobSettlement {
 }
 
 fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
+    if p.sandbox().is_some_and(|s| s.runner_failed) {
+        return JobSettlement {
+            status: JobStatus::Killed,
+            detail: Some(
+                "sandbox unavailable: the runner could not confine the command, which did not run"
+                    .into(),
+            ),
+        };
+    }
     match p.status() {
         ShellProcessStatus::Killed => JobSettlement {
             status: JobStatus::Killed,
@@ -235,26 +388,45 @@ impl Tool for BashTool {
     }
 
     fn input_schema(&self) -> serde_json::Value {
-        let mut schema = schema_of::<BashArgs>();
-        if (!self.config.enable_run_in_background || self.jobs.is_none())
-            && let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut())
-        {
-            props.remove("run_in_background");
-        }
-        schema
+        self.schema.clone()
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
         let args: BashArgs = parse_args(self.dialect.name, args)?;
         let background = args.run_in_background.unwrap_or(false);
+        if self.confining.is_none()
+            && (args.sandbox_permissions.is_some() || args.justification.is_some())
+        {
+            return Err(Error::invalid(format!(
+                "invalid arguments for `{}`: sandbox_permissions and justification apply only \
+                 under a sandboxed executor, and this one confines nothing",
+                self.dialect.name
+            )));
+        }
+        let escalated = args.sandbox_permissions.is_some();
+        if escalated && background {
+            return Err(Error::invalid(format!(
+                "invalid arguments for `{}`: sandbox_permissions applies to foreground calls \
+                 only; run the escalated command without run_in_background",
+                self.dialect.name
+            )));
+        }
         let mut req = ShellExecRequest::new(args.command.clone())
             .with_managed_env(self.shell_env.snapshot(ctx.owner.session_id()));
         req.workdir = args.workdir.map(PathBuf::from);
         req.timeout_ms = args.timeout_ms;
+        if let Some(permissions) = args.sandbox_permissions {
+            self.escalate(ctx, &args.command, permissions, args.justification).await?;
+            // Approved: this one run, and only it, goes without confinement.
+            req.sandbox_mode = Some(SandboxMode::DangerFullAccess);
+        }
         if !background {
             req.cancel = Some(ctx.cancel.clone());
             let spec = self.shell.resolve(req)?;
-            let result = self.shell.run(spec).await?;
+            let mut result = self.shell.run(spec).await?;
+            if escalated && let Some(info) = result.sandbox.as_mut() {
+                info.escalated = true;
+            }
             if result.aborted {
                 return Err(Error::new(
                     ErrorCode::Cancelled,
@@ -275,6 +447,7 @@ impl Tool for BashTool {
                     "leftovers": result.leftovers.iter().map(|l| serde_json::json!({
                         "pid": l.pid, "name": l.name, "held_output": l.held_output,
                     })).collect::<Vec<_>>(),
+                    "sandbox": result.sandbox.as_ref().map(sandbox_json),
                 })),
             });
         }
@@ -340,7 +513,13 @@ impl Tool for BashTool {
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: BashToolConfig = ctx.config()?;
-    let tool = BashTool::new(ctx.shell()?, ctx.jobs().ok(), ctx.shell_env(), config);
+    let tool = BashTool::with_approval(
+        ctx.shell()?,
+        ctx.jobs().ok(),
+        ctx.approval(),
+        ctx.shell_env(),
+        config,
+    );
     Ok(PluginOutput::tools(vec![Arc::new(tool)]))
 }
 
@@ -390,5 +569,32 @@ mod tests {
         );
         let capped = render_run(&result(out(None, false)));
         assert!(capped.contains("exceeded the spill cap"), "{capped}");
+    }
+
+    #[test]
+    fn a_sandbox_denial_renders_its_marker_with_the_mode() {
+        let mut r = result(CollectedOutput {
+            text: "touch: cannot touch '/etc/x': Permission denied\n".into(),
+            ..CollectedOutput::default()
+        });
+        r.status = ExitStatus::code(1);
+        let mut info = SandboxInfo::new(SandboxMode::WorkspaceWrite);
+        r.sandbox = Some(info.clone());
+        assert!(!render_run(&r).contains("[sandbox:"), "no denial, no marker");
+        info.denied = true;
+        r.sandbox = Some(info.clone());
+        assert_eq!(
+            render_run(&r),
+            "touch: cannot touch '/etc/x': Permission denied\n\
+             [sandbox: file access denied under workspace-write mode]\n[exit code: 1]"
+        );
+        info.denial = Some(Denial::Network);
+        info.mode = SandboxMode::ReadOnly;
+        r.sandbox = Some(info);
+        assert!(
+            render_run(&r).contains("[sandbox: network access denied under read-only mode]"),
+            "{}",
+            render_run(&r)
+        );
     }
 }

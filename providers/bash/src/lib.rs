@@ -1,6 +1,10 @@
 //! `bash-local`: the shell seam as `bash -c` over the subprocess seam, with model-friendly
 //! terminal overrides, fused timeout/abort, and background handles that never fail.
 //!
+//! `bash-sandbox` is the same executor with its command line wrapped through the sandbox
+//! seam under a per-call policy (one code path: the wrap is an optional step before the
+//! spawn), reporting what the sandbox did with every result.
+//!
 //! A command longer than one argv string may be (Linux refuses a longer one with E2BIG) goes
 //! to bash in several argv strings and a fixed loader joins and evals them, so the argv stays
 //! the only channel and works for any subprocess provider, remote ones included.
@@ -15,16 +19,31 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    AfterExit, CollectedOutput, ConfigIssue, Error, ExitStatus, Leftover, OutputSpec, PluginConfig,
-    Process, Result, SandboxInfo, ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec,
-    ShellExecutor, ShellProcess, ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec,
-    StdinSpec, StreamId, Subprocess,
+    AfterExit, CollectedOutput, CommandLine, ConfigIssue, Error, ErrorCode, ExitStatus, Leftover,
+    OutputSpec, PluginConfig, Process, Result, Sandbox, SandboxInfo, SandboxMode, SandboxPolicy,
+    ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
+    ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId,
+    Subprocess,
 };
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 /// Plugin name.
 pub const NAME: &str = "bash-local";
+
+/// Plugin name of the sandboxed variant.
+pub const SANDBOX_NAME: &str = "bash-sandbox";
+
+/// What a sandbox runner prints on stderr before exiting with [`RUNNER_UNAVAILABLE_EXIT`]
+/// when it could not confine the command (so the command never ran).
+pub const RUNNER_UNAVAILABLE_MARKER: &str = "conch-sandbox: unavailable:";
+
+/// The runner's exit status for "could not confine, did not run" (126, the shell's "found
+/// but cannot execute"), told apart from a command's own 126 by the marker.
+pub const RUNNER_UNAVAILABLE_EXIT: i32 = 126;
+
+/// How much of a result's output tail a sandbox classifier sees.
+const CLASSIFY_TAIL_BYTES: usize = 4096;
 
 /// Variables that keep tool output free of colour and pagers; the caller's env and the
 /// managed snapshot are layered on top of these.
@@ -144,11 +163,48 @@ impl PluginConfig for BashLocalConfig {
     }
 }
 
-/// The bash-local executor.
+/// A sandbox and the default policy its calls run under.
+#[derive(Debug, Clone)]
+struct Confinement {
+    sandbox: Arc<dyn Sandbox>,
+    policy: SandboxPolicy,
+}
+
+/// The bash-local executor, and with a sandbox bound, bash-sandbox.
 #[derive(Debug)]
 pub struct BashLocal {
     config: BashLocalConfig,
     subprocess: Arc<dyn Subprocess>,
+    confinement: Option<Confinement>,
+}
+
+/// A command line ready to spawn, and whether a sandbox runner stands in front of it.
+struct Prepared {
+    command: CommandLine,
+    wrapped: bool,
+}
+
+/// The tail of `text` a classifier sees, cut on a char boundary.
+fn tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(CLASSIFY_TAIL_BYTES);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// The runner said it could not confine the command (and so did not run it).
+fn runner_unavailable(status: &ExitStatus, output: &str) -> Option<String> {
+    if status.code != Some(RUNNER_UNAVAILABLE_EXIT) {
+        return None;
+    }
+    output.lines().find(|l| l.contains(RUNNER_UNAVAILABLE_MARKER)).map(|l| l.trim().to_string())
+}
+
+fn unavailable(message: String) -> Error {
+    Error::new(ErrorCode::SandboxUnavailable, message)
+        .with_provider(SANDBOX_NAME)
+        .with_operation("run")
 }
 
 impl BashLocal {
@@ -158,7 +214,63 @@ impl BashLocal {
     /// Invalid config.
     pub fn new(config: BashLocalConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
         config.check(NAME)?;
-        Ok(Self { config, subprocess })
+        Ok(Self { config, subprocess, confinement: None })
+    }
+
+    /// bash-sandbox: the same executor with every command line wrapped by `sandbox` under a
+    /// per-call policy, `policy` unless a request overrides its mode.
+    ///
+    /// # Errors
+    /// Invalid config.
+    pub fn sandboxed(
+        config: BashLocalConfig,
+        subprocess: Arc<dyn Subprocess>,
+        sandbox: Arc<dyn Sandbox>,
+        policy: SandboxPolicy,
+    ) -> Result<Self> {
+        config.check(SANDBOX_NAME)?;
+        Ok(Self { config, subprocess, confinement: Some(Confinement { sandbox, policy }) })
+    }
+
+    fn name(&self) -> &'static str {
+        if self.confinement.is_some() { SANDBOX_NAME } else { NAME }
+    }
+
+    /// The policy a spec runs under; a sandboxed executor never runs a spec without one
+    /// (a spec missing it gets the default, never no confinement).
+    fn policy_of(&self, spec: &ShellExecSpec) -> Option<(Arc<dyn Sandbox>, SandboxPolicy)> {
+        self.confinement.as_ref().map(|c| {
+            (Arc::clone(&c.sandbox), spec.sandbox.clone().unwrap_or_else(|| c.policy.clone()))
+        })
+    }
+
+    /// The command line for `spec`, wrapped when a sandbox is bound.
+    ///
+    /// # Errors
+    /// The sandbox's wrap error, as `sandbox_unavailable`.
+    fn prepare(&self, spec: &ShellExecSpec) -> Result<Prepared> {
+        let command = CommandLine::new(self.argv(&spec.command))
+            .with_cwd(spec.cwd.clone())
+            .with_env(spec.env.clone());
+        let Some((sandbox, policy)) = self.policy_of(spec) else {
+            return Ok(Prepared { command, wrapped: false });
+        };
+        let original = command.argv.clone();
+        let command = sandbox.wrap(&policy, command).map_err(|e| {
+            if e.code() == ErrorCode::SandboxUnavailable {
+                e
+            } else {
+                unavailable(format!(
+                    "{} cannot run this command under {} mode: {e}",
+                    sandbox.provider_name(),
+                    policy.mode
+                ))
+            }
+        })?;
+        // Only a command line with a runner in front can fail as a runner; one passed through
+        // unchanged (danger-full-access) fails the way bash-local's would.
+        let wrapped = command.argv != original;
+        Ok(Prepared { command, wrapped })
     }
 
     /// The argv that runs `command`, see [`bash_argv`] (protected-style hook for wrapping
@@ -167,9 +279,14 @@ impl BashLocal {
         bash_argv(&self.config.bash, command)
     }
 
-    fn spawn_spec(&self, spec: &ShellExecSpec, kill: CancellationToken) -> SpawnSpec {
-        SpawnSpec::in_default_dir(self.argv(&spec.command))
-            .with_cwd(spec.cwd.clone())
+    fn spawn_spec(
+        &self,
+        spec: &ShellExecSpec,
+        command: CommandLine,
+        kill: CancellationToken,
+    ) -> SpawnSpec {
+        let mut sspec = SpawnSpec::in_default_dir(command.argv)
+            .with_cwd(command.cwd)
             .with_stdin(spec.stdin.clone().map_or(StdinSpec::Null, StdinSpec::bytes))
             .with_stdout(OutputSpec::Collect {
                 max_bytes: spec.output_max_bytes,
@@ -180,7 +297,9 @@ impl BashLocal {
             .with_cancel(kill)
             .with_after_exit(AfterExit::StopLeftovers {
                 drain: Duration::from_millis(self.config.drain_ms),
-            })
+            });
+        sspec.env = command.env;
+        sspec
     }
 }
 
@@ -194,11 +313,17 @@ enum Cause {
 #[async_trait]
 impl ShellExecutor for BashLocal {
     fn provider_name(&self) -> &'static str {
-        NAME
+        self.name()
     }
 
     fn capabilities(&self) -> ShellCapabilities {
-        ShellCapabilities::default()
+        let mut caps = ShellCapabilities::default();
+        caps.sandboxed = self.confinement.is_some();
+        caps
+    }
+
+    fn sandbox_mode(&self) -> Option<SandboxMode> {
+        self.confinement.as_ref().map(|c| c.policy.mode)
     }
 
     fn dialect(&self) -> ShellDialect {
@@ -208,15 +333,16 @@ impl ShellExecutor for BashLocal {
     fn resolve(&self, request: ShellExecRequest) -> Result<ShellExecSpec> {
         if request.command.trim().is_empty() {
             return Err(Error::invalid("command is empty")
-                .with_provider(NAME)
+                .with_provider(self.name())
                 .with_operation("resolve"));
         }
         let (len, cap) = (request.command.len(), self.config.max_command_bytes);
         if len > cap {
             return Err(Error::invalid(format!(
-                "command is {len} bytes; the limit is {cap} ({NAME} max_command_bytes)"
+                "command is {len} bytes; the limit is {cap} ({} max_command_bytes)",
+                self.name()
             ))
-            .with_provider(NAME)
+            .with_provider(self.name())
             .with_operation("resolve"));
         }
         // No filesystem facts here: the subprocess provider checks the directory in its own
@@ -228,7 +354,9 @@ impl ShellExecutor for BashLocal {
         };
         let timeout_ms = match request.timeout_ms {
             Some(0) => {
-                return Err(Error::invalid("timeout_ms must be greater than 0").with_provider(NAME));
+                return Err(
+                    Error::invalid("timeout_ms must be greater than 0").with_provider(self.name())
+                );
             }
             Some(t) => t.min(self.config.max_timeout_ms),
             None => self.config.timeout_ms,
@@ -238,6 +366,26 @@ impl ShellExecutor for BashLocal {
         env.extend(request.env);
         // The trusted managed snapshot is applied last so a caller cannot spoof CONCH_*.
         env.extend(request.managed_env.into_iter().map(|(k, v)| (k, Some(v))));
+        // The complete per-call policy: the composition's default, with the mode a request
+        // may override (the bash tool does so only for an approved escalation).
+        let sandbox = match (&self.confinement, request.sandbox_mode) {
+            (Some(c), mode) => {
+                let mut policy = c.policy.clone();
+                if let Some(mode) = mode {
+                    policy.mode = mode;
+                }
+                Some(policy)
+            }
+            (None, Some(mode)) if mode.confines() => {
+                return Err(Error::new(
+                    ErrorCode::Unsupported,
+                    format!("{NAME} confines nothing; it cannot run a command under {mode} mode"),
+                )
+                .with_provider(NAME)
+                .with_operation("resolve"));
+            }
+            (None, _) => None,
+        };
         Ok(ShellExecSpec {
             command: request.command,
             cwd,
@@ -251,13 +399,15 @@ impl ShellExecutor for BashLocal {
             stdin: request.stdin,
             env,
             cancel: request.cancel.unwrap_or_default(),
+            sandbox,
         })
     }
 
     async fn run(&self, spec: ShellExecSpec) -> Result<ShellRunResult> {
         let kill = CancellationToken::new();
-        let mut sspec = self.spawn_spec(&spec, kill.clone());
-        sspec.env = spec.env.clone();
+        let prepared = self.prepare(&spec)?;
+        let wrapped = prepared.wrapped;
+        let sspec = self.spawn_spec(&spec, prepared.command, kill.clone());
         if spec.cancel.is_cancelled() {
             return Ok(ShellRunResult {
                 status: ExitStatus::default(),
@@ -269,7 +419,13 @@ impl ShellExecutor for BashLocal {
                 leftovers: Vec::new(),
             });
         }
-        let process = self.subprocess.spawn(sspec).await?;
+        let process = match self.subprocess.spawn(sspec).await {
+            Ok(p) => p,
+            Err(e) if wrapped => {
+                return Err(unavailable(format!("the sandbox runner could not be launched: {e}")));
+            }
+            Err(e) => return Err(e),
+        };
         // One fused deadline: whichever of exit, timeout and abort fires first is the cause.
         // Only bash's own exit counts: output held open by its leftovers must not hold the
         // call until the timeout.
@@ -293,21 +449,47 @@ impl ShellExecutor for BashLocal {
                 process.wait().await
             }
         }?;
+        let output = process.collected(StreamId::Stdout).unwrap_or_default();
+        let sandbox = match self.policy_of(&spec) {
+            Some((sandbox, policy)) => {
+                if wrapped && let Some(line) = runner_unavailable(&status, &output.text) {
+                    return Err(unavailable(format!(
+                        "the sandbox runner could not confine the command (it did not run): \
+                         {line}"
+                    )));
+                }
+                Some(sandbox.classify(&policy, &status, tail(&output.text)))
+            }
+            None => None,
+        };
         Ok(ShellRunResult {
             status,
             timed_out: cause == Cause::Timeout,
             aborted: cause == Cause::Abort,
             timeout_ms: spec.timeout.as_millis() as u64,
-            output: process.collected(StreamId::Stdout).unwrap_or_default(),
-            sandbox: None,
+            output,
+            sandbox,
             leftovers: process.leftovers(),
         })
     }
 
     async fn start(&self, spec: ShellExecSpec) -> Arc<dyn ShellProcess> {
         let kill = CancellationToken::new();
-        let mut sspec = self.spawn_spec(&spec, kill.clone());
-        sspec.env = spec.env.clone();
+        let confinement = self.policy_of(&spec);
+        let runner_failed = |text: String| -> Arc<dyn ShellProcess> {
+            let info = confinement.as_ref().map(|(_, p)| {
+                let mut info = SandboxInfo::new(p.mode);
+                info.runner_failed = true;
+                info
+            });
+            Arc::new(FailedStart { text, sandbox: info })
+        };
+        let prepared = match self.prepare(&spec) {
+            Ok(p) => p,
+            Err(e) => return runner_failed(format!("{e}\n")),
+        };
+        let wrapped = prepared.wrapped;
+        let sspec = self.spawn_spec(&spec, prepared.command, kill.clone());
         // The caller's token may also stop a background process; no timeout applies.
         let caller = spec.cancel.clone();
         let k = kill.clone();
@@ -318,8 +500,17 @@ impl ShellExecutor for BashLocal {
             }
         });
         match self.subprocess.spawn(sspec).await {
-            Ok(process) => Arc::new(Background::new(process, kill, spec.output_max_bytes)),
-            Err(e) => Arc::new(FailedStart { text: format!("{e}\n") }),
+            Ok(process) => Arc::new(Background::new(
+                process,
+                kill,
+                spec.output_max_bytes,
+                confinement.map(|(sandbox, policy)| BackgroundSandbox { sandbox, policy, wrapped }),
+            )),
+            Err(e) if wrapped => runner_failed(format!(
+                "{}\n",
+                unavailable(format!("the sandbox runner could not be launched: {e}"))
+            )),
+            Err(e) => Arc::new(FailedStart { text: format!("{e}\n"), sandbox: None }),
         }
     }
 }
@@ -346,10 +537,19 @@ fn split_utf8_carry(bytes: &[u8]) -> usize {
     n
 }
 
+/// The sandbox a background bash runs in.
+#[derive(Debug)]
+struct BackgroundSandbox {
+    sandbox: Arc<dyn Sandbox>,
+    policy: SandboxPolicy,
+    wrapped: bool,
+}
+
 /// A running background bash.
 #[derive(Debug)]
 struct Background {
     process: Arc<dyn Process>,
+    confinement: Option<BackgroundSandbox>,
     kill: CancellationToken,
     kill_requested: AtomicBool,
     max_read: usize,
@@ -362,9 +562,15 @@ struct Background {
 }
 
 impl Background {
-    fn new(process: Arc<dyn Process>, kill: CancellationToken, max_read: usize) -> Self {
+    fn new(
+        process: Arc<dyn Process>,
+        kill: CancellationToken,
+        max_read: usize,
+        confinement: Option<BackgroundSandbox>,
+    ) -> Self {
         Self {
             process,
+            confinement,
             kill,
             kill_requested: AtomicBool::new(false),
             max_read,
@@ -377,12 +583,25 @@ impl Background {
     fn lost(&self) -> Option<String> {
         self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    /// The runner exited saying it could not confine the command (which never ran).
+    fn runner_failed(&self) -> bool {
+        let Some(c) = &self.confinement else { return false };
+        let Some(status) = self.process.try_status() else { return false };
+        c.wrapped
+            && status.code == Some(RUNNER_UNAVAILABLE_EXIT)
+            && runner_unavailable(
+                &status,
+                &self.process.collected(StreamId::Stdout).unwrap_or_default().text,
+            )
+            .is_some()
+    }
 }
 
 #[async_trait]
 impl ShellProcess for Background {
     fn status(&self) -> ShellProcessStatus {
-        if self.lost().is_some() {
+        if self.lost().is_some() || self.runner_failed() {
             return ShellProcessStatus::Killed;
         }
         match self.process.try_status() {
@@ -473,7 +692,19 @@ impl ShellProcess for Background {
     }
 
     fn sandbox(&self) -> Option<SandboxInfo> {
-        None
+        let c = self.confinement.as_ref()?;
+        if self.runner_failed() {
+            let mut info = SandboxInfo::new(c.policy.mode);
+            info.runner_failed = true;
+            return Some(info);
+        }
+        Some(match self.process.try_status() {
+            Some(status) => {
+                let text = self.process.collected(StreamId::Stdout).unwrap_or_default().text;
+                c.sandbox.classify(&c.policy, &status, tail(&text))
+            }
+            None => SandboxInfo::new(c.policy.mode),
+        })
     }
 
     fn leftovers(&self) -> Vec<Leftover> {
@@ -485,10 +716,13 @@ impl ShellProcess for Background {
     }
 }
 
-/// A background start whose spawn failed: already settled as killed, error in the output.
+/// A background start whose spawn (or sandbox runner) failed: already settled as killed,
+/// error in the output.
 #[derive(Debug)]
 struct FailedStart {
     text: String,
+    /// For a sandboxed start: the mode, with `runner_failed`.
+    sandbox: Option<SandboxInfo>,
 }
 
 #[async_trait]
@@ -523,7 +757,7 @@ impl ShellProcess for FailedStart {
     }
 
     fn sandbox(&self) -> Option<SandboxInfo> {
-        None
+        self.sandbox.clone()
     }
 
     fn leftovers(&self) -> Vec<Leftover> {
@@ -545,6 +779,32 @@ register_plugin!(PluginEntry {
     requires: &[SeamId::Subprocess],
     description: "bash -c over the subprocess seam",
     build,
+});
+
+fn build_sandboxed(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    let config: BashLocalConfig = ctx.config()?;
+    let policy = ctx.sandbox_policy().ok_or_else(|| {
+        ctx.locate(Error::new(
+            ErrorCode::SeamUnbound,
+            format!("{SANDBOX_NAME} needs the sandbox-policy plugin for its default policy"),
+        ))
+    })?;
+    let exec = BashLocal::sandboxed(
+        config,
+        ctx.subprocess()?,
+        ctx.sandbox_required()?,
+        policy.as_ref().clone(),
+    )
+    .map_err(|e| ctx.locate(e))?;
+    Ok(PluginOutput::seam(SeamHandle::Shell(Arc::new(exec))))
+}
+
+register_plugin!(PluginEntry {
+    name: SANDBOX_NAME,
+    provides: Some(SeamId::Shell),
+    requires: &[SeamId::Subprocess, SeamId::Sandbox, SeamId::SandboxPolicy],
+    description: "bash-local with every command line wrapped through the sandbox seam",
+    build: build_sandboxed,
 });
 
 /// Explicit registration hook so a binary can force this crate to link.
@@ -591,6 +851,27 @@ mod tests {
             let err = at(bad).check(NAME).unwrap_err();
             assert!(err.message().contains("max_command_bytes"), "{err}");
         }
+    }
+
+    #[test]
+    fn only_the_runners_exit_with_its_marker_counts_as_unavailable() {
+        let line = "conch-sandbox: unavailable: landlock is not enabled in this kernel";
+        let out = format!("{line}\n");
+        assert_eq!(
+            runner_unavailable(&ExitStatus::code(RUNNER_UNAVAILABLE_EXIT), &out).as_deref(),
+            Some(line)
+        );
+        // A command's own 126 (a file that is not executable) is data, not a runner failure.
+        let own = "bash: ./x: Permission denied\n";
+        assert_eq!(runner_unavailable(&ExitStatus::code(126), own), None);
+        assert_eq!(runner_unavailable(&ExitStatus::code(1), &out), None);
+    }
+
+    #[test]
+    fn the_classifier_tail_is_cut_on_a_char_boundary() {
+        let text = format!("é{}", "x".repeat(CLASSIFY_TAIL_BYTES - 1));
+        assert_eq!(tail(&text).len(), CLASSIFY_TAIL_BYTES - 1);
+        assert_eq!(tail("short"), "short");
     }
 
     #[test]
