@@ -15,7 +15,9 @@
 //! - `--unshare-pid --die-with-parent`: when the command's init exits or conch dies,
 //!   everything in the namespace is killed, `setsid`/`nohup` daemons included;
 //! - `--unshare-net` without network: only a private loopback exists;
-//! - `--cap-drop ALL`; bubblewrap itself sets `no_new_privs`;
+//! - `--cap-drop ALL` (as root `--cap-add CAP_SETPCAP` too, so that the helper can clear the
+//!   bounding set before it drops that last capability); bubblewrap itself sets
+//!   `no_new_privs`;
 //! - the helper inside closes inherited descriptors above 2 (bubblewrap passes them on),
 //!   leaves the caller's session (not `--new-session`, which would also take a sandboxed
 //!   terminal's controlling PTY away; see `exec::leave_callers_session`), drops
@@ -81,6 +83,25 @@ pub struct BwrapSandbox {
 /// starts, so a build on a machine that blocks them reports it).
 const BASE_FLAGS: &[&str] = &["--die-with-parent", "--unshare-pid", "--cap-drop", "ALL"];
 
+/// As root, bubblewrap's `--cap-drop ALL` empties the capability sets but leaves the
+/// bounding set (it relies on securebits), and without `CAP_SETPCAP` the helper cannot clear
+/// it. Keeping only `CAP_SETPCAP` for the helper lets it clear the bounding set and then
+/// drop that last capability before anything untrusted runs.
+const ROOT_FLAGS: &[&str] = &["--cap-add", "CAP_SETPCAP"];
+
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+fn flags() -> Vec<&'static str> {
+    let mut out = BASE_FLAGS.to_vec();
+    if running_as_root() {
+        out.extend(ROOT_FLAGS);
+    }
+    out
+}
+
 impl BwrapSandbox {
     /// A runner using `bwrap` (a path or a name on PATH) and `helper`; checks now that
     /// bubblewrap can start a sandbox here.
@@ -105,7 +126,7 @@ fn probe(bwrap: &Path) -> std::result::Result<PathBuf, String> {
         ));
     };
     let out = std::process::Command::new(&path)
-        .args(BASE_FLAGS)
+        .args(flags())
         .args([
             "--unshare-net",
             "--ro-bind",
@@ -168,7 +189,7 @@ impl Sandbox for BwrapSandbox {
                 .with_provider(BWRAP_NAME)
         })?;
         let mut argv: Vec<String> = vec![bwrap.to_string_lossy().into_owned()];
-        argv.extend(BASE_FLAGS.iter().map(|s| (*s).to_string()));
+        argv.extend(flags().into_iter().map(String::from));
         if !policy.network {
             argv.push("--unshare-net".into());
         }

@@ -159,19 +159,17 @@ pub fn sandbox_exec_main(args: &[String]) -> i32 {
             return USAGE;
         }
     };
-    let argv =
-        match inv.argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<Vec<_>, _>>() {
-            Ok(v) => v,
-            Err(_) => {
-                eprintln!("{MARKER} usage: an argument contains a NUL byte");
-                return USAGE;
-            }
-        };
-    if inv.policy.mode.confines() {
-        if let Err(why) = confine(&inv) {
-            eprintln!("{MARKER} unavailable: {why}");
-            return UNAVAILABLE;
-        }
+    let Ok(argv) =
+        inv.argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<Vec<_>, _>>()
+    else {
+        eprintln!("{MARKER} usage: an argument contains a NUL byte");
+        return USAGE;
+    };
+    if inv.policy.mode.confines()
+        && let Err(why) = confine(&inv)
+    {
+        eprintln!("{MARKER} unavailable: {why}");
+        return UNAVAILABLE;
     }
     exec(&argv)
 }
@@ -391,7 +389,8 @@ fn split(dir: &Path, protected: &[PathBuf], out: &mut Vec<PathBuf>) {
 fn seccomp_filters(policy: &SandboxPolicy) -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|_| format!("seccomp: unsupported architecture {}", std::env::consts::ARCH))?;
-    let always = |n: libc::c_long| (n as i64, Vec::new());
+    // seccompiler targets only 64-bit architectures, where `c_long` is `i64`.
+    let always = |n: libc::c_long| (n, Vec::new());
     let mut denied: BTreeMap<i64, Vec<SeccompRule>> = [
         libc::SYS_fchown,
         libc::SYS_fchownat,
@@ -410,7 +409,7 @@ fn seccomp_filters(policy: &SandboxPolicy) -> Result<Vec<BpfProgram>, String> {
     .collect();
     #[cfg(target_arch = "x86_64")]
     for n in [libc::SYS_chown, libc::SYS_lchown] {
-        denied.insert(n as i64, Vec::new());
+        denied.insert(n, Vec::new());
     }
     let err = |e: seccompiler::BackendError| format!("seccomp: {e}");
     let mut out = vec![compile(denied, libc::EPERM, arch).map_err(err)?];
@@ -425,8 +424,8 @@ fn seccomp_filters(policy: &SandboxPolicy) -> Result<Vec<BpfProgram>, String> {
             .and_then(|c| SeccompRule::new(vec![c]))
         };
         let sockets: BTreeMap<i64, Vec<SeccompRule>> = [
-            (libc::SYS_socket as i64, vec![not_unix().map_err(err)?]),
-            (libc::SYS_socketpair as i64, vec![not_unix().map_err(err)?]),
+            (libc::SYS_socket, vec![not_unix().map_err(err)?]),
+            (libc::SYS_socketpair, vec![not_unix().map_err(err)?]),
         ]
         .into_iter()
         .collect();
@@ -535,11 +534,14 @@ mod tests {
         std::fs::write(root.join("a"), "").unwrap();
         std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
         let protected = vec![root.join(".git/hooks"), root.join(".git/config")];
-        let grants = writable_grants(&[root.clone()], &protected);
+        let grants = writable_grants(std::slice::from_ref(&root), &protected);
         assert_eq!(grants, vec![root.join(".git/objects"), root.join("a")]);
         // Without .git the root is granted whole.
         let plain = tempfile::tempdir().unwrap();
         let plain = std::fs::canonicalize(plain.path()).unwrap();
-        assert_eq!(writable_grants(&[plain.clone()], &[plain.join(".git/hooks")]), vec![plain]);
+        assert_eq!(
+            writable_grants(std::slice::from_ref(&plain), &[plain.join(".git/hooks")]),
+            vec![plain]
+        );
     }
 }

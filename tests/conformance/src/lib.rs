@@ -280,6 +280,7 @@ macro_rules! sandbox_suite {
             git_hooks_and_config_stay_read_only,
             a_setsid_daemon_does_not_outlive_the_call,
             signals_to_outside_processes_are_denied,
+            the_command_has_no_capabilities_and_no_new_privs,
             danger_full_access_is_unconfined
         );
     };

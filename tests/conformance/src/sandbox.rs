@@ -515,3 +515,27 @@ pub async fn danger_full_access_is_unconfined(sandbox: &dyn Sandbox, sub: &dyn S
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "yes\n");
     assert!(!info.denied && info.enforcement.is_none(), "{info:?}");
 }
+
+pub async fn the_command_has_no_capabilities_and_no_new_privs(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) {
+    if !confining(sandbox, "the_command_has_no_capabilities_and_no_new_privs") {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, _) = run(sandbox, sub, &policy, &f.root, "cat /proc/self/status").await;
+    assert_eq!(st.code, Some(0), "{out}");
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("{name} in {out}"))
+    };
+    for cap in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(field(cap).trim_start_matches('0'), "", "{cap} is not empty: {out}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_ne!(field("Seccomp:"), "0", "no seccomp filter");
+}
