@@ -70,3 +70,59 @@ fn the_helper_reports_a_missing_program_like_a_shell() {
     assert_eq!(out.status.code(), Some(127));
     assert!(String::from_utf8_lossy(&out.stderr).contains("conch-no-such"));
 }
+
+/// The helper takes the command out of the caller's terminal session (no `TIOCSTI` into
+/// conch's terminal), on both paths a one-shot spawn can take, and keeps the terminal of a
+/// session it leads (a sandboxed terminal). `script` gives the run a PTY as controlling
+/// terminal; field 7 of `/proc/self/stat` is the controlling terminal (0: none).
+#[test]
+fn the_helper_leaves_the_callers_terminal_but_keeps_its_own() {
+    let have = |p: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {p}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("script") || !have("python3") {
+        println!(
+            "SKIP the_helper_leaves_the_callers_terminal_but_keeps_its_own: needs script(1) and python3"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, dir.path());
+    let inner = dir.path().join("inner.sh");
+    std::fs::write(
+        &inner,
+        r#"awk '{print "control", $7}' /proc/self/stat
+# A process group leader that is not the session leader (how subprocess-local starts it).
+python3 -c 'import os,sys; os.setpgid(0,0); os.execvp(sys.argv[1], sys.argv[1:])' \
+  "$H" sandbox-exec --policy "$P" -- awk '{print "leader", $7}' /proc/self/stat </dev/null
+# A plain member of the caller's session.
+"$H" sandbox-exec --policy "$P" -- awk '{print "member", $7}' /proc/self/stat </dev/null
+# The session leader of the PTY (a sandboxed terminal).
+exec "$H" sandbox-exec --policy "$P" -- awk '{print "terminal", $7}' /proc/self/stat
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new("script")
+        .args(["-qec", &format!("exec sh {}", inner.display()), "/dev/null"])
+        .env("H", helper())
+        .env("P", serde_json::to_string(&policy).unwrap())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let tty = |label: &str| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{label} ")))
+            .unwrap_or_else(|| panic!("no {label} line in {text:?}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_ne!(tty("control"), 0, "the setup gives the run a terminal: {text}");
+    assert_eq!(tty("leader"), 0, "a group leader kept the caller's terminal: {text}");
+    assert_eq!(tty("member"), 0, "a session member kept the caller's terminal: {text}");
+    assert_eq!(tty("terminal"), tty("control"), "the session leader lost its PTY: {text}");
+}

@@ -41,6 +41,13 @@
 //!   (the workspace root and `.git`) while that path's top directory (`.git`) exists.
 //! - Connecting to a pathname unix socket outside the roots is not denied on kernels before
 //!   Landlock ABI 10 (neither runner can see it).
+//! - A hard link that already exists inside a root and points at a file outside is written
+//!   through (rules and binds follow paths); making such a link from inside is denied.
+//! - `/dev/pts` is writable (terminals need it), so a command can write to (not inject
+//!   into) another terminal of the same user.
+//! - The seccomp filters match native syscall numbers; a kernel with the x32 ABI enabled
+//!   would need them duplicated for x32 numbers (most distributions disable x32).
+//! - No private `TMPDIR` is made: `/tmp` is read-only unless it is a writable root.
 
 #![allow(unsafe_code)]
 

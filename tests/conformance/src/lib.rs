@@ -281,6 +281,7 @@ macro_rules! sandbox_suite {
             a_setsid_daemon_does_not_outlive_the_call,
             signals_to_outside_processes_are_denied,
             the_command_has_no_capabilities_and_no_new_privs,
+            other_processes_environ_is_unreadable,
             danger_full_access_is_unconfined
         );
     };

@@ -539,3 +539,27 @@ pub async fn the_command_has_no_capabilities_and_no_new_privs(
     assert_eq!(field("NoNewPrivs:"), "1");
     assert_ne!(field("Seccomp:"), "0", "no seccomp filter");
 }
+
+pub async fn other_processes_environ_is_unreadable(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "other_processes_environ_is_unreadable") {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    // The test process stands in for conch: its environment must not be readable.
+    let me = std::process::id();
+    let (out, st, _) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; cat /proc/{me}/environ | tr '\\0' '\\n' | grep -c . "),
+    )
+    .await;
+    assert!(out.contains(MARK), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.last().is_some_and(|l| l.trim() == "0"),
+        "read {me}'s environment (status {st:?}): {out}"
+    );
+}
