@@ -26,8 +26,8 @@
 //! `conch-sandbox: unavailable: <why>` on stderr: the command never runs unconfined.
 //!
 //! Runners: `landlock` (the default) does all of the above. `bwrap` is used inside
-//! bubblewrap, whose read-only binds already keep the policy's read-only paths, so the
-//! writable roots are granted whole; Landlock is still applied there as a second layer
+//! bubblewrap, whose read-only binds already keep the policy's existing read-only paths, so
+//! only the missing ones (which cannot be bound) are kept by Landlock; Landlock is still applied there as a second layer
 //! (FIFOs on read-only binds, signal scoping) but its absence is tolerated, since bubblewrap
 //! is the primary confinement.
 //!
@@ -319,9 +319,20 @@ fn build_ruleset(inv: &Invocation) -> Result<Option<RulesetCreated>, String> {
             created = add(created, Path::new(dev), AccessFs::from_all(abi))?;
         }
     }
-    let protected: &[PathBuf] =
-        if inv.runner == Runner::Landlock { &inv.policy.read_only_paths } else { &[] };
-    for path in writable_grants(&inv.policy.writable(), protected) {
+    // Under bubblewrap the existing read-only paths are read-only binds already; one that
+    // does not exist yet (a `.git` without `hooks`) cannot be bound, so Landlock keeps it
+    // from being created.
+    let protected: Vec<PathBuf> = match inv.runner {
+        Runner::Landlock => inv.policy.read_only_paths.clone(),
+        Runner::Bwrap => inv
+            .policy
+            .read_only_paths
+            .iter()
+            .filter(|p| p.symlink_metadata().is_err())
+            .cloned()
+            .collect(),
+    };
+    for path in writable_grants(&inv.policy.writable(), &protected) {
         created = add(created, &path, AccessFs::from_all(abi))?;
     }
     Ok(Some(created))

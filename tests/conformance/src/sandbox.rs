@@ -420,6 +420,21 @@ pub async fn git_hooks_and_config_stay_read_only(sandbox: &dyn Sandbox, sub: &dy
         assert!(!f.root.join(".git/hooks/pre-commit").exists(), "{what}: hook written");
         assert_eq!(std::fs::read_to_string(f.root.join(".git/config")).unwrap(), "[core]\n");
     }
+    // A `.git` without `hooks`: the directory cannot be created either.
+    let bare = Fixture::new();
+    std::fs::create_dir_all(bare.root.join(".git/objects")).unwrap();
+    std::fs::write(bare.root.join(".git/config"), "[core]\n").unwrap();
+    let bare_policy = bare.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &bare_policy,
+        &bare.root,
+        &format!("echo {MARK}; mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit"),
+    )
+    .await;
+    assert_denied("create missing hooks", &out, &st, &info, Denial::File);
+    assert!(!bare.root.join(".git/hooks").exists(), "hooks directory created");
     // The rest of the workspace stays writable.
     let (out, st, _) =
         run(sandbox, sub, &policy, &f.root, "echo ok > src/a && echo obj > .git/objects/o").await;
