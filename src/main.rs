@@ -49,6 +49,14 @@ enum Command {
     },
     /// List registered plugins.
     Plugins,
+    /// The sandbox runners' helper: confine this process under the policy, then exec the
+    /// command (`sandbox-exec --policy <json> [--runner landlock|bwrap] -- argv...`).
+    /// Handled before the runtime starts; listed here for `--help`.
+    SandboxExec {
+        /// `--policy <json> [--runner R] -- argv...`
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Serve this composition's subprocess provider to `remote-sandbox` clients over RXP/1
     /// (HTTP + WebSocket) until SIGTERM/SIGINT.
     Sandboxd(sandboxd::Args),
@@ -70,6 +78,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `conch sandbox-exec --policy <json> [--runner R] -- argv...` is the sandbox runners'
+    // re-exec helper. It must stay a single-threaded process until it execs the command
+    // (Landlock and seccomp apply to the calling thread, and `close_range` must not pull a
+    // descriptor from under a runtime), so it is dispatched before clap and before any
+    // runtime starts. It returns only when it could not exec.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(conch_provider_sandbox::exec::SUBCOMMAND) {
+        let code = conch_provider_sandbox::sandbox_exec_main(&args);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = Cli::parse();
     // One call, one check or one listing is a single task with a few helpers: a
     // current-thread runtime starts in a fraction of the time (no worker threads, no CPU
@@ -128,6 +146,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(1))
             }
         },
+        // Dispatched in `main` before clap; reaching here means a global flag came first
+        // (`conch --composition x sandbox-exec ...`), which the helper does not take.
+        Command::SandboxExec { .. } => {
+            eprintln!("error: sandbox-exec must come first, before any option");
+            Ok(ExitCode::from(2))
+        }
         Command::Plugins => {
             conch::link_all();
             for p in conch::plugins()? {
@@ -226,6 +250,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 Command::Check { .. }
                 | Command::Plugins
+                | Command::SandboxExec { .. }
                 | Command::Bench { .. }
                 | Command::Sandboxd(_) => ExitCode::SUCCESS,
             };

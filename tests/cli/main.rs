@@ -439,3 +439,26 @@ fn detached_processes_outlive_neither_their_call_nor_their_session_nor_conch() {
     assert!(pid_gone(c), "the detached {c} outlived conch");
 }
 mod remote;
+
+/// `conch sandbox-exec` is the runners' helper: it confines before it execs (a write inside
+/// the root lands, one outside does not) and fails closed on a bad policy.
+#[test]
+fn sandbox_exec_confines_then_execs() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let policy = serde_json::json!({ "mode": "workspace-write", "workspace_root": root.path() });
+    let script = format!(
+        "echo in > {}/in; echo out > {}/out; echo done",
+        root.path().display(),
+        outside.path().display()
+    );
+    let out = conch()
+        .args(["sandbox-exec", "--policy", &policy.to_string(), "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(text(&out).contains("done"), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(root.path().join("in")).unwrap(), "in\n");
+    assert!(!outside.path().join("out").exists(), "wrote outside the root");
+    let bad = conch().args(["sandbox-exec", "--policy", "{", "--", "true"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(125), "{}", String::from_utf8_lossy(&bad.stderr));
+}

@@ -6,6 +6,7 @@
 mod compositions;
 mod conformance;
 mod reaper;
+mod sandbox;
 
 mod remote;
 mod sandbox_tools;

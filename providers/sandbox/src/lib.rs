@@ -1,11 +1,22 @@
-//! Sandbox providers (issue 12, in progress): `sandbox-policy`, the default policy a
-//! composition gives (mode and workspace root), and `sandbox-none`, which confines nothing
-//! and refuses confining modes. The runners (`sandbox-landlock`, `sandbox-bwrap`) and the
-//! `conch sandbox-exec` helper land here next.
+//! Sandbox providers: `sandbox-policy` (the composition's default policy), the runners
+//! `sandbox-landlock` (Landlock + seccomp through the `sandbox-exec` helper) and
+//! `sandbox-bwrap` (bubblewrap namespaces with the helper inside), `sandbox-none` (confines
+//! nothing and refuses confining modes), and the helper itself ([`sandbox_exec_main`],
+//! behind `conch sandbox-exec`).
+//!
+//! Besides `providers/local`, this is the one crate that touches the OS process world: the
+//! helper confines its own process before it execs the command, and `sandbox-bwrap` probes
+//! bubblewrap once when it is built.
 
+mod bwrap;
+pub mod exec;
+mod landlock;
 mod none;
 mod policy;
 
+pub use bwrap::{BWRAP_NAME, BwrapConfig, BwrapSandbox};
+pub use exec::sandbox_exec_main;
+pub use landlock::{LANDLOCK_NAME, LandlockConfig, LandlockSandbox};
 pub use none::{NONE_NAME, SandboxNone};
 pub use policy::{POLICY_NAME, PolicyConfig};
 

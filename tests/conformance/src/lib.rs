@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+pub mod sandbox;
 pub mod shell;
 pub mod subprocess;
 pub mod terminal;
@@ -257,6 +258,39 @@ macro_rules! terminal_suite {
             async fn $case() {
                 let backend = ($make)();
                 $crate::terminal::$case(backend.as_ref()).await;
+            }
+        )*
+    };
+}
+
+/// Instantiates the sandbox suite: `sandbox_suite!(|| (Arc<dyn Sandbox>, Arc<dyn Subprocess>))`.
+/// Cases a runner cannot hold here print `SKIP <case>: <reason>`.
+#[macro_export]
+macro_rules! sandbox_suite {
+    ($make:expr) => {
+        $crate::sandbox_suite!(@cases $make;
+            writes_inside_the_root_succeed,
+            writes_outside_the_root_are_denied,
+            metadata_changes_outside_the_root_are_denied,
+            read_only_mode_writes_only_dev_null,
+            tcp_connect_is_denied_without_network,
+            udp_send_is_denied_without_network,
+            tcp_connect_works_with_network,
+            inherited_descriptors_are_closed,
+            git_hooks_and_config_stay_read_only,
+            a_setsid_daemon_does_not_outlive_the_call,
+            signals_to_outside_processes_are_denied,
+            the_command_has_no_capabilities_and_no_new_privs,
+            other_processes_environ_is_unreadable,
+            danger_full_access_is_unconfined
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (sandbox, sub) = ($make)();
+                $crate::sandbox::$case(sandbox.as_ref(), sub.as_ref()).await;
             }
         )*
     };

@@ -1,0 +1,243 @@
+//! `sandbox-landlock`: confines a command with the `sandbox-exec` helper (Landlock +
+//! seccomp, see [`crate::exec`]) in front of its exact argv.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use conch_registry::{
+    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+};
+use conch_seams::{
+    CommandLine, ConfigIssue, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
+    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy,
+};
+use serde::Deserialize;
+
+use crate::exec::{Runner, SUBCOMMAND, landlock_abi};
+
+/// Plugin name.
+pub const LANDLOCK_NAME: &str = "sandbox-landlock";
+
+/// Config.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LandlockConfig {
+    /// A binary implementing the `sandbox-exec` subcommand (absolute); empty: the running
+    /// executable (the `conch` binary).
+    pub helper: PathBuf,
+}
+
+impl PluginConfig for LandlockConfig {
+    fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        validate_helper(&self.helper)
+    }
+}
+
+pub(crate) fn validate_helper(helper: &std::path::Path) -> std::result::Result<(), ConfigIssue> {
+    if !helper.as_os_str().is_empty() && !helper.is_absolute() {
+        return Err(ConfigIssue::new("helper", "must be an absolute path"));
+    }
+    Ok(())
+}
+
+/// The helper path a config names, or the running executable.
+pub(crate) fn resolve_helper(helper: &std::path::Path) -> Result<PathBuf> {
+    if !helper.as_os_str().is_empty() {
+        return Ok(helper.to_path_buf());
+    }
+    std::env::current_exe().map_err(|e| {
+        Error::new(
+            ErrorCode::SandboxUnavailable,
+            format!("cannot find the running executable for the sandbox helper: {e}"),
+        )
+    })
+}
+
+/// The Landlock runner.
+#[derive(Debug)]
+pub struct LandlockSandbox {
+    helper: PathBuf,
+    /// The kernel's ABI, or why there is no Landlock (probed once at build).
+    abi: std::result::Result<i32, String>,
+}
+
+impl LandlockSandbox {
+    /// A runner using `helper` (a binary with the `sandbox-exec` subcommand); probes the
+    /// kernel now.
+    pub fn new(helper: PathBuf) -> Self {
+        Self { helper, abi: landlock_abi() }
+    }
+
+    fn enforcement(&self) -> String {
+        match &self.abi {
+            Ok(abi) => format!("landlock ABI {abi} + seccomp"),
+            Err(_) => "none (no landlock)".into(),
+        }
+    }
+}
+
+/// The helper command line: `[helper, sandbox-exec, --policy, json, --runner, r, --, argv...]`.
+pub(crate) fn helper_argv(
+    helper: &std::path::Path,
+    runner: Runner,
+    policy: &SandboxPolicy,
+    argv: &[String],
+) -> Result<Vec<String>> {
+    let json = serde_json::to_string(policy)
+        .map_err(|e| Error::new(ErrorCode::Internal, format!("policy does not serialise: {e}")))?;
+    let mut out = vec![
+        helper.to_string_lossy().into_owned(),
+        SUBCOMMAND.to_string(),
+        "--policy".into(),
+        json,
+        "--runner".into(),
+        runner.as_str().into(),
+        "--".into(),
+    ];
+    out.extend(argv.iter().cloned());
+    Ok(out)
+}
+
+/// Rejects relative roots and an empty argv.
+pub(crate) fn check(policy: &SandboxPolicy, command: &CommandLine) -> Result<()> {
+    if command.argv.is_empty() {
+        return Err(Error::new(ErrorCode::InvalidArgument, "empty argv"));
+    }
+    for p in policy.writable().iter().chain(&policy.read_only_paths) {
+        if !p.is_absolute() {
+            return Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!("sandbox path {} is not absolute", p.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Sandbox for LandlockSandbox {
+    fn provider_name(&self) -> &'static str {
+        LANDLOCK_NAME
+    }
+
+    fn capabilities(&self) -> SandboxCapabilities {
+        let mut caps = SandboxCapabilities::default();
+        caps.modes = vec![SandboxMode::DangerFullAccess];
+        if let Ok(abi) = self.abi {
+            caps.modes.extend([SandboxMode::ReadOnly, SandboxMode::WorkspaceWrite]);
+            // TCP rules need ABI 4; the seccomp socket filter covers the rest.
+            caps.network_control = abi >= 4;
+            caps.signal_scoping = abi >= 6;
+        }
+        caps.pid_isolation = false;
+        caps.enforcement = self.enforcement();
+        caps
+    }
+
+    fn wrap(&self, policy: &SandboxPolicy, command: CommandLine) -> Result<CommandLine> {
+        if !policy.mode.confines() {
+            return Ok(command);
+        }
+        check(policy, &command)?;
+        if let Err(why) = &self.abi {
+            return Err(Error::new(
+                ErrorCode::SandboxUnavailable,
+                format!(
+                    "{LANDLOCK_NAME}: {why}; use sandbox-bwrap or run on a kernel with landlock"
+                ),
+            )
+            .with_provider(LANDLOCK_NAME));
+        }
+        if policy.network {
+            // Allowed network needs nothing; off needs TCP rules (ABI 4).
+        } else if self.abi.as_ref().is_ok_and(|abi| *abi < 4) {
+            return Err(Error::new(
+                ErrorCode::SandboxUnavailable,
+                format!("{LANDLOCK_NAME}: this kernel's landlock cannot deny TCP (ABI 4 needed); use sandbox-bwrap"),
+            )
+            .with_provider(LANDLOCK_NAME));
+        }
+        let argv = helper_argv(&self.helper, Runner::Landlock, policy, &command.argv)?;
+        Ok(CommandLine::new(argv).with_cwd(command.cwd).with_env(command.env))
+    }
+
+    fn classify(
+        &self,
+        policy: &SandboxPolicy,
+        exit: &ExitStatus,
+        output_tail: &str,
+    ) -> SandboxInfo {
+        classify(policy, exit, output_tail, &self.enforcement())
+    }
+}
+
+/// The classifier both runners share: a non-zero exit with a permission-style message in
+/// the output tail is a denial; the helper's own `unavailable` line is a runner failure.
+pub(crate) fn classify(
+    policy: &SandboxPolicy,
+    exit: &ExitStatus,
+    output_tail: &str,
+    enforcement: &str,
+) -> SandboxInfo {
+    let mut info = SandboxInfo::new(policy.mode);
+    if !policy.mode.confines() {
+        return info;
+    }
+    info.enforcement = Some(enforcement.to_string());
+    if exit.code == Some(0) {
+        return info;
+    }
+    if exit.code == Some(crate::exec::UNAVAILABLE)
+        && output_tail.contains(&format!("{} unavailable:", crate::exec::MARKER))
+    {
+        info.runner_failed = true;
+        return info;
+    }
+    let network = [
+        "Network is unreachable",
+        "Address family not supported",
+        "Could not resolve host",
+        "Temporary failure in name resolution",
+        "Connection refused",
+    ];
+    // EBUSY: renaming a read-only bind's mount point (bwrap); EXDEV: Landlock refuses a
+    // link or rename that would widen a file's rights.
+    let file = [
+        "Permission denied",
+        "Operation not permitted",
+        "Read-only file system",
+        "Device or resource busy",
+        "Invalid cross-device link",
+    ];
+    let has = |needles: &[&str]| needles.iter().any(|n| output_tail.contains(n));
+    // "Permission denied"/"Operation not permitted" from connect/bind are network denials
+    // (Landlock answers a TCP connect with EACCES); tools usually name the operation.
+    let lower = output_tail.to_ascii_lowercase();
+    let connect_denied = has(&file)
+        && ["connect", "socket", "bind", "/dev/tcp", "/dev/udp", "network", "sendto"]
+            .iter()
+            .any(|w| lower.contains(w));
+    // With the network allowed, a refused or unreachable connection is the world's answer,
+    // not the sandbox's.
+    if !policy.network && (has(&network) || connect_denied) {
+        info.denied = true;
+        info.denial = Some(conch_seams::Denial::Network);
+    } else if has(&file) {
+        info.denied = true;
+        info.denial = Some(conch_seams::Denial::File);
+    }
+    info
+}
+
+fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    let config: LandlockConfig = ctx.config()?;
+    let helper = resolve_helper(&config.helper)?;
+    Ok(PluginOutput::seam(SeamHandle::Sandbox(Arc::new(LandlockSandbox::new(helper)))))
+}
+
+register_plugin!(PluginEntry {
+    name: LANDLOCK_NAME,
+    provides: Some(SeamId::Sandbox),
+    requires: &[],
+    description: "confines commands with Landlock + seccomp through the `sandbox-exec` helper",
+    build,
+});

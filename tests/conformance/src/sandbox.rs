@@ -1,0 +1,580 @@
+//! Cases for the `Sandbox` seam: escape attempts judged by their effect outside the
+//! sandbox (a file's bytes, mode and existence; what a listener received; whether a victim
+//! process survived), each also proving that the command ran (it prints a marker first), so a
+//! runner that runs nothing cannot pass as "denied". Wrapped commands are spawned through the
+//! given subprocess seam. A case a runner cannot hold prints `SKIP <case>: <reason>`.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use conch_seams::{
+    CommandLine, Denial, ExitStatus, OutputSpec, Sandbox, SandboxInfo, SandboxMode, SandboxPolicy,
+    SpawnSpec, StreamId, Subprocess,
+};
+
+use crate::within;
+
+const MARK: &str = "conch-sandbox-ran";
+
+/// A workspace root and a directory outside it, both fresh.
+struct Fixture {
+    _root: tempfile::TempDir,
+    _outside: tempfile::TempDir,
+    root: PathBuf,
+    outside: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let root_dir = tempfile::Builder::new().prefix("conch-sbx-root").tempdir().unwrap();
+        let outside_dir = tempfile::Builder::new().prefix("conch-sbx-out").tempdir().unwrap();
+        let root = std::fs::canonicalize(root_dir.path()).unwrap();
+        let outside = std::fs::canonicalize(outside_dir.path()).unwrap();
+        Self { _root: root_dir, _outside: outside_dir, root, outside }
+    }
+
+    fn policy(&self, mode: SandboxMode) -> SandboxPolicy {
+        SandboxPolicy::new(mode, self.root.clone())
+    }
+
+    /// A file outside the root holding `orig`, mode 0644.
+    fn victim(&self, name: &str) -> PathBuf {
+        let p = self.outside.join(name);
+        std::fs::write(&p, "orig").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        p
+    }
+}
+
+/// Runs `script` with `bash -c` wrapped under `policy` in `cwd`; returns merged output,
+/// status and the runner's classification.
+async fn run(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+    policy: &SandboxPolicy,
+    cwd: &Path,
+    script: &str,
+) -> (String, ExitStatus, SandboxInfo) {
+    let line = CommandLine::new(vec!["bash".into(), "-c".into(), script.into()])
+        .with_cwd(Some(cwd.to_path_buf()));
+    let wrapped = sandbox.wrap(policy, line).expect("the runner wraps on this machine");
+    spawn_wrapped(sandbox, sub, policy, wrapped.argv, wrapped.cwd).await
+}
+
+async fn spawn_wrapped(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+    policy: &SandboxPolicy,
+    argv: Vec<String>,
+    cwd: Option<PathBuf>,
+) -> (String, ExitStatus, SandboxInfo) {
+    let spec = SpawnSpec::in_default_dir(argv)
+        .with_cwd(cwd)
+        .with_stdout(OutputSpec::Collect { max_bytes: 1 << 20, spill_cap: 1 << 24 })
+        .with_stderr(OutputSpec::MergeIntoStdout);
+    let proc = sub.spawn(spec).await.expect("spawn the wrapped command");
+    let status = within("the wrapped command", proc.wait()).await.expect("exit status");
+    let out = proc.read(StreamId::Stdout, 0, 1 << 20).expect("stdout");
+    let out = String::from_utf8_lossy(&out.data).into_owned();
+    let info = sandbox.classify(policy, &status, &out);
+    (out, status, info)
+}
+
+/// Asserts the attempt ran (marker), failed, and was classified as a `kind` denial.
+fn assert_denied(what: &str, out: &str, status: &ExitStatus, info: &SandboxInfo, kind: Denial) {
+    assert!(out.contains(MARK), "{what}: the command did not run: {out:?} {status:?}");
+    assert_ne!(status.code, Some(0), "{what}: the attempt succeeded: {out:?}");
+    assert!(info.denied, "{what}: not classified as denied: {out:?} {info:?}");
+    assert_eq!(info.denial, Some(kind), "{what}: {out:?}");
+    assert!(!info.runner_failed, "{what}: runner failed: {out:?}");
+}
+
+fn skip(case: &str, reason: &str) {
+    println!("SKIP {case}: {reason}");
+}
+
+fn confining(sandbox: &dyn Sandbox, case: &str) -> bool {
+    let caps = sandbox.capabilities();
+    if caps.modes.contains(&SandboxMode::WorkspaceWrite) {
+        true
+    } else {
+        skip(
+            case,
+            &format!("{} cannot confine here: {}", sandbox.provider_name(), caps.enforcement),
+        );
+        false
+    }
+}
+
+pub async fn writes_inside_the_root_succeed(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "writes_inside_the_root_succeed") {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let (out, status, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        "echo data > new.txt && mkdir -p d/e && echo more > d/e/f && mv new.txt d/moved && cat d/moved",
+    )
+    .await;
+    assert_eq!(status.code, Some(0), "{out}");
+    assert_eq!(std::fs::read_to_string(f.root.join("d/moved")).unwrap(), "data\n");
+    assert_eq!(std::fs::read_to_string(f.root.join("d/e/f")).unwrap(), "more\n");
+    assert!(!info.denied && info.enforcement.is_some(), "{info:?}");
+    assert_eq!(info.mode, SandboxMode::WorkspaceWrite);
+}
+
+pub async fn writes_outside_the_root_are_denied(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "writes_outside_the_root_are_denied") {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let o = f.outside.display().to_string();
+
+    // touch a new file outside (stands in for /etc/x without touching /etc).
+    let (out, st, info) =
+        run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; touch {o}/x")).await;
+    assert_denied("touch outside", &out, &st, &info, Denial::File);
+    assert!(!f.outside.join("x").exists());
+
+    // $HOME is outside the root.
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let home_file = PathBuf::from(&home).join(format!("conch-sandbox-{}", std::process::id()));
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; echo evil > {}", home_file.display()),
+    )
+    .await;
+    let escaped = home_file.exists();
+    let _ = std::fs::remove_file(&home_file);
+    assert!(!escaped, "wrote into $HOME");
+    assert_denied("write to $HOME", &out, &st, &info, Denial::File);
+
+    // Through a symlink inside the root that points outside.
+    let target = f.victim("target");
+    std::os::unix::fs::symlink(&target, f.root.join("link")).unwrap();
+    let (out, st, info) =
+        run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; echo evil > link")).await;
+    assert_denied("write through a symlink", &out, &st, &info, Denial::File);
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "orig");
+
+    // A hard link made from inside to a file outside, then written.
+    let (out, st, _) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; ln {} hl && echo evil >> hl", target.display()),
+    )
+    .await;
+    assert!(out.contains(MARK), "{out}");
+    assert_ne!(st.code, Some(0), "hard link to an outside file: {out}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "orig");
+
+    // mv a file out of the root.
+    std::fs::write(f.root.join("keep"), "inside").unwrap();
+    let (out, st, info) =
+        run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; mv keep {o}/keep")).await;
+    assert_denied("mv out of the root", &out, &st, &info, Denial::File);
+    assert!(!f.outside.join("keep").exists());
+    assert_eq!(std::fs::read_to_string(f.root.join("keep")).unwrap(), "inside");
+
+    // mkdir outside.
+    let (out, st, info) =
+        run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; mkdir {o}/newdir")).await;
+    assert_denied("mkdir outside", &out, &st, &info, Denial::File);
+    assert!(!f.outside.join("newdir").exists());
+
+    // truncate a file outside.
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; truncate -s 0 {}", target.display()),
+    )
+    .await;
+    assert_denied("truncate outside", &out, &st, &info, Denial::File);
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "orig");
+}
+
+pub async fn metadata_changes_outside_the_root_are_denied(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) {
+    let case = "metadata_changes_outside_the_root_are_denied";
+    if !confining(sandbox, case) {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let target = f.victim("meta");
+    // chown and xattr writes are refused by every confining runner.
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; chown 1:1 {}", target.display()),
+    )
+    .await;
+    assert_denied("chown outside", &out, &st, &info, Denial::File);
+    let meta = std::fs::metadata(&target).unwrap();
+    assert_ne!(std::os::unix::fs::MetadataExt::uid(&meta), 1, "owner changed");
+
+    let (out, st, _) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; chmod 0777 {}", target.display()),
+    )
+    .await;
+    assert!(out.contains(MARK), "{out}");
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+    if mode != 0o644 {
+        // Landlock has no right for chmod and seccomp cannot see the path: a stated hole of
+        // the landlock runner. Make it visible instead of passing.
+        assert_eq!(st.code, Some(0));
+        skip(
+            case,
+            &format!(
+                "{} lets chmod change a file outside the roots (known hole)",
+                sandbox.provider_name()
+            ),
+        );
+        return;
+    }
+    assert_ne!(st.code, Some(0), "chmod reported success but changed nothing: {out}");
+}
+
+pub async fn read_only_mode_writes_only_dev_null(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "read_only_mode_writes_only_dev_null") {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::ReadOnly);
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        "echo x > /dev/null && cat /etc/hostname >/dev/null && echo readable",
+    )
+    .await;
+    assert_eq!(st.code, Some(0), "{out}");
+    assert!(out.contains("readable"));
+    assert!(!info.denied);
+    for target in [f.root.join("in-root"), f.outside.join("outside")] {
+        let (out, st, info) = run(
+            sandbox,
+            sub,
+            &policy,
+            &f.root,
+            &format!("echo {MARK}; echo evil > {}", target.display()),
+        )
+        .await;
+        assert_denied("read-only write", &out, &st, &info, Denial::File);
+        assert!(!target.exists(), "{} was created", target.display());
+    }
+}
+
+pub async fn tcp_connect_is_denied_without_network(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "tcp_connect_is_denied_without_network") {
+        return;
+    }
+    let f = Fixture::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; exec 3<>/dev/tcp/127.0.0.1/{port} && echo hello >&3"),
+    )
+    .await;
+    assert_denied("tcp connect", &out, &st, &info, Denial::Network);
+    let accepted = listener.accept();
+    assert!(
+        matches!(&accepted, Err(e) if e.kind() == ErrorKind::WouldBlock),
+        "the listener accepted a connection: {accepted:?}"
+    );
+}
+
+pub async fn udp_send_is_denied_without_network(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "udp_send_is_denied_without_network") {
+        return;
+    }
+    let f = Fixture::new();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let port = sock.local_addr().unwrap().port();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, _) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; echo hello > /dev/udp/127.0.0.1/{port}"),
+    )
+    .await;
+    assert!(out.contains(MARK), "{out}");
+    // Under a network namespace the datagram goes to the sandbox's own loopback and the
+    // send may "succeed"; what matters is that nothing arrives here.
+    let mut buf = [0u8; 64];
+    let got = sock.recv(&mut buf);
+    assert!(
+        matches!(&got, Err(e) if e.kind() == ErrorKind::WouldBlock),
+        "a datagram arrived: {got:?} (exit {st:?}, {out})"
+    );
+}
+
+pub async fn tcp_connect_works_with_network(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "tcp_connect_works_with_network") {
+        return;
+    }
+    let f = Fixture::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let policy = f.policy(SandboxMode::WorkspaceWrite).with_network(true);
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo hello >&3"),
+    )
+    .await;
+    assert_eq!(st.code, Some(0), "{out}");
+    assert!(!info.denied);
+    listener.set_nonblocking(true).unwrap();
+    let (mut conn, _) = listener.accept().expect("the connection is in the backlog");
+    conn.set_nonblocking(false).unwrap();
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut got).unwrap();
+    assert_eq!(got, "hello\n");
+}
+
+pub async fn inherited_descriptors_are_closed(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "inherited_descriptors_are_closed") {
+        return;
+    }
+    let f = Fixture::new();
+    let target = f.victim("fd-target");
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let line =
+        CommandLine::new(vec!["sh".into(), "-c".into(), format!("echo {MARK}; echo evil >&5")])
+            .with_cwd(Some(f.root.clone()));
+    let wrapped = sandbox.wrap(&policy, line).unwrap();
+    // An unconfined bash opens fd 5 (no close-on-exec) on the outside file and execs the
+    // wrapped command line: the sandboxed command inherits it unless the runner closes it.
+    let mut argv = vec![
+        "bash".to_string(),
+        "-c".into(),
+        format!("exec 5>>{}; exec \"$@\"", target.display()),
+        "bash".into(),
+    ];
+    argv.extend(wrapped.argv);
+    let (out, st, _) = spawn_wrapped(sandbox, sub, &policy, argv, wrapped.cwd).await;
+    assert!(out.contains(MARK), "{out}");
+    assert_ne!(st.code, Some(0), "writing to fd 5 succeeded: {out}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "orig");
+}
+
+pub async fn git_hooks_and_config_stay_read_only(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "git_hooks_and_config_stay_read_only") {
+        return;
+    }
+    let f = Fixture::new();
+    std::fs::create_dir_all(f.root.join(".git/hooks")).unwrap();
+    std::fs::create_dir_all(f.root.join(".git/objects")).unwrap();
+    std::fs::create_dir_all(f.root.join("src")).unwrap();
+    std::fs::write(f.root.join(".git/config"), "[core]\n").unwrap();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    for (what, script) in [
+        ("new hook", "echo evil > .git/hooks/pre-commit"),
+        ("config append", "echo evil >> .git/config"),
+        (
+            "swap .git",
+            "mv .git .git-old && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit",
+        ),
+        (
+            "swap hooks",
+            "mv .git/hooks .git/hooks-old && mkdir .git/hooks && echo evil > .git/hooks/pre-commit",
+        ),
+    ] {
+        let (out, st, info) =
+            run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; {script}")).await;
+        assert_denied(what, &out, &st, &info, Denial::File);
+        assert!(!f.root.join(".git/hooks/pre-commit").exists(), "{what}: hook written");
+        assert_eq!(std::fs::read_to_string(f.root.join(".git/config")).unwrap(), "[core]\n");
+    }
+    // A `.git` without `hooks`: the directory cannot be created either.
+    let bare = Fixture::new();
+    std::fs::create_dir_all(bare.root.join(".git/objects")).unwrap();
+    std::fs::write(bare.root.join(".git/config"), "[core]\n").unwrap();
+    let bare_policy = bare.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &bare_policy,
+        &bare.root,
+        &format!("echo {MARK}; mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit"),
+    )
+    .await;
+    assert_denied("create missing hooks", &out, &st, &info, Denial::File);
+    assert!(!bare.root.join(".git/hooks").exists(), "hooks directory created");
+    // The rest of the workspace stays writable.
+    let (out, st, _) =
+        run(sandbox, sub, &policy, &f.root, "echo ok > src/a && echo obj > .git/objects/o").await;
+    assert_eq!(st.code, Some(0), "{out}");
+    assert_eq!(std::fs::read_to_string(f.root.join("src/a")).unwrap(), "ok\n");
+}
+
+pub async fn a_setsid_daemon_does_not_outlive_the_call(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) {
+    let case = "a_setsid_daemon_does_not_outlive_the_call";
+    if !confining(sandbox, case) {
+        return;
+    }
+    if !sandbox.capabilities().pid_isolation {
+        skip(
+            case,
+            &format!(
+                "{} has no pid namespace (subprocess-local stops leftovers instead)",
+                sandbox.provider_name()
+            ),
+        );
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    // A unique sleep length marks the daemon in the host's /proc.
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let arg = format!("1000.{nanos}");
+    let (out, st, _) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("setsid sleep {arg} >/dev/null 2>&1 </dev/null & echo {MARK} $!"),
+    )
+    .await;
+    assert!(out.contains(MARK), "{out}");
+    assert_eq!(st.code, Some(0), "{out}");
+    within("the daemon to be gone", async {
+        while daemon_alive(&arg) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+fn daemon_alive(arg: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let alive = std::fs::read_to_string(e.path().join("stat"))
+            .map(|s| s.rfind(')').is_some_and(|i| !s[i + 1..].trim_start().starts_with('Z')))
+            .unwrap_or(false);
+        alive && cmd.split(|b| *b == 0).any(|a| a == arg.as_bytes())
+    })
+}
+
+pub async fn signals_to_outside_processes_are_denied(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    let case = "signals_to_outside_processes_are_denied";
+    if !confining(sandbox, case) {
+        return;
+    }
+    let caps = sandbox.capabilities();
+    if !caps.signal_scoping && !caps.pid_isolation {
+        skip(case, "no signal scoping on this kernel");
+        return;
+    }
+    let f = Fixture::new();
+    let mut victim = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+    let pid = victim.id();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, _) =
+        run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; kill -KILL {pid}")).await;
+    let survived = victim.try_wait().unwrap().is_none();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert!(out.contains(MARK), "{out}");
+    assert_ne!(st.code, Some(0), "kill reported success: {out}");
+    assert!(survived, "the victim outside the sandbox was killed");
+}
+
+pub async fn danger_full_access_is_unconfined(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::DangerFullAccess);
+    let line = CommandLine::new(vec!["true".into()]);
+    assert_eq!(sandbox.wrap(&policy, line.clone()).unwrap(), line, "the command line is unchanged");
+    let target = f.outside.join("free");
+    let (out, st, info) =
+        run(sandbox, sub, &policy, &f.root, &format!("echo yes > {}", target.display())).await;
+    assert_eq!(st.code, Some(0), "{out}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "yes\n");
+    assert!(!info.denied && info.enforcement.is_none(), "{info:?}");
+}
+
+pub async fn the_command_has_no_capabilities_and_no_new_privs(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) {
+    if !confining(sandbox, "the_command_has_no_capabilities_and_no_new_privs") {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, _) = run(sandbox, sub, &policy, &f.root, "cat /proc/self/status").await;
+    assert_eq!(st.code, Some(0), "{out}");
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("{name} in {out}"))
+    };
+    for cap in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(field(cap).trim_start_matches('0'), "", "{cap} is not empty: {out}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_ne!(field("Seccomp:"), "0", "no seccomp filter");
+}
+
+pub async fn other_processes_environ_is_unreadable(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    if !confining(sandbox, "other_processes_environ_is_unreadable") {
+        return;
+    }
+    let f = Fixture::new();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    // The test process stands in for conch: its environment must not be readable.
+    let me = std::process::id();
+    let (out, st, _) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; cat /proc/{me}/environ | tr '\\0' '\\n' | grep -c . "),
+    )
+    .await;
+    assert!(out.contains(MARK), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.last().is_some_and(|l| l.trim() == "0"),
+        "read {me}'s environment (status {st:?}): {out}"
+    );
+}

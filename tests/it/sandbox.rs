@@ -1,0 +1,128 @@
+//! The sandbox suite for both runners (`sandbox-landlock`, `sandbox-bwrap`), spawning
+//! through subprocess-local with the `conch-sandbox-exec-test` helper binary, plus the
+//! runner-specific cases: unavailable runners and the helper's fail-closed exit.
+
+use std::sync::Arc;
+
+use conch_provider_local::{LocalConfig, LocalSubprocess};
+use conch_provider_sandbox::{BwrapSandbox, LandlockSandbox};
+use conch_seams::{CommandLine, ErrorCode, Sandbox, SandboxMode, SandboxPolicy, Subprocess};
+
+/// The helper binary cargo builds for this package's tests.
+fn helper() -> std::path::PathBuf {
+    env!("CARGO_BIN_EXE_conch-sandbox-exec-test").into()
+}
+
+fn local() -> Arc<dyn Subprocess> {
+    Arc::new(LocalSubprocess::new(LocalConfig::default()))
+}
+
+mod landlock {
+    use super::*;
+    conch_conformance::sandbox_suite!(|| (
+        Arc::new(LandlockSandbox::new(helper())) as Arc<dyn Sandbox>,
+        local()
+    ));
+}
+
+mod bwrap {
+    use super::*;
+    conch_conformance::sandbox_suite!(|| (
+        Arc::new(BwrapSandbox::new(std::path::Path::new("bwrap"), helper())) as Arc<dyn Sandbox>,
+        local()
+    ));
+}
+
+#[test]
+fn a_missing_bwrap_builds_but_refuses_to_wrap_with_what_to_do() {
+    let sandbox = BwrapSandbox::new(std::path::Path::new("/nonexistent/bwrap"), helper());
+    let caps = sandbox.capabilities();
+    assert_eq!(caps.modes, vec![SandboxMode::DangerFullAccess], "{caps:?}");
+    assert!(!caps.pid_isolation && !caps.network_control);
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/tmp");
+    let err = sandbox.wrap(&policy, CommandLine::new(vec!["true".into()])).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
+    assert!(err.to_string().contains("apt-get install bubblewrap"), "{err}");
+    // danger-full-access needs no runner.
+    let dfa = SandboxPolicy::new(SandboxMode::DangerFullAccess, "/tmp");
+    assert!(sandbox.wrap(&dfa, CommandLine::new(vec!["true".into()])).is_ok());
+}
+
+#[test]
+fn the_helper_refuses_a_bad_command_line_without_running_anything() {
+    let out = std::process::Command::new(helper())
+        .args(["sandbox-exec", "--policy", "{not json", "--", "touch", "/tmp/conch-never"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("conch-sandbox: usage:"));
+}
+
+#[test]
+fn the_helper_reports_a_missing_program_like_a_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, dir.path());
+    let json = serde_json::to_string(&policy).unwrap();
+    let out = std::process::Command::new(helper())
+        .args(["sandbox-exec", "--policy", &json, "--", "/nonexistent/conch-no-such"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("conch-no-such"));
+}
+
+/// The helper takes the command out of the caller's terminal session (no `TIOCSTI` into
+/// conch's terminal), on both paths a one-shot spawn can take, and keeps the terminal of a
+/// session it leads (a sandboxed terminal). `script` gives the run a PTY as controlling
+/// terminal; field 7 of `/proc/self/stat` is the controlling terminal (0: none).
+#[test]
+fn the_helper_leaves_the_callers_terminal_but_keeps_its_own() {
+    let have = |p: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {p}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("script") || !have("python3") {
+        println!(
+            "SKIP the_helper_leaves_the_callers_terminal_but_keeps_its_own: needs script(1) and python3"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, dir.path());
+    let inner = dir.path().join("inner.sh");
+    std::fs::write(
+        &inner,
+        r#"awk '{print "control", $7}' /proc/self/stat
+# A process group leader that is not the session leader (how subprocess-local starts it).
+python3 -c 'import os,sys; os.setpgid(0,0); os.execvp(sys.argv[1], sys.argv[1:])' \
+  "$H" sandbox-exec --policy "$P" -- awk '{print "leader", $7}' /proc/self/stat </dev/null
+# A plain member of the caller's session.
+"$H" sandbox-exec --policy "$P" -- awk '{print "member", $7}' /proc/self/stat </dev/null
+# The session leader of the PTY (a sandboxed terminal).
+exec "$H" sandbox-exec --policy "$P" -- awk '{print "terminal", $7}' /proc/self/stat
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new("script")
+        .args(["-qec", &format!("exec sh {}", inner.display()), "/dev/null"])
+        .env("H", helper())
+        .env("P", serde_json::to_string(&policy).unwrap())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let tty = |label: &str| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{label} ")))
+            .unwrap_or_else(|| panic!("no {label} line in {text:?}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_ne!(tty("control"), 0, "the setup gives the run a terminal: {text}");
+    assert_eq!(tty("leader"), 0, "a group leader kept the caller's terminal: {text}");
+    assert_eq!(tty("member"), 0, "a session member kept the caller's terminal: {text}");
+    assert_eq!(tty("terminal"), tty("control"), "the session leader lost its PTY: {text}");
+}
