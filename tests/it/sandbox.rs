@@ -126,3 +126,43 @@ exec "$H" sandbox-exec --policy "$P" -- awk '{print "terminal", $7}' /proc/self/
     assert_eq!(tty("member"), 0, "a session member kept the caller's terminal: {text}");
     assert_eq!(tty("terminal"), tty("control"), "the session leader lost its PTY: {text}");
 }
+
+/// bash-sandbox confined for real (workspace-write) keeps every shell contract: the shell
+/// suite runs over each runner. The workspace root is `/tmp`, where the suite's commands
+/// make their temporary directories; spills are written by conch, outside the sandbox.
+mod bash_sandbox {
+    use super::*;
+    use conch_provider_bash::{BashLocal, BashLocalConfig};
+
+    fn policy() -> SandboxPolicy {
+        SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/tmp")
+    }
+
+    mod over_landlock {
+        use super::*;
+
+        fn make() -> Arc<BashLocal> {
+            let sandbox = Arc::new(LandlockSandbox::new(helper()));
+            Arc::new(
+                BashLocal::sandboxed(BashLocalConfig::default(), local(), sandbox, policy())
+                    .unwrap(),
+            )
+        }
+
+        conch_conformance::shell_suite!(make);
+    }
+
+    mod over_bwrap {
+        use super::*;
+
+        fn make() -> Arc<BashLocal> {
+            let sandbox = Arc::new(BwrapSandbox::new(std::path::Path::new("bwrap"), helper()));
+            Arc::new(
+                BashLocal::sandboxed(BashLocalConfig::default(), local(), sandbox, policy())
+                    .unwrap(),
+            )
+        }
+
+        conch_conformance::shell_suite!(make);
+    }
+}

@@ -182,6 +182,9 @@ pub enum ErrorReason {
     SessionExited,
     /// The remote world restarted (its boot id changed): what it held is gone.
     BootChanged,
+    /// A spawn's working directory does not exist: the caller's mistake, not the runner's
+    /// (a sandboxed executor keeps it a `spawn_failed`, not `sandbox_unavailable`).
+    MissingWorkdir,
 }
 
 impl ErrorReason {
@@ -197,6 +200,7 @@ impl ErrorReason {
         ErrorReason::BadName,
         ErrorReason::SessionExited,
         ErrorReason::BootChanged,
+        ErrorReason::MissingWorkdir,
     ];
 
     /// The stable upper-case spelling.
@@ -212,6 +216,7 @@ impl ErrorReason {
             ErrorReason::BadName => "BAD_NAME",
             ErrorReason::SessionExited => "SESSION_EXITED",
             ErrorReason::BootChanged => "BOOT_CHANGED",
+            ErrorReason::MissingWorkdir => "MISSING_WORKDIR",
         }
     }
 }
@@ -516,7 +521,8 @@ mod tests {
                 "NO_BACKEND",
                 "BAD_NAME",
                 "SESSION_EXITED",
-                "BOOT_CHANGED"
+                "BOOT_CHANGED",
+                "MISSING_WORKDIR"
             ]
         );
         for r in ErrorReason::ALL {

@@ -216,6 +216,10 @@ impl ShellDialect {
 pub struct ShellCapabilities {
     /// Commands run under a sandbox policy.
     pub sandboxed: bool,
+    /// Commands run in a pid namespace of their own (a sandbox runner's): whatever they
+    /// start ends with the shell, killed by the kernel with the namespace, so it is stopped
+    /// without being listed as a leftover, and pids the command prints are the namespace's.
+    pub pid_isolated: bool,
 }
 
 /// The shell seam.

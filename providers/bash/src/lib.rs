@@ -19,11 +19,11 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    AfterExit, CollectedOutput, CommandLine, ConfigIssue, Error, ErrorCode, ExitStatus, Leftover,
-    OutputSpec, PluginConfig, Process, Result, Sandbox, SandboxInfo, SandboxMode, SandboxPolicy,
-    ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
-    ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId,
-    Subprocess,
+    AfterExit, CollectedOutput, CommandLine, ConfigIssue, Error, ErrorCode, ErrorReason,
+    ExitStatus, Leftover, OutputSpec, PluginConfig, Process, Result, Sandbox, SandboxInfo,
+    SandboxMode, SandboxPolicy, ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec,
+    ShellExecutor, ShellProcess, ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec,
+    StdinSpec, StreamId, Subprocess,
 };
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -319,6 +319,10 @@ impl ShellExecutor for BashLocal {
     fn capabilities(&self) -> ShellCapabilities {
         let mut caps = ShellCapabilities::default();
         caps.sandboxed = self.confinement.is_some();
+        caps.pid_isolated = self
+            .confinement
+            .as_ref()
+            .is_some_and(|c| c.policy.mode.confines() && c.sandbox.capabilities().pid_isolation);
         caps
     }
 
@@ -421,7 +425,8 @@ impl ShellExecutor for BashLocal {
         }
         let process = match self.subprocess.spawn(sspec).await {
             Ok(p) => p,
-            Err(e) if wrapped => {
+            // A missing workdir is the caller's mistake wherever the command runs.
+            Err(e) if wrapped && e.reason() != Some(ErrorReason::MissingWorkdir) => {
                 return Err(unavailable(format!("the sandbox runner could not be launched: {e}")));
             }
             Err(e) => return Err(e),
@@ -506,10 +511,12 @@ impl ShellExecutor for BashLocal {
                 spec.output_max_bytes,
                 confinement.map(|(sandbox, policy)| BackgroundSandbox { sandbox, policy, wrapped }),
             )),
-            Err(e) if wrapped => runner_failed(format!(
-                "{}\n",
-                unavailable(format!("the sandbox runner could not be launched: {e}"))
-            )),
+            Err(e) if wrapped && e.reason() != Some(ErrorReason::MissingWorkdir) => {
+                runner_failed(format!(
+                    "{}\n",
+                    unavailable(format!("the sandbox runner could not be launched: {e}"))
+                ))
+            }
             Err(e) => Arc::new(FailedStart { text: format!("{e}\n"), sandbox: None }),
         }
     }

@@ -368,7 +368,8 @@ pub(crate) fn resolve_cwd(cwd: Option<&Path>, op: &'static str) -> Result<std::p
         }
     };
     if !dir.is_dir() {
-        return Err(failed(format!("working directory `{}` does not exist", dir.display())));
+        return Err(failed(format!("working directory `{}` does not exist", dir.display()))
+            .with_reason(conch_seams::ErrorReason::MissingWorkdir));
     }
     Ok(dir)
 }

@@ -212,9 +212,70 @@ async fn await_gone(what: &str, pid: i32) {
     .await;
 }
 
+/// True under a pid-isolated executor, where a case about leftovers checks a different
+/// promise: what outlived the shell is gone with the pid namespace (found by a unique
+/// marker in its argv, since pids printed inside are the namespace's), not listed. Says so.
+fn pid_isolated(p: &dyn ShellExecutor, case: &str) -> bool {
+    let isolated = p.capabilities().pid_isolated;
+    if isolated {
+        println!(
+            "NOTE {case}: pid-isolated executor: what outlives the shell ends with its pid \
+             namespace and is not listed as a leftover; checked by marker instead"
+        );
+    }
+    isolated
+}
+
+/// A `sleep` argument no other process has: `1000.<unique digits>`.
+fn marker() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("1000.{}{:09}{}", std::process::id(), nanos, N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// True while some process on the machine has `marker` as an argument.
+fn process_with(marker: &str) -> bool {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == marker.as_bytes()))
+    })
+}
+
+/// Waits until no process on the machine has `marker` as an argument.
+async fn await_no_process_with(what: &str, marker: &str) {
+    within(what, async {
+        while process_with(marker) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// The isolated form of a leftover case: runs `cmd` (its `sleep 1000` made unique) in the
+/// foreground or the background, and proves that nothing it started is left.
+async fn isolated_leftovers_gone(p: &dyn ShellExecutor, cmd: &str, background: bool) {
+    let m = marker();
+    let cmd = cmd.replace("sleep 1000", &format!("sleep {m}"));
+    if background {
+        let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
+        within("the background shell to settle", proc.wait()).await;
+    } else {
+        let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(600_000)).await;
+        assert!(!r.aborted, "{r:?}");
+    }
+    await_no_process_with("what the shell left to be gone", &m).await;
+}
+
 pub async fn a_background_child_holding_the_output_does_not_hold_the_call(p: &dyn ShellExecutor) {
     if !bash_only(p, "a_background_child_holding_the_output_does_not_hold_the_call") {
         return;
+    }
+    if pid_isolated(p, "a_background_child_holding_the_output_does_not_hold_the_call") {
+        return isolated_leftovers_gone(p, "sleep 1000 & echo $!", false).await;
     }
     // The timeout is far beyond `within`'s patience: returning at all proves the call
     // ended with bash rather than with the pipe.
@@ -241,6 +302,14 @@ pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecu
         println!("SKIP {case}: needs the setsid utility");
         return;
     }
+    if pid_isolated(p, case) {
+        // The timeout still holds: the call returns, and the holder goes with the namespace.
+        let m = marker();
+        let cmd = format!("setsid sleep {m} & echo $!; sleep 1000");
+        let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(500)).await;
+        assert!(r.timed_out, "{r:?}");
+        return await_no_process_with("the escaped holder to be gone", &m).await;
+    }
     let cmd = "setsid sleep 1000 & echo $!; sleep 1000";
     let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(500)).await;
     assert!(r.timed_out, "{r:?}");
@@ -252,6 +321,9 @@ pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecu
 pub async fn a_background_job_ends_with_its_shell(p: &dyn ShellExecutor) {
     if !bash_only(p, "a_background_job_ends_with_its_shell") {
         return;
+    }
+    if pid_isolated(p, "a_background_job_ends_with_its_shell") {
+        return isolated_leftovers_gone(p, "sleep 1000 & echo $!", true).await;
     }
     let proc = p.start(p.resolve(ShellExecRequest::new("sleep 1000 & echo $!")).unwrap()).await;
     within("the background shell to settle", proc.wait()).await;
@@ -351,6 +423,9 @@ pub async fn a_detached_process_is_stopped_with_the_call(p: &dyn ShellExecutor) 
     if !bash_with_setsid(p, "a_detached_process_is_stopped_with_the_call").await {
         return;
     }
+    if pid_isolated(p, "a_detached_process_is_stopped_with_the_call") {
+        return isolated_leftovers_gone(p, DETACHED, false).await;
+    }
     let r = run(p, ShellExecRequest::new(DETACHED)).await;
     assert_eq!(r.status.code, Some(0), "{r:?}");
     let pid = first_pid(&r.output.text);
@@ -365,6 +440,9 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_settles(p: &dyn
     if !bash_with_setsid(p, case).await {
         return;
     }
+    if pid_isolated(p, case) {
+        return isolated_leftovers_gone(p, DETACHED, true).await;
+    }
     let proc = p.start(p.resolve(ShellExecRequest::new(DETACHED)).unwrap()).await;
     within("the background shell to settle", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Completed);
@@ -377,6 +455,21 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(p: &d
     let case = "a_background_jobs_detached_child_is_stopped_when_it_is_killed";
     if !bash_with_setsid(p, case).await {
         return;
+    }
+    if pid_isolated(p, case) {
+        let m = marker();
+        let cmd = format!("setsid sleep {m} >/dev/null 2>&1 </dev/null & exec sleep 1000");
+        let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
+        within("the detached child to start", async {
+            while !process_with(&m) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(proc.kill(), "the job is still running");
+        within("the killed job to settle", proc.wait()).await;
+        assert_eq!(proc.status(), ShellProcessStatus::Killed);
+        return await_no_process_with("the killed job's detached child to be gone", &m).await;
     }
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
