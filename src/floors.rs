@@ -26,6 +26,8 @@ pub(crate) enum Goal {
     Ratio(f64),
     /// measured <= this times the floor plus this many ms.
     RatioPlusMs(f64, f64),
+    /// No goal: the row is reported next to its floor.
+    Report,
 }
 
 impl Goal {
@@ -36,6 +38,7 @@ impl Goal {
             Goal::FloorPlusMs(ms) => format!("<= floor + {ms} ms"),
             Goal::Ratio(r) => format!("<= {r:.2}x floor"),
             Goal::RatioPlusMs(r, ms) => format!("<= {r}x floor + {ms} ms"),
+            Goal::Report => "no goal".to_string(),
         }
     }
 
@@ -46,6 +49,7 @@ impl Goal {
             (Goal::FloorPlusMs(ms), Some(f)) => measured <= f + ms,
             (Goal::Ratio(r), Some(f)) => f > 0.0 && measured / f <= r,
             (Goal::RatioPlusMs(r, ms), Some(f)) => measured <= f * r + ms,
+            (Goal::Report, _) => true,
             (_, None) => false,
         }
     }
@@ -410,7 +414,7 @@ pub(crate) fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::
                     "floor_is": r.floor_name,
                     "ratio": r.floor.map(|f| r.measured / f),
                     "goal": r.goal.text(r.unit),
-                    "met": r.goal.met(r.measured, r.floor),
+                    "met": (!matches!(r.goal, Goal::Report)).then(|| r.goal.met(r.measured, r.floor)),
                 })
             })
             .collect();
@@ -426,7 +430,11 @@ pub(crate) fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::
     for r in rows {
         let floor = r.floor.map_or("-".to_string(), |f| format!("{f:.3}"));
         let ratio = r.floor.map_or("-".to_string(), |f| format!("{:.2}x", r.measured / f));
-        let met = if r.goal.met(r.measured, r.floor) { "met" } else { "MISSED" };
+        let met = match r.goal {
+            Goal::Report => "",
+            g if g.met(r.measured, r.floor) => "met",
+            _ => "MISSED",
+        };
         writeln!(
             s,
             "{:<44} {:>10.3} {:>10} {:>8}  {:<22} {}",

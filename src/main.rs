@@ -4,6 +4,7 @@
 mod bench;
 mod floors;
 mod remote_bench;
+mod sandbox_bench;
 mod sandboxd;
 
 use std::io::{BufRead, Write};
@@ -63,15 +64,16 @@ enum Command {
     /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
     /// terminal_send vs persistent bash, and time to stdin_read), `floors` (every goal
     /// next to its floor measured in the same run, with the ratio), or `remote` (the same
-    /// calls local and through a `conch sandboxd` started on loopback in this process).
+    /// calls local and through a `conch sandboxd` started on loopback in this process), or
+    /// `sandbox` (bash-sandbox under each runner next to bash-local).
     Bench {
         /// Which benchmark.
-        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors", "remote"])]
+        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors", "remote", "sandbox"])]
         suite: String,
         /// Iterations per measurement.
         #[arg(long, default_value_t = 50)]
         iterations: usize,
-        /// Print the rows as JSON (`floors` unless `--suite remote`).
+        /// Print the rows as JSON (`floors` unless `--suite remote` or `sandbox`).
         #[arg(long)]
         json: bool,
     },
@@ -173,6 +175,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { suite, iterations, json } => {
             let report = if suite == "remote" {
                 remote_bench::run(iterations, json).await
+            } else if suite == "sandbox" {
+                sandbox_bench::run(iterations, json).await
             } else if json || suite == "floors" {
                 floors::run(iterations, json).await
             } else if suite == "terminal" {
