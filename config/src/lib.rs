@@ -23,6 +23,7 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("remote-terminal", include_str!("../../compositions/remote-terminal.yaml")),
     ("sandbox", include_str!("../../compositions/sandbox.yaml")),
     ("sandbox-bwrap", include_str!("../../compositions/sandbox-bwrap.yaml")),
+    ("sandbox-terminal", include_str!("../../compositions/sandbox-terminal.yaml")),
 ];
 
 /// The composition used when none is named.

@@ -7,6 +7,7 @@ mod compositions;
 mod conformance;
 mod reaper;
 mod sandbox;
+mod sandbox_terminals;
 
 mod remote;
 mod sandbox_tools;

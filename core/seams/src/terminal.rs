@@ -199,6 +199,11 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     /// # Errors
     /// `internal` naming survivors when teardown could not prove quiescence.
     async fn close(&self) -> Result<CloseReport>;
+    /// The sandbox mode the session's shell runs under, fixed when it was opened (`None`:
+    /// the backend bound no sandbox, so the shell runs unconfined).
+    fn sandbox_mode(&self) -> Option<crate::SandboxMode> {
+        None
+    }
 }
 
 /// The terminal backend seam.
@@ -242,6 +247,8 @@ pub struct TerminalInfo {
     pub motd: String,
     /// Current status.
     pub status: SessionStatus,
+    /// The sandbox mode the shell runs under (`None`: unconfined, no sandbox bound).
+    pub sandbox: Option<crate::SandboxMode>,
 }
 
 /// An exclusive send reservation; dropping it unused releases the session's send slot.

@@ -60,6 +60,7 @@ impl Record {
             type_name: self.type_name.clone(),
             motd: self.motd.clone(),
             status: self.session.status(),
+            sandbox: self.session.sandbox_mode(),
         }
     }
 }

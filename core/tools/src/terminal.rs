@@ -90,7 +90,14 @@ fn info_json(i: &TerminalInfo) -> serde_json::Value {
         "name": i.name,
         "type": i.type_name,
         "status": status_json(&i.status),
+        "sandbox": sandbox_json(i.sandbox),
     })
+}
+
+/// A session's sandbox mode for the model: the mode's name, or null when the shell runs
+/// unconfined (no sandbox bound), so every listed session says which it is.
+fn sandbox_json(mode: Option<conch_seams::SandboxMode>) -> serde_json::Value {
+    mode.map_or(serde_json::Value::Null, |m| m.as_str().into())
 }
 
 /// Renders a settled send.
@@ -200,6 +207,7 @@ impl OpenTool {
         let info = self.0.terminals.open(&ctx.owner, req, ctx.cancel.clone()).await?;
         let v = serde_json::json!({
             "session_id": info.id, "name": info.name, "type": info.type_name, "motd": info.motd,
+            "sandbox": sandbox_json(info.sandbox),
         });
         Ok(capped_json(v, self.0.config.max_result_bytes))
     }

@@ -2,6 +2,10 @@
 //! startup (no rc files, a private OSC prompt marker) and answers each send with a
 //! readiness result: prompt or exact stdin-wait probe (stdin_read), output silence
 //! (inferred_idle), deadline (timeout), or shell exit (session_exit).
+//!
+//! When the composition binds a sandbox, the shell's whole command line (argv, cwd, env) is
+//! wrapped through it under the `sandbox-policy` default before the PTY spawn, so the session
+//! and everything typed into it run confined, in a mode fixed for the session's lifetime.
 
 mod framing;
 mod parser;
@@ -16,8 +20,9 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    ConfigIssue, PluginConfig, Result, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec,
-    TerminalSession, TerminalSpawnSpec,
+    CommandLine, ConfigIssue, Error, ErrorCode, PluginConfig, Result, Sandbox, SandboxPolicy,
+    ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec, TerminalSession,
+    TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -26,6 +31,10 @@ pub const NAME: &str = "terminal-bash";
 
 /// OSC number of the private prompt marker.
 const MARKER_OSC: &str = "7770";
+
+/// What a sandbox runner prints before exiting with 126 when it cannot confine (the
+/// `sandbox-exec` helper's fail-closed line); a shell that died with it never ran.
+const RUNNER_UNAVAILABLE_MARKER: &str = "conch-sandbox: unavailable:";
 
 /// Validated backend config (all timings in milliseconds).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -90,17 +99,69 @@ impl PluginConfig for TerminalBashConfig {
 pub struct TerminalBash {
     config: TerminalBashConfig,
     subprocess: Arc<dyn Subprocess>,
+    /// The sandbox every shell is wrapped through, and the policy it runs under.
+    confinement: Option<(Arc<dyn Sandbox>, SandboxPolicy)>,
 }
 
 impl TerminalBash {
-    /// A backend.
+    /// A backend whose shells run unconfined.
     ///
     /// # Errors
     /// Invalid config.
     pub fn new(config: TerminalBashConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
         config.check(NAME)?;
-        Ok(Self { config, subprocess })
+        Ok(Self { config, subprocess, confinement: None })
     }
+
+    /// A backend whose every shell is wrapped through `sandbox` under `policy` (the mode
+    /// every session it opens reports).
+    ///
+    /// # Errors
+    /// Invalid config.
+    pub fn sandboxed(
+        config: TerminalBashConfig,
+        subprocess: Arc<dyn Subprocess>,
+        sandbox: Arc<dyn Sandbox>,
+        policy: SandboxPolicy,
+    ) -> Result<Self> {
+        config.check(NAME)?;
+        Ok(Self { config, subprocess, confinement: Some((sandbox, policy)) })
+    }
+
+    /// Puts the sandbox runner in front of the shell's command line (argv, cwd and env
+    /// travel through `wrap` so the runner can place them: bwrap changes directory inside
+    /// its mounts).
+    ///
+    /// # Errors
+    /// The sandbox's `sandbox_unavailable` (any other wrap error is reported as that too:
+    /// the shell cannot run confined, and it never runs unconfined instead).
+    fn confine(&self, mut tspec: TerminalSpawnSpec) -> Result<TerminalSpawnSpec> {
+        let Some((sandbox, policy)) = &self.confinement else {
+            return Ok(tspec);
+        };
+        let command = CommandLine::new(std::mem::take(&mut tspec.argv))
+            .with_cwd(tspec.cwd.take())
+            .with_env(std::mem::take(&mut tspec.env));
+        let wrapped = sandbox.wrap(policy, command).map_err(|e| {
+            if e.code() == ErrorCode::SandboxUnavailable {
+                e
+            } else {
+                unavailable(format!(
+                    "{} cannot run the shell under {} mode: {e}",
+                    sandbox.provider_name(),
+                    policy.mode
+                ))
+            }
+        })?;
+        tspec.argv = wrapped.argv;
+        tspec.cwd = wrapped.cwd;
+        tspec.env = wrapped.env;
+        Ok(tspec)
+    }
+}
+
+fn unavailable(message: String) -> Error {
+    Error::new(ErrorCode::SandboxUnavailable, message).with_provider(NAME).with_operation("open")
 }
 
 #[async_trait]
@@ -152,24 +213,56 @@ impl TerminalBackend for TerminalBash {
         for (k, v) in spec.managed_env {
             tspec.env.insert(k, Some(v));
         }
+        let tspec = self.confine(tspec)?;
+        let sandbox = self.confinement.as_ref().map(|(_, p)| p.mode);
+        // A spawn error stays the provider's (a missing cwd is refused the same way with or
+        // without a sandbox); a runner that starts but cannot confine is caught below.
         let process = self.subprocess.spawn_terminal(tspec).await?;
         let shared = session::start(process, self.config.clone(), &payload);
         let motd = match session::await_first_prompt(&shared, &spec.cancel).await {
             Ok(m) => m,
             Err(e) => {
                 // Roll back the private session before reporting.
-                let s = session::BashSession { shared, motd: String::new() };
+                let s = session::BashSession { shared, motd: String::new(), sandbox };
                 let _ = s.close().await;
+                // A runner that refused to confine exits before bash starts; say so rather
+                // than report a shell that died at startup.
+                if sandbox.is_some() && e.message().contains(RUNNER_UNAVAILABLE_MARKER) {
+                    return Err(unavailable(format!(
+                        "the sandbox runner could not confine the shell (it did not run): {}",
+                        e.message()
+                    )));
+                }
                 return Err(e);
             }
         };
-        Ok(Arc::new(session::BashSession { shared, motd }))
+        Ok(Arc::new(session::BashSession { shared, motd, sandbox }))
     }
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: TerminalBashConfig = ctx.config()?;
-    let backend = TerminalBash::new(config, ctx.subprocess()?).map_err(|e| ctx.locate(e))?;
+    // The sandbox is optional, so it is not in `requires`; it is built before this plugin
+    // anyway, because the sandbox providers require no seam and the plan builds them in its
+    // first round, while this plugin waits for the subprocess seam.
+    let backend = match ctx.sandbox() {
+        None => TerminalBash::new(config, ctx.subprocess()?),
+        Some(sandbox) => {
+            let policy = ctx.sandbox_policy().ok_or_else(|| {
+                ctx.locate(Error::new(
+                    ErrorCode::SeamUnbound,
+                    format!(
+                        "{NAME} would wrap its shells through the bound sandbox ({}), but the \
+                         composition has no `sandbox-policy` plugin to say under which mode; \
+                         add `sandbox-policy`",
+                        sandbox.provider_name()
+                    ),
+                ))
+            })?;
+            TerminalBash::sandboxed(config, ctx.subprocess()?, sandbox, policy.as_ref().clone())
+        }
+    }
+    .map_err(|e| ctx.locate(e))?;
     Ok(PluginOutput::seam(SeamHandle::TerminalBackend(Arc::new(backend))))
 }
 

@@ -18,8 +18,8 @@ use async_trait::async_trait;
 use conch_output::{Strategy, TextRetainer};
 use conch_seams::{
     CloseReport, CommandEnd, CommandOutcome, Error, ErrorCode, ForegroundTarget, Interrupted,
-    Probe, Result, ScrollbackPage, SendOutcome, SendSettle, SessionStatus, Signal, SignalDelivery,
-    StdinWait, TerminalProcess, TerminalSession, WaitReason,
+    Probe, Result, SandboxMode, ScrollbackPage, SendOutcome, SendSettle, SessionStatus, Signal,
+    SignalDelivery, StdinWait, TerminalProcess, TerminalSession, WaitReason,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -329,6 +329,8 @@ enum Ready {
 pub(crate) struct BashSession {
     pub(crate) shared: Arc<Shared>,
     pub(crate) motd: String,
+    /// The mode the shell was wrapped under at open (`None`: unconfined).
+    pub(crate) sandbox: Option<SandboxMode>,
 }
 
 impl BashSession {
@@ -749,6 +751,10 @@ impl TerminalSession for BashSession {
 
     fn status(&self) -> SessionStatus {
         self.shared.status()
+    }
+
+    fn sandbox_mode(&self) -> Option<SandboxMode> {
+        self.sandbox
     }
 
     async fn close(&self) -> Result<CloseReport> {
