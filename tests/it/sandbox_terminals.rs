@@ -129,6 +129,38 @@ mod tools {
         out.structured.unwrap()
     }
 
+    /// The persistent `bash` tool rides on the same sandboxed sessions: a write outside the
+    /// root fails (judged by the file), one inside lands, and the shell's state carries over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_persistent_bash_tool_runs_inside_the_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("escaped");
+        let rt = runtime(&format!(
+            "plugins:\n  subprocess-local: {{}}\n  terminal-bash: {{}}\n  sandbox-landlock: {{ helper: '{}' }}\n  sandbox-policy: {{ mode: workspace-write, workspace_root: '{}' }}\n  terminals: {{}}\n  tool-bash-persistent: {{}}\n",
+            helper().display(),
+            root.display()
+        ));
+        let (o, _) = owner("s");
+        let bash = |command: String| {
+            let (rt, o) = (&rt, &o);
+            async move {
+                let out = rt.call(o, "bash", json!({ "command": command })).await.unwrap();
+                out.text
+            }
+        };
+        let text = bash(format!("touch '{}'; echo status=$?", target.display())).await;
+        assert!(text.contains("status=1"), "touch ran and failed: {text}");
+        assert!(!target.exists(), "the persistent shell wrote outside the root");
+        bash(format!("cd '{}' && export KEPT=yes && printf in > f", root.display())).await;
+        assert_eq!(std::fs::read_to_string(root.join("f")).unwrap(), "in");
+        let text = bash("echo $KEPT $(pwd)".into()).await;
+        assert!(text.contains(&format!("yes {}", root.display())), "{text}");
+        o.dispose().await;
+        rt.shutdown().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_sandboxed_terminal_confines_writes_keeps_state_and_shows_its_mode() {
         let dir = tempfile::tempdir().unwrap();
