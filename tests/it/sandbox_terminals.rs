@@ -61,16 +61,11 @@ mod bwrap {
         exit_is_session_exit_with_the_code,
         scrollback_pages_backward,
         utf8_output_arrives_intact,
-        a_cancelled_open_is_rolled_back
+        a_cancelled_open_is_rolled_back,
+        an_interrupted_command_leaves_no_sigint_for_the_shell,
+        sigkill_at_the_shell_is_rejected
     );
 
-    /// Inside bubblewrap's pid namespace the session's process group (bubblewrap's, outside
-    /// the namespace) is invisible to bash, so interactive bash makes a group of its own and
-    /// takes the foreground. The local provider knows the shell only as the session leader
-    /// (bubblewrap), so a signal at the prompt is taken for one to a command.
-    const SHELL_GROUP: &str = "under bwrap bash leads its own process group, not the \
-        session's, so the provider cannot tell the shell's group from a command's (SIGINT and \
-        SIGKILL at the prompt reach bash)";
     /// The suite reads pids the shell prints; inside the pid namespace those are the
     /// namespace's pids, which the test (outside) cannot look up.
     const NAMESPACE_PIDS: &str = "the shell prints pids of bwrap's pid namespace, which the \
@@ -89,8 +84,6 @@ mod bwrap {
     }
 
     skipped!(
-        an_interrupted_command_leaves_no_sigint_for_the_shell: SHELL_GROUP,
-        sigkill_at_the_shell_is_rejected: SHELL_GROUP,
         close_leaves_no_descendant_even_one_ignoring_term: NAMESPACE_PIDS,
         close_stops_processes_that_detached_with_setsid_and_nohup: NAMESPACE_PIDS,
     );

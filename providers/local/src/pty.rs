@@ -93,6 +93,39 @@ impl TermInner {
         lock(&self.master).process_group_leader()
     }
 
+    /// True when `pg` is the shell's own group rather than a command's: the session leader's
+    /// group, or the group of a shell that a sandbox runner starts below the leader. In a pid
+    /// namespace (bubblewrap) the shell cannot see the session's group and makes one of its
+    /// own; its leader then descends from the session leader only through processes of the
+    /// leader's group (the runner). A command always has a shell as its parent: the leader
+    /// itself, or a shell in a group of its own, so neither shape passes for the shell.
+    /// Reads at most a few `/proc/<pid>/stat` files, and none when the leader's group owns
+    /// the foreground.
+    fn shell_group(&self, pg: i32) -> bool {
+        let sid = self.sid();
+        if pg == sid {
+            return true;
+        }
+        let Some(leader) = procfs::stat(pg) else { return false };
+        if leader.pgrp != pg || leader.session != sid || leader.ppid == sid {
+            return false;
+        }
+        let mut pid = leader.ppid;
+        // A runner is a short chain (bwrap: its namespace init); a bound keeps a pathological
+        // tree from costing more than a few reads.
+        for _ in 0..4 {
+            let Some(s) = procfs::stat(pid) else { return false };
+            if s.pgrp != sid || s.session != sid {
+                return false;
+            }
+            if s.ppid == sid {
+                return true;
+            }
+            pid = s.ppid;
+        }
+        false
+    }
+
     /// Output the terminal's programs wrote that the reader thread has not read yet,
     /// including bytes still in the master's flip buffer (see `ttyq`).
     fn output_in_flight(&self) -> bool {
@@ -210,7 +243,7 @@ impl TermInner {
         };
         TerminalObservation {
             foreground,
-            leader_owns_foreground: foreground == Some(self.sid()),
+            leader_owns_foreground: foreground.is_some_and(|pg| self.shell_group(pg)),
             stdin,
             delivered_bytes,
             // Anything read from the master while the sample ran is pending too, and so is
@@ -241,7 +274,7 @@ impl TermInner {
                 "cannot find the terminal's foreground process group",
             )));
         };
-        let leader = pgid == self.sid();
+        let leader = self.shell_group(pgid);
         if leader && target == ForegroundTarget::NotLeader {
             return Ok(None);
         }
