@@ -529,7 +529,8 @@ impl TerminalProcess for LocalTerminal {
 
     async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {
         if probe == Probe::Foreground {
-            // One ioctl on the master: cheap enough for the async workers.
+            // One ioctl on the master, plus a few small /proc stat reads when another group
+            // owns the foreground (`shell_group`): cheap enough for the async workers.
             return Ok(self.inner.observe(probe));
         }
         // The probe reads /proc files: keep that blocking work off the async workers.
