@@ -282,7 +282,9 @@ macro_rules! sandbox_suite {
             signals_to_outside_processes_are_denied,
             the_command_has_no_capabilities_and_no_new_privs,
             other_processes_environ_is_unreadable,
-            danger_full_access_is_unconfined
+            danger_full_access_is_unconfined,
+            a_fifo_outside_the_root_is_not_writable,
+            a_unix_socket_outside_the_root_is_not_reachable
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
