@@ -77,6 +77,8 @@ pub struct BwrapSandbox {
     helper: PathBuf,
     /// The resolved bwrap binary, or why it cannot be used (probed once at build).
     bwrap: std::result::Result<PathBuf, String>,
+    /// Each confined command's private TMPDIR.
+    tmp: crate::tmp::PrivateTmp,
 }
 
 /// The namespace and capability flags every wrapped command gets (also what the probe
@@ -106,7 +108,7 @@ impl BwrapSandbox {
     /// A runner using `bwrap` (a path or a name on PATH) and `helper`; checks now that
     /// bubblewrap can start a sandbox here.
     pub fn new(bwrap: &Path, helper: PathBuf) -> Self {
-        Self { helper, bwrap: probe(bwrap) }
+        Self { helper, bwrap: probe(bwrap), tmp: crate::tmp::PrivateTmp::default() }
     }
 }
 
@@ -188,6 +190,8 @@ impl Sandbox for BwrapSandbox {
             Error::new(ErrorCode::SandboxUnavailable, format!("{BWRAP_NAME}: {why}"))
                 .with_provider(BWRAP_NAME)
         })?;
+        let mut command = command;
+        let policy = &self.tmp.give(BWRAP_NAME, policy, &mut command)?;
         let mut argv: Vec<String> = vec![bwrap.to_string_lossy().into_owned()];
         argv.extend(flags().into_iter().map(String::from));
         if !policy.network {

@@ -47,7 +47,8 @@
 //!   into) another terminal of the same user.
 //! - The seccomp filters match native syscall numbers; a kernel with the x32 ABI enabled
 //!   would need them duplicated for x32 numbers (most distributions disable x32).
-//! - No private `TMPDIR` is made: `/tmp` is read-only unless it is a writable root.
+//! - The shared `/tmp` is read-only unless it is a writable root; in workspace-write mode the
+//!   runners give each command a private `TMPDIR` instead (see `tmp.rs`).
 
 #![allow(unsafe_code)]
 

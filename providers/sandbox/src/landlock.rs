@@ -59,13 +59,15 @@ pub struct LandlockSandbox {
     helper: PathBuf,
     /// The kernel's ABI, or why there is no Landlock (probed once at build).
     abi: std::result::Result<i32, String>,
+    /// Each confined command's private TMPDIR.
+    tmp: crate::tmp::PrivateTmp,
 }
 
 impl LandlockSandbox {
     /// A runner using `helper` (a binary with the `sandbox-exec` subcommand); probes the
     /// kernel now.
     pub fn new(helper: PathBuf) -> Self {
-        Self { helper, abi: landlock_abi() }
+        Self { helper, abi: landlock_abi(), tmp: crate::tmp::PrivateTmp::default() }
     }
 
     fn enforcement(&self) -> String {
@@ -156,7 +158,9 @@ impl Sandbox for LandlockSandbox {
             )
             .with_provider(LANDLOCK_NAME));
         }
-        let argv = helper_argv(&self.helper, Runner::Landlock, policy, &command.argv)?;
+        let mut command = command;
+        let policy = self.tmp.give(LANDLOCK_NAME, policy, &mut command)?;
+        let argv = helper_argv(&self.helper, Runner::Landlock, &policy, &command.argv)?;
         Ok(CommandLine::new(argv).with_cwd(command.cwd).with_env(command.env))
     }
 

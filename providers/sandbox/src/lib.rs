@@ -13,6 +13,7 @@ pub mod exec;
 mod landlock;
 mod none;
 mod policy;
+mod tmp;
 
 pub use bwrap::{BWRAP_NAME, BwrapConfig, BwrapSandbox};
 pub use exec::sandbox_exec_main;

@@ -284,7 +284,8 @@ macro_rules! sandbox_suite {
             other_processes_environ_is_unreadable,
             danger_full_access_is_unconfined,
             a_fifo_outside_the_root_is_not_writable,
-            a_unix_socket_outside_the_root_is_not_reachable
+            a_unix_socket_outside_the_root_is_not_reachable,
+            a_private_tmpdir_is_writable_and_the_shared_tmp_is_not
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -59,7 +59,7 @@ async fn run(
     let line = CommandLine::new(vec!["bash".into(), "-c".into(), script.into()])
         .with_cwd(Some(cwd.to_path_buf()));
     let wrapped = sandbox.wrap(policy, line).expect("the runner wraps on this machine");
-    spawn_wrapped(sandbox, sub, policy, wrapped.argv, wrapped.cwd).await
+    spawn_wrapped(sandbox, sub, policy, wrapped.argv, wrapped.cwd, wrapped.env).await
 }
 
 async fn spawn_wrapped(
@@ -68,8 +68,11 @@ async fn spawn_wrapped(
     policy: &SandboxPolicy,
     argv: Vec<String>,
     cwd: Option<PathBuf>,
+    env: conch_seams::EnvOverlay,
 ) -> (String, ExitStatus, SandboxInfo) {
-    let spec = SpawnSpec::in_default_dir(argv)
+    let mut spec = SpawnSpec::in_default_dir(argv);
+    spec.env = env;
+    let spec = spec
         .with_cwd(cwd)
         .with_stdout(OutputSpec::Collect { max_bytes: 1 << 20, spill_cap: 1 << 24 })
         .with_stderr(OutputSpec::MergeIntoStdout);
@@ -386,7 +389,7 @@ pub async fn inherited_descriptors_are_closed(sandbox: &dyn Sandbox, sub: &dyn S
         "bash".into(),
     ];
     argv.extend(wrapped.argv);
-    let (out, st, _) = spawn_wrapped(sandbox, sub, &policy, argv, wrapped.cwd).await;
+    let (out, st, _) = spawn_wrapped(sandbox, sub, &policy, argv, wrapped.cwd, wrapped.env).await;
     assert!(out.contains(MARK), "{out}");
     assert_ne!(st.code, Some(0), "writing to fd 5 succeeded: {out}");
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "orig");
@@ -651,4 +654,38 @@ pub async fn a_unix_socket_outside_the_root_is_not_reachable(
         );
     }
     assert!(accepted.is_err(), "nothing connected");
+}
+
+/// Workspace-write gives each command a private, writable TMPDIR (so `mktemp` and
+/// compilers work) without making the shared `/tmp` writable; read-only gives none.
+pub async fn a_private_tmpdir_is_writable_and_the_shared_tmp_is_not(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) {
+    if !confining(sandbox, "a_private_tmpdir_is_writable_and_the_shared_tmp_is_not") {
+        return;
+    }
+    let f = Fixture::new();
+    let shared = std::env::temp_dir().join(format!("conch-sbx-shared-{}", std::process::id()));
+    let _ = std::fs::remove_file(&shared);
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let script = format!(
+        "echo {MARK}; echo \"tmp=$TMPDIR\"; t=$(mktemp) && echo private > \"$t\" && cat \"$t\"; \
+         echo shared > '{}'",
+        shared.display()
+    );
+    let (out, status, info) = run(sandbox, sub, &policy, &f.root, &script).await;
+    assert!(out.contains(MARK), "{out}");
+    assert!(out.contains("private\n"), "mktemp and a write in TMPDIR work: {out}");
+    let tmp = out.lines().find_map(|l| l.strip_prefix("tmp=")).unwrap_or_default().to_owned();
+    assert!(!tmp.is_empty() && !tmp.starts_with(&*f.root.to_string_lossy()), "{out}");
+    assert_ne!(std::path::Path::new(&tmp), std::env::temp_dir().as_path(), "{out}");
+    assert!(!shared.exists(), "the shared temp directory was written: {out}");
+    assert_denied("write to the shared /tmp", &out, &status, &info, Denial::File);
+    // Read-only: no writable TMPDIR is handed out.
+    let policy = f.policy(SandboxMode::ReadOnly);
+    let (out, status, _) =
+        run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; mktemp")).await;
+    assert!(out.contains(MARK), "{out}");
+    assert_ne!(status.code, Some(0), "mktemp found somewhere to write in read-only: {out}");
 }
