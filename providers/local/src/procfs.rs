@@ -564,6 +564,16 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
             break;
         }
         let killing = now >= term_until;
+        // KILL reaches the whole group in one step, before any single member: killed one by
+        // one (children first), a leader waiting on its children could see them die and exit
+        // by itself in between, and report a plain exit instead of the kill. Members found by
+        // this scan are recorded below all the same.
+        if killing
+            && let Some(g) = group
+            && live.iter().any(|(_, s, _)| s.pgrp == g)
+        {
+            let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+        }
         for (id, s, held) in &live {
             let entry = tracked.entry(*id).or_insert_with(|| {
                 // Once dead it may be this process's zombie (reparented here): collect it.
@@ -590,6 +600,7 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
             && live.iter().any(|(_, s, _)| s.pgrp == g)
         {
             if killing {
+                // Again, for members forked since the one above.
                 let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
             } else if first_round {
                 let _ = killpg(Pid::from_raw(g), first);
