@@ -166,3 +166,59 @@ mod bash_sandbox {
         conch_conformance::shell_suite!(make);
     }
 }
+
+/// A runner that cannot launch, for real: bubblewrap missing, or the helper binary gone.
+/// Foreground calls fail `sandbox_unavailable` and run nothing; background calls settle at
+/// once as killed, with `runner_failed`; neither hangs.
+mod unavailable_runners {
+    use std::time::Duration;
+
+    use conch_provider_bash::{BashLocal, BashLocalConfig};
+    use conch_seams::{ShellExecRequest, ShellExecutor, ShellProcessStatus};
+
+    use super::*;
+
+    fn executors(root: &std::path::Path) -> Vec<(&'static str, BashLocal)> {
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, root);
+        let missing_bwrap: Arc<dyn Sandbox> =
+            Arc::new(BwrapSandbox::new(std::path::Path::new("/nonexistent/bwrap"), helper()));
+        let missing_helper: Arc<dyn Sandbox> =
+            Arc::new(LandlockSandbox::new("/nonexistent/conch-helper".into()));
+        [("missing bwrap", missing_bwrap), ("missing helper", missing_helper)]
+            .into_iter()
+            .map(|(what, sandbox)| {
+                let exec = BashLocal::sandboxed(
+                    BashLocalConfig::default(),
+                    local(),
+                    sandbox,
+                    policy.clone(),
+                )
+                .unwrap();
+                (what, exec)
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn foreground_is_sandbox_unavailable_and_background_is_runner_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let marker = root.join("ran");
+        for (what, exec) in executors(&root) {
+            let cmd = format!("touch {}", marker.display());
+            let spec = exec.resolve(ShellExecRequest::new(cmd.clone())).unwrap();
+            let err = tokio::time::timeout(Duration::from_secs(30), exec.run(spec))
+                .await
+                .expect("no hang")
+                .unwrap_err();
+            assert_eq!(err.code(), conch_seams::ErrorCode::SandboxUnavailable, "{what}: {err}");
+            let spec = exec.resolve(ShellExecRequest::new(cmd)).unwrap();
+            let p = exec.start(spec).await;
+            tokio::time::timeout(Duration::from_secs(30), p.wait()).await.expect("no hang");
+            assert_eq!(p.status(), ShellProcessStatus::Killed, "{what}");
+            let info = p.sandbox().expect("sandbox facts");
+            assert!(info.runner_failed, "{what}: {info:?}");
+            assert!(!marker.exists(), "{what}: the command ran unconfined");
+        }
+    }
+}
