@@ -121,9 +121,13 @@ impl Inner {
             return true;
         }
         let pgid = nix::unistd::Pid::from_raw(self.group().pgid);
+        let gone = nix::sys::signal::killpg(pgid, None) == Err(nix::errno::Errno::ESRCH);
+        // The orphan look must begin after the group was seen gone: its members were
+        // reaped by then, so whatever they left was already reparented here. A look begun
+        // earlier (another kill's, shared through the cache) may predate a member's death
+        // and miss the orphan it left.
         let checked = std::time::Instant::now();
-        let quiet = nix::sys::signal::killpg(pgid, None) == Err(nix::errno::Errno::ESRCH)
-            && !reaper::orphans_possible_since(checked);
+        let quiet = gone && !reaper::orphans_possible_since(checked);
         if quiet {
             self.quiet.store(true, Ordering::Release);
         }
