@@ -222,3 +222,69 @@ mod unavailable_runners {
         }
     }
 }
+
+/// A helper that fails closed, as `sandbox-exec` does on a kernel without Landlock: one
+/// `conch-sandbox: unavailable:` line and exit 126, the command never started. Run for real
+/// (a script in place of the helper), so the executors' reading of the runner's verdict is
+/// exercised on this kernel, which has Landlock.
+mod refusing_helper {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
+
+    use conch_provider_bash::{BashLocal, BashLocalConfig};
+    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+    use conch_seams::{
+        ErrorCode, ShellExecRequest, ShellExecutor, ShellProcessStatus, TerminalBackend,
+        TerminalOpenSpec,
+    };
+
+    use super::*;
+
+    const LINE: &str = "conch-sandbox: unavailable: landlock is not enabled in this kernel";
+
+    fn refusing(dir: &std::path::Path) -> Arc<dyn Sandbox> {
+        let helper = dir.join("refuse");
+        std::fs::write(&helper, format!("#!/bin/sh\necho '{LINE}' >&2\nexit 126\n")).unwrap();
+        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Arc::new(LandlockSandbox::new(helper))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bash_sandbox_reports_the_refusal_and_runs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let marker = root.join("ran");
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, &root);
+        let exec =
+            BashLocal::sandboxed(BashLocalConfig::default(), local(), refusing(&root), policy)
+                .unwrap();
+        let cmd = format!("touch {}", marker.display());
+        let spec = exec.resolve(ShellExecRequest::new(cmd.clone())).unwrap();
+        let err = exec.run(spec).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
+        assert!(err.message().contains(LINE), "{err}");
+        let p = exec.start(exec.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
+        tokio::time::timeout(Duration::from_secs(30), p.wait()).await.expect("no hang");
+        assert!(p.sandbox().unwrap().runner_failed, "{:?}", p.sandbox());
+        assert_eq!(p.status(), ShellProcessStatus::Killed);
+        assert!(!marker.exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_terminal_open_fails_as_sandbox_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, &root);
+        let backend = TerminalBash::sandboxed(
+            TerminalBashConfig::default(),
+            local(),
+            refusing(&root),
+            policy,
+        )
+        .unwrap();
+        let open = backend.open(TerminalOpenSpec::default());
+        let opened = tokio::time::timeout(Duration::from_secs(30), open).await.expect("no hang");
+        let Err(err) = opened else { panic!("a refused shell opened") };
+        assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
+    }
+}

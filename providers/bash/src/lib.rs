@@ -34,14 +34,6 @@ pub const NAME: &str = "bash-local";
 /// Plugin name of the sandboxed variant.
 pub const SANDBOX_NAME: &str = "bash-sandbox";
 
-/// What a sandbox runner prints on stderr before exiting with [`RUNNER_UNAVAILABLE_EXIT`]
-/// when it could not confine the command (so the command never ran).
-pub const RUNNER_UNAVAILABLE_MARKER: &str = "conch-sandbox: unavailable:";
-
-/// The runner's exit status for "could not confine, did not run" (126, the shell's "found
-/// but cannot execute"), told apart from a command's own 126 by the marker.
-pub const RUNNER_UNAVAILABLE_EXIT: i32 = 126;
-
 /// How much of a result's output tail a sandbox classifier sees.
 const CLASSIFY_TAIL_BYTES: usize = 4096;
 
@@ -193,12 +185,13 @@ fn tail(text: &str) -> &str {
     &text[start..]
 }
 
-/// The runner said it could not confine the command (and so did not run it).
-fn runner_unavailable(status: &ExitStatus, output: &str) -> Option<String> {
-    if status.code != Some(RUNNER_UNAVAILABLE_EXIT) {
-        return None;
-    }
-    output.lines().find(|l| l.contains(RUNNER_UNAVAILABLE_MARKER)).map(|l| l.trim().to_string())
+/// The foreground error for a runner that refused to confine: the command never ran, so
+/// all it printed is the runner's own explanation.
+fn runner_refused(output: &str) -> Error {
+    unavailable(format!(
+        "the sandbox runner could not confine the command (it did not run): {}",
+        output.trim()
+    ))
 }
 
 fn unavailable(message: String) -> Error {
@@ -457,13 +450,13 @@ impl ShellExecutor for BashLocal {
         let output = process.collected(StreamId::Stdout).unwrap_or_default();
         let sandbox = match self.policy_of(&spec) {
             Some((sandbox, policy)) => {
-                if wrapped && let Some(line) = runner_unavailable(&status, &output.text) {
-                    return Err(unavailable(format!(
-                        "the sandbox runner could not confine the command (it did not run): \
-                         {line}"
-                    )));
+                // Whether the runner refused is the sandbox's to judge: its exit protocol is
+                // its own (the helper's fail-closed line, bwrap's setup errors).
+                let info = sandbox.classify(&policy, &status, tail(&output.text));
+                if wrapped && info.runner_failed {
+                    return Err(runner_refused(&output.text));
                 }
-                Some(sandbox.classify(&policy, &status, tail(&output.text)))
+                Some(info)
             }
             None => None,
         };
@@ -591,17 +584,20 @@ impl Background {
         self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The sandbox's verdict on the settled process (`None` while it runs or unconfined).
+    fn verdict(&self) -> Option<SandboxInfo> {
+        let c = self.confinement.as_ref()?;
+        let status = self.process.try_status()?;
+        let text = self.process.collected(StreamId::Stdout).unwrap_or_default().text;
+        let mut info = c.sandbox.classify(&c.policy, &status, tail(&text));
+        // Only a runner that was actually put in front can have refused.
+        info.runner_failed &= c.wrapped;
+        Some(info)
+    }
+
     /// The runner exited saying it could not confine the command (which never ran).
     fn runner_failed(&self) -> bool {
-        let Some(c) = &self.confinement else { return false };
-        let Some(status) = self.process.try_status() else { return false };
-        c.wrapped
-            && status.code == Some(RUNNER_UNAVAILABLE_EXIT)
-            && runner_unavailable(
-                &status,
-                &self.process.collected(StreamId::Stdout).unwrap_or_default().text,
-            )
-            .is_some()
+        self.verdict().is_some_and(|i| i.runner_failed)
     }
 }
 
@@ -700,18 +696,7 @@ impl ShellProcess for Background {
 
     fn sandbox(&self) -> Option<SandboxInfo> {
         let c = self.confinement.as_ref()?;
-        if self.runner_failed() {
-            let mut info = SandboxInfo::new(c.policy.mode);
-            info.runner_failed = true;
-            return Some(info);
-        }
-        Some(match self.process.try_status() {
-            Some(status) => {
-                let text = self.process.collected(StreamId::Stdout).unwrap_or_default().text;
-                c.sandbox.classify(&c.policy, &status, tail(&text))
-            }
-            None => SandboxInfo::new(c.policy.mode),
-        })
+        Some(self.verdict().unwrap_or_else(|| SandboxInfo::new(c.policy.mode)))
     }
 
     fn leftovers(&self) -> Vec<Leftover> {
@@ -861,17 +846,13 @@ mod tests {
     }
 
     #[test]
-    fn only_the_runners_exit_with_its_marker_counts_as_unavailable() {
+    fn a_refused_runner_is_reported_with_its_own_line() {
+        // Which exits are refusals is the sandbox's verdict (`classify`, tested with the
+        // runners); the executor reports the runner's line as its error.
         let line = "conch-sandbox: unavailable: landlock is not enabled in this kernel";
-        let out = format!("{line}\n");
-        assert_eq!(
-            runner_unavailable(&ExitStatus::code(RUNNER_UNAVAILABLE_EXIT), &out).as_deref(),
-            Some(line)
-        );
-        // A command's own 126 (a file that is not executable) is data, not a runner failure.
-        let own = "bash: ./x: Permission denied\n";
-        assert_eq!(runner_unavailable(&ExitStatus::code(126), own), None);
-        assert_eq!(runner_unavailable(&ExitStatus::code(1), &out), None);
+        let e = runner_refused(&format!("{line}\n"));
+        assert_eq!(e.code(), ErrorCode::SandboxUnavailable);
+        assert!(e.message().ends_with(line), "{e}");
     }
 
     #[test]

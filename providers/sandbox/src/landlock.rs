@@ -245,3 +245,22 @@ register_plugin!(PluginEntry {
     description: "confines commands with Landlock + seccomp through the `sandbox-exec` helper",
     build,
 });
+
+#[cfg(test)]
+mod tests {
+    use conch_seams::{ExitStatus, SandboxMode, SandboxPolicy};
+
+    use super::classify;
+
+    #[test]
+    fn only_the_runners_exit_with_its_marker_counts_as_a_runner_failure() {
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/w");
+        let out = "conch-sandbox: unavailable: landlock is not enabled in this kernel\n";
+        let info = classify(&policy, &ExitStatus::code(crate::exec::UNAVAILABLE), out, "x");
+        assert!(info.runner_failed && !info.denied, "{info:?}");
+        // A command's own 126 (a file that is not executable) is data, not a runner failure.
+        let own = "bash: ./x: Permission denied\n";
+        assert!(!classify(&policy, &ExitStatus::code(126), own, "x").runner_failed);
+        assert!(!classify(&policy, &ExitStatus::code(1), out, "x").runner_failed);
+    }
+}

@@ -32,10 +32,6 @@ pub const NAME: &str = "terminal-bash";
 /// OSC number of the private prompt marker.
 const MARKER_OSC: &str = "7770";
 
-/// What a sandbox runner prints before exiting with 126 when it cannot confine (the
-/// `sandbox-exec` helper's fail-closed line); a shell that died with it never ran.
-const RUNNER_UNAVAILABLE_MARKER: &str = "conch-sandbox: unavailable:";
-
 /// Validated backend config (all timings in milliseconds).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -223,11 +219,19 @@ impl TerminalBackend for TerminalBash {
             Ok(m) => m,
             Err(e) => {
                 // Roll back the private session before reporting.
+                let process = Arc::clone(&shared.process);
                 let s = session::BashSession { shared, motd: String::new(), sandbox };
                 let _ = s.close().await;
                 // A runner that refused to confine exits before bash starts; say so rather
-                // than report a shell that died at startup.
-                if sandbox.is_some() && e.message().contains(RUNNER_UNAVAILABLE_MARKER) {
+                // than report a shell that died at startup. Whether it refused is the
+                // sandbox's verdict on the exit and what it printed.
+                let refused = match (&self.confinement, process.try_status()) {
+                    (Some((sb, policy)), Some(status)) => {
+                        sb.classify(policy, &status, e.message()).runner_failed
+                    }
+                    _ => false,
+                };
+                if refused {
                     return Err(unavailable(format!(
                         "the sandbox runner could not confine the shell (it did not run): {}",
                         e.message()
