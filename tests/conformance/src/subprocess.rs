@@ -294,6 +294,24 @@ async fn await_gone(what: &str, pid: i32) {
     .await;
 }
 
+/// Waits until `pid` leads a session of its own (its `setsid` ran).
+async fn await_own_session(pid: i32) {
+    within(&format!("{pid} to leave the group"), async {
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let sid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(3))
+                .and_then(|f| f.parse::<i32>().ok());
+            if sid == Some(pid) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 /// Reads stdout until it contains `needle`.
 async fn await_output(proc: &dyn Process, needle: &str) -> String {
     within(&format!("output containing {needle:?}"), async {
@@ -433,6 +451,9 @@ pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(p: &dyn 
         p.spawn(merged("setsid sleep 1000 & echo $!; echo ready; sleep 1000")).await.unwrap();
     let out = await_output(proc.as_ref(), "ready").await;
     let pid = first_pid(&out);
+    // `$!` is known once the child is forked, not once it ran `setsid`: until then it is
+    // still a member of the group the kill signals, and would go with it unreported.
+    await_own_session(pid).await;
     proc.kill();
     within("settlement after the kill", proc.wait())
         .await
