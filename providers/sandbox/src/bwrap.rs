@@ -15,6 +15,8 @@
 //! - `--unshare-pid --die-with-parent`: when the command's init exits or conch dies,
 //!   everything in the namespace is killed, `setsid`/`nohup` daemons included;
 //! - `--unshare-net` without network: only a private loopback exists;
+//! - each pathname unix socket bound outside the roots when the command starts is covered
+//!   with `/dev/null` (see `mounts.rs` for the limits of that snapshot);
 //! - `--cap-drop ALL` (as root `--cap-add CAP_SETPCAP` too, so that the helper can clear the
 //!   bounding set before it drops that last capability); bubblewrap itself sets
 //!   `no_new_privs`;
@@ -191,6 +193,7 @@ impl Sandbox for BwrapSandbox {
                 .with_provider(BWRAP_NAME)
         })?;
         let mut command = command;
+        crate::mounts::create_missing_hooks(&policy.read_only_paths);
         let policy = &self.tmp.give(BWRAP_NAME, policy, &mut command)?;
         let mut argv: Vec<String> = vec![bwrap.to_string_lossy().into_owned()];
         argv.extend(flags().into_iter().map(String::from));
@@ -209,8 +212,8 @@ impl Sandbox for BwrapSandbox {
             }
         }
         let writable = policy.writable();
-        let protected: Vec<&PathBuf> =
-            policy.read_only_paths.iter().filter(|p| p.symlink_metadata().is_ok()).collect();
+        let points = crate::mounts::read_only_points(&writable, &policy.read_only_paths);
+        let protected: Vec<&PathBuf> = points.mount.iter().collect();
         // Each directory between a root and a read-only path becomes a mount point of its
         // own (bound writable onto itself): a mount point cannot be renamed or removed, so
         // `mv .git .git-old && mkdir -p .git/hooks` cannot swap a fresh `.git` in.
@@ -231,6 +234,17 @@ impl Sandbox for BwrapSandbox {
         }
         for p in protected {
             bind(&mut argv, "--ro-bind", p);
+        }
+        // The pathname unix sockets bound now outside the roots (a docker.sock) are covered
+        // with /dev/null: a read-only bind does not stop a connect. `/dev` and `/proc` are
+        // fresh in the sandbox.
+        for sock in crate::mounts::unix_sockets() {
+            let fresh = sock.starts_with("/dev") || sock.starts_with("/proc");
+            let inside = writable.iter().any(|r| sock.starts_with(r));
+            if !fresh && !inside && crate::mounts::is_socket(&sock) {
+                let sock = sock.to_string_lossy().into_owned();
+                argv.extend(["--ro-bind".to_string(), "/dev/null".to_string(), sock]);
+            }
         }
         if let Some(cwd) = &command.cwd {
             argv.extend(["--chdir".to_string(), cwd.to_string_lossy().into_owned()]);

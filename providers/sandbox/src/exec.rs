@@ -9,44 +9,46 @@
 //!    stop a write through a descriptor that is already open);
 //! 2. the command leaves the caller's terminal session (see [`leave_callers_session`]), so it
 //!    cannot push keystrokes into conch's controlling terminal with `TIOCSTI`;
-//! 3. the Landlock ruleset is built (path descriptors opened while we still can);
-//! 4. every capability is dropped (bounding and ambient sets cleared, then `capset` to
+//! 3. alone (the `landlock` runner), the helper builds its mount layer (`mounts.rs`): a
+//!    private mount namespace where everything outside the writable roots is read-only,
+//!    the read-only paths under a root are read-only mount points, and the pathname unix
+//!    sockets outside the roots are covered; when this user can have no mount namespace,
+//!    Landlock confines alone and the runner's enforcement says what is then not denied;
+//! 4. the Landlock ruleset is built (path descriptors opened while we still can);
+//! 5. every capability is dropped (bounding and ambient sets cleared, then `capset` to
 //!    nothing): as root, a kept capability would let the command remount, `mknod` a disk or
 //!    `chown` anything;
-//! 5. `PR_SET_NO_NEW_PRIVS` and the Landlock restriction (reads everywhere; writes only
+//! 6. `PR_SET_NO_NEW_PRIVS` and the Landlock restriction (reads everywhere; writes only
 //!    under the policy's writable roots, minus its read-only paths; TCP bind/connect denied
-//!    without network; signals and abstract unix sockets scoped to the sandbox);
-//! 6. seccomp filters: `chown` and the xattr writers are refused everywhere (Landlock does
-//!    not cover metadata), `io_uring` is refused (its socket operations bypass seccomp), and
-//!    without network `socket`/`socketpair` accept only `AF_UNIX` (Landlock's TCP rules miss
-//!    UDP, ICMP, MPTCP and raw sockets);
-//! 7. `execvp`.
+//!    without network; signals and abstract unix sockets scoped to the sandbox; from ABI 9,
+//!    pathname unix sockets outside the roots refused);
+//! 7. seccomp filters: `chown` and the xattr writers are refused everywhere (Landlock does
+//!    not cover metadata), `io_uring` is refused (its socket operations bypass seccomp),
+//!    every x32 system call is refused, and without network `socket`/`socketpair` accept
+//!    only `AF_UNIX` (Landlock's TCP rules miss UDP, ICMP, MPTCP and raw sockets);
+//! 8. `execvp`.
 //!
 //! Any step that fails ends the helper with [`UNAVAILABLE`] and one line
 //! `conch-sandbox: unavailable: <why>` on stderr: the command never runs unconfined.
 //!
 //! Runners: `landlock` (the default) does all of the above. `bwrap` is used inside
-//! bubblewrap, whose read-only binds already keep the policy's existing read-only paths, so
-//! only the missing ones (which cannot be bound) are kept by Landlock; Landlock is still applied there as a second layer
-//! (FIFOs on read-only binds, signal scoping) but its absence is tolerated, since bubblewrap
-//! is the primary confinement.
+//! bubblewrap, whose mounts are the mount layer (read-only binds, sockets covered), so only
+//! the read-only paths that do not exist yet (which cannot be bound) are kept by Landlock;
+//! Landlock is still applied there as a second layer (FIFOs on read-only binds, signal
+//! scoping) but its absence is tolerated, since bubblewrap is the primary confinement.
 //!
 //! Known limits (stated in the README section and tested where they hold):
-//! - `chmod` and `utime` of files outside the roots that the user owns are not denied by the
-//!   `landlock` runner (Landlock has no right for them and seccomp cannot see paths); the
-//!   `bwrap` runner denies them (read-only bind).
-//! - In the `landlock` runner, a read-only path under a root (`.git/hooks`) is kept by
-//!   granting the root's other entries one by one (Landlock rules only add rights): new
-//!   entries cannot be created directly in the directories on the way to a read-only path
-//!   (the workspace root and `.git`) while that path's top directory (`.git`) exists.
-//! - Connecting to a pathname unix socket outside the roots is not denied on kernels before
-//!   Landlock ABI 10 (neither runner can see it).
+//! - Without the mount layer (no mount namespace for this user): `chmod` and `utime` of
+//!   files outside the roots that the user owns are not denied (Landlock has no right for
+//!   them and seccomp cannot see paths), and a read-only path under a root (`.git/hooks`)
+//!   is kept by granting the root's other entries one by one (Landlock rules only add
+//!   rights), so new entries cannot be created directly in the workspace root or `.git`.
+//! - Unix sockets are covered as listed in `/proc/net/unix` when the command starts: one
+//!   bound later outside the roots is reachable before Landlock ABI 9.
 //! - A hard link that already exists inside a root and points at a file outside is written
 //!   through (rules and binds follow paths); making such a link from inside is denied.
 //! - `/dev/pts` is writable (terminals need it), so a command can write to (not inject
 //!   into) another terminal of the same user.
-//! - The seccomp filters match native syscall numbers; a kernel with the x32 ABI enabled
-//!   would need them duplicated for x32 numbers (most distributions disable x32).
 //! - The shared `/tmp` is read-only unless it is a writable root; in workspace-write mode the
 //!   runners give each command a private `TMPDIR` instead (see `tmp.rs`).
 
@@ -57,6 +59,8 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use conch_seams::SandboxPolicy;
+
+use crate::mounts::{self, Layer};
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
@@ -78,8 +82,9 @@ pub const MARKER: &str = "conch-sandbox:";
 /// The subcommand name the runners put after the helper path.
 pub const SUBCOMMAND: &str = "sandbox-exec";
 
-/// The Landlock ABI the helper codes against; older kernels downgrade (best effort).
-const ABI_WANTED: ABI = ABI::V7;
+/// The Landlock ABI the helper codes against (9: `ResolveUnix`); older kernels downgrade
+/// (best effort).
+const ABI_WANTED: ABI = ABI::V9;
 
 /// Which runner the helper serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,12 +157,42 @@ fn parse(args: &[String]) -> Result<Invocation, String> {
     Ok(Invocation { policy, runner, argv: rest.to_vec() })
 }
 
+/// The argument that asks the helper what it can enforce here instead of running anything.
+pub const PROBE: &str = "--probe";
+
+/// What [`PROBE`] prints (one JSON line): the Landlock ABI and whether the mount layer can
+/// be built by this user on this kernel.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ProbeReport {
+    /// The kernel's Landlock ABI, if any.
+    pub landlock_abi: Option<i32>,
+    /// Why the mount layer cannot be built (`None`: it can).
+    pub mount_layer_unavailable: Option<String>,
+}
+
+fn probe_report() -> String {
+    let report = ProbeReport {
+        landlock_abi: landlock_abi().ok(),
+        mount_layer_unavailable: match mounts::probe() {
+            Layer::Applied => None,
+            Layer::Unavailable(why) => Some(why),
+        },
+    };
+    serde_json::to_string(&report).unwrap_or_default()
+}
+
 /// Runs the helper: confines this process per `args` and execs the command. Returns only on
-/// failure, with the exit status to use ([`UNAVAILABLE`], [`USAGE`] or [`NOT_FOUND`]).
+/// failure, with the exit status to use ([`UNAVAILABLE`], [`USAGE`] or [`NOT_FOUND`]), or
+/// after printing the [`PROBE`] report (0).
 ///
 /// `args` are the arguments after the program name, optionally starting with
 /// `sandbox-exec`.
 pub fn sandbox_exec_main(args: &[String]) -> i32 {
+    let rest = args.strip_prefix(&[SUBCOMMAND.to_string()]).unwrap_or(args);
+    if rest == [PROBE] {
+        println!("{}", probe_report());
+        return 0;
+    }
     let inv = match parse(args) {
         Ok(inv) => inv,
         Err(e) => {
@@ -185,7 +220,12 @@ pub fn sandbox_exec_main(args: &[String]) -> i32 {
 fn confine(inv: &Invocation) -> Result<(), String> {
     close_inherited_fds()?;
     leave_callers_session();
-    let ruleset = build_ruleset(inv)?;
+    // Inside bubblewrap the mounts are bubblewrap's; alone, the helper builds its own view.
+    let layer = match inv.runner {
+        Runner::Landlock => mounts::apply(&inv.policy.writable(), &inv.policy.read_only_paths)?,
+        Runner::Bwrap => Layer::Applied,
+    };
+    let ruleset = build_ruleset(inv, &layer)?;
     let filters = seccomp_filters(&inv.policy)?;
     drop_capabilities()?;
     set_no_new_privs()?;
@@ -295,7 +335,7 @@ pub fn landlock_abi() -> Result<i32, String> {
     }
 }
 
-fn build_ruleset(inv: &Invocation) -> Result<Option<RulesetCreated>, String> {
+fn build_ruleset(inv: &Invocation, layer: &Layer) -> Result<Option<RulesetCreated>, String> {
     if landlock_abi().is_err() {
         return Ok(None);
     }
@@ -320,18 +360,14 @@ fn build_ruleset(inv: &Invocation) -> Result<Option<RulesetCreated>, String> {
             created = add(created, Path::new(dev), AccessFs::from_all(abi))?;
         }
     }
-    // Under bubblewrap the existing read-only paths are read-only binds already; one that
-    // does not exist yet (a `.git` without `hooks`) cannot be bound, so Landlock keeps it
-    // from being created.
-    let protected: Vec<PathBuf> = match inv.runner {
-        Runner::Landlock => inv.policy.read_only_paths.clone(),
-        Runner::Bwrap => inv
-            .policy
-            .read_only_paths
-            .iter()
-            .filter(|p| p.symlink_metadata().is_err())
-            .cloned()
-            .collect(),
+    // With a mount layer (bubblewrap's or our own) the existing read-only paths are
+    // read-only mount points already; one that does not exist yet (a `.git` without
+    // `hooks`) cannot be mounted, so Landlock keeps it from being created.
+    let protected: Vec<PathBuf> = match layer {
+        Layer::Unavailable(_) => inv.policy.read_only_paths.clone(),
+        Layer::Applied => {
+            mounts::read_only_points(&inv.policy.writable(), &inv.policy.read_only_paths).missing
+        }
     };
     for path in writable_grants(&inv.policy.writable(), &protected) {
         created = add(created, &path, AccessFs::from_all(abi))?;
@@ -432,6 +468,8 @@ fn seccomp_filters(policy: &SandboxPolicy) -> Result<Vec<BpfProgram>, String> {
     }
     let err = |e: seccompiler::BackendError| format!("seccomp: {e}");
     let mut out = vec![compile(denied, libc::EPERM, arch).map_err(err)?];
+    #[cfg(target_arch = "x86_64")]
+    out.push(no_x32());
     if !policy.network {
         let not_unix = || {
             SeccompCondition::new(
@@ -451,6 +489,33 @@ fn seccomp_filters(policy: &SandboxPolicy) -> Result<Vec<BpfProgram>, String> {
         out.push(compile(sockets, libc::EAFNOSUPPORT, arch).map_err(err)?);
     }
     Ok(out)
+}
+
+/// Refuses every x32 system call (`nr | 0x4000_0000` under the x86-64 audit arch): the
+/// other filters name native numbers only, and an x32 `fchown` would pass them on a kernel
+/// built with x32 support. Nothing conch runs is an x32 binary.
+#[cfg(target_arch = "x86_64")]
+fn no_x32() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_ABS_W: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const ARCH_OFFSET: u32 = 4; // seccomp_data.arch
+    const NR_OFFSET: u32 = 0; // seccomp_data.nr
+    const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+    const X32_BIT: u32 = 0x4000_0000;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    let op = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        op(LD_ABS_W, 0, 0, ARCH_OFFSET),
+        op(JEQ_K, 0, 3, AUDIT_ARCH_X86_64),
+        op(LD_ABS_W, 0, 0, NR_OFFSET),
+        op(JGE_K, 0, 1, X32_BIT),
+        op(RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
+        op(RET_K, 0, 0, RET_ALLOW),
+    ]
 }
 
 fn compile(

@@ -59,22 +59,49 @@ pub struct LandlockSandbox {
     helper: PathBuf,
     /// The kernel's ABI, or why there is no Landlock (probed once at build).
     abi: std::result::Result<i32, String>,
+    /// Why the helper cannot build its read-only mount layer here (`None`: it can).
+    mount_layer: Option<String>,
     /// Each confined command's private TMPDIR.
     tmp: crate::tmp::PrivateTmp,
 }
 
 impl LandlockSandbox {
     /// A runner using `helper` (a binary with the `sandbox-exec` subcommand); probes the
-    /// kernel now.
+    /// kernel now, and asks the helper whether it can build its mount layer (user and
+    /// kernel permitting: the answer differs between root, a user with user namespaces
+    /// and a container without either).
     pub fn new(helper: PathBuf) -> Self {
-        Self { helper, abi: landlock_abi(), tmp: crate::tmp::PrivateTmp::default() }
+        let abi = landlock_abi();
+        let mount_layer = if abi.is_ok() { probe_mount_layer(&helper) } else { None };
+        Self { helper, abi, mount_layer, tmp: crate::tmp::PrivateTmp::default() }
     }
 
     fn enforcement(&self) -> String {
-        match &self.abi {
-            Ok(abi) => format!("landlock ABI {abi} + seccomp"),
-            Err(_) => "none (no landlock)".into(),
+        match (&self.abi, &self.mount_layer) {
+            (Ok(abi), None) => format!("landlock ABI {abi} + seccomp + read-only mount namespace"),
+            (Ok(abi), Some(why)) => format!(
+                "landlock ABI {abi} + seccomp; no mount layer ({why}): chmod and utime \
+                 outside the roots are not denied, and new entries cannot be created directly \
+                 in a git workspace's root"
+            ),
+            (Err(_), _) => "none (no landlock)".into(),
         }
+    }
+}
+
+/// Runs `helper sandbox-exec --probe`; `Some(why)` when the mount layer is unavailable.
+fn probe_mount_layer(helper: &std::path::Path) -> Option<String> {
+    let out = std::process::Command::new(helper)
+        .args([SUBCOMMAND, crate::exec::PROBE])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    let report = out.map_err(|e| e.to_string()).and_then(|o| {
+        serde_json::from_slice::<crate::exec::ProbeReport>(&o.stdout).map_err(|e| e.to_string())
+    });
+    match report {
+        Ok(r) => r.mount_layer_unavailable,
+        Err(e) => Some(format!("the helper {} did not answer its probe: {e}", helper.display())),
     }
 }
 
@@ -159,6 +186,9 @@ impl Sandbox for LandlockSandbox {
             .with_provider(LANDLOCK_NAME));
         }
         let mut command = command;
+        if self.mount_layer.is_none() {
+            crate::mounts::create_missing_hooks(&policy.read_only_paths);
+        }
         let policy = self.tmp.give(LANDLOCK_NAME, policy, &mut command)?;
         let argv = helper_argv(&self.helper, Runner::Landlock, &policy, &command.argv)?;
         Ok(CommandLine::new(argv).with_cwd(command.cwd).with_env(command.env))

@@ -11,6 +11,7 @@
 mod bwrap;
 pub mod exec;
 mod landlock;
+mod mounts;
 mod none;
 mod policy;
 mod tmp;

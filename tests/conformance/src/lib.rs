@@ -76,6 +76,59 @@ pub async fn pid_in(path: &std::path::Path) -> (i32, u64) {
     .await
 }
 
+/// The environment variable [`marked`] looks for.
+pub const MARK_VAR: &str = "CONCH_CASE_MARK";
+
+/// A token no other run uses.
+pub fn mark_token() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{}-{nanos}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A live process found by its mark.
+#[derive(Clone, Debug)]
+pub struct Marked {
+    pub pid: i32,
+    pub start: u64,
+    pub comm: String,
+}
+
+/// The live processes whose environment holds `MARK_VAR=token`. Host pids, whatever pid
+/// namespace the processes are in (the pids a sandboxed shell prints are its namespace's).
+pub fn marked(token: &str) -> Vec<Marked> {
+    let needle = format!("{MARK_VAR}={token}");
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()).then_some(())?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            let start = start_time(pid)?;
+            (!pid_gone(pid)).then(|| Marked { pid, start, comm: comm.trim().to_string() })
+        })
+        .collect()
+}
+
+/// Waits until the marked processes satisfy `ready`, and returns them.
+pub async fn await_marked(token: &str, ready: impl Fn(&[Marked]) -> bool) -> Vec<Marked> {
+    within(&format!("processes marked {token}"), async {
+        loop {
+            let now = marked(token);
+            if ready(&now) {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
 /// A command that detaches a `sleep 1000` with `how` (`setsid`, `nohup`), its output closed,
 /// after writing its pid to `pidfile`.
 pub fn detach(how: &str, pidfile: &std::path::Path) -> String {
@@ -272,6 +325,7 @@ macro_rules! sandbox_suite {
             writes_inside_the_root_succeed,
             writes_outside_the_root_are_denied,
             metadata_changes_outside_the_root_are_denied,
+            x32_system_calls_are_refused,
             read_only_mode_writes_only_dev_null,
             tcp_connect_is_denied_without_network,
             udp_send_is_denied_without_network,

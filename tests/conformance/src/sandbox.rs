@@ -121,10 +121,20 @@ pub async fn writes_inside_the_root_succeed(sandbox: &dyn Sandbox, sub: &dyn Sub
         sub,
         &policy,
         &f.root,
-        "echo data > new.txt && mkdir -p d/e && echo more > d/e/f && mv new.txt d/moved && cat d/moved",
+        "echo data > new.txt && mkdir -p d/e && echo more > d/e/f && mv new.txt d/moved && cat d/moved \
+         && chmod 0755 d/moved && touch -d 2001-02-03 d/e/f",
     )
     .await;
     assert_eq!(status.code, Some(0), "{out}");
+    let moved = std::fs::metadata(f.root.join("d/moved")).unwrap();
+    assert_eq!(moved.permissions().mode() & 0o777, 0o755, "chmod inside the root");
+    let touched = std::fs::metadata(f.root.join("d/e/f")).unwrap().modified().unwrap();
+    assert!(
+        touched
+            < std::time::SystemTime::UNIX_EPOCH
+                + std::time::Duration::from_secs(1_000_000_000 + 10 * 365 * 86_400),
+        "utime inside the root"
+    );
     assert_eq!(std::fs::read_to_string(f.root.join("d/moved")).unwrap(), "data\n");
     assert_eq!(std::fs::read_to_string(f.root.join("d/e/f")).unwrap(), "more\n");
     assert!(!info.denied && info.enforcement.is_some(), "{info:?}");
@@ -244,19 +254,69 @@ pub async fn metadata_changes_outside_the_root_are_denied(
     assert!(out.contains(MARK), "{out}");
     let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
     if mode != 0o644 {
-        // Landlock has no right for chmod and seccomp cannot see the path: a stated hole of
-        // the landlock runner. Make it visible instead of passing.
+        // Landlock has no right for chmod and seccomp cannot see the path: without its mount
+        // layer (no mount namespace for this user here) the landlock runner states this
+        // hole in its enforcement. Make it visible instead of passing.
+        let enforcement = sandbox.capabilities().enforcement;
+        assert!(enforcement.contains("no mount layer"), "chmod changed {mode:o}: {out}");
         assert_eq!(st.code, Some(0));
         skip(
             case,
             &format!(
-                "{} lets chmod change a file outside the roots (known hole)",
+                "{} lets chmod change a file outside the roots here (stated: {enforcement})",
                 sandbox.provider_name()
             ),
         );
         return;
     }
     assert_ne!(st.code, Some(0), "chmod reported success but changed nothing: {out}");
+    // utime: the file's times stay.
+    let before = std::fs::metadata(&target).unwrap().modified().unwrap();
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; touch -d 2001-02-03 {}", target.display()),
+    )
+    .await;
+    assert_denied("utime outside", &out, &st, &info, Denial::File);
+    assert_eq!(std::fs::metadata(&target).unwrap().modified().unwrap(), before, "times changed");
+}
+
+/// The x32 system call numbers (x86-64 only) are refused outright, so an x32 `fchown` cannot
+/// slip past filters that name native numbers. Judged by the owner and by the errno: the
+/// filter's `EPERM`, where a kernel without x32 alone would say `ENOSYS`.
+pub async fn x32_system_calls_are_refused(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
+    let case = "x32_system_calls_are_refused";
+    if !confining(sandbox, case) {
+        return;
+    }
+    if std::env::consts::ARCH != "x86_64" {
+        return skip(case, "x32 exists only on x86_64");
+    }
+    if !has_python() {
+        return skip(case, "needs python3 to make a raw system call");
+    }
+    let f = Fixture::new();
+    let target = f.victim("x32");
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    // 93 is fchown in the x86-64 table, which x32 shares for it.
+    let script = format!(
+        "echo {MARK}; python3 -c 'import ctypes,os,sys; l=ctypes.CDLL(None, use_errno=True); \
+         fd=os.open(sys.argv[1], os.O_RDONLY); r=l.syscall(0x40000000 | 93, fd, 1, 1); \
+         print(\"result\", r, ctypes.get_errno())' '{}'",
+        target.display()
+    );
+    let (out, st, _) = run(sandbox, sub, &policy, &f.root, &script).await;
+    assert!(out.contains(MARK), "{out}");
+    assert!(out.contains("result -1 1\n"), "x32 fchown was not refused with EPERM ({st:?}): {out}");
+    let meta = std::fs::metadata(&target).unwrap();
+    assert_ne!(std::os::unix::fs::MetadataExt::uid(&meta), 1, "owner changed");
+}
+
+fn has_python() -> bool {
+    std::process::Command::new("python3").arg("-c").arg("pass").status().is_ok_and(|s| s.success())
 }
 
 pub async fn read_only_mode_writes_only_dev_null(sandbox: &dyn Sandbox, sub: &dyn Subprocess) {
@@ -437,12 +497,63 @@ pub async fn git_hooks_and_config_stay_read_only(sandbox: &dyn Sandbox, sub: &dy
     )
     .await;
     assert_denied("create missing hooks", &out, &st, &info, Denial::File);
-    assert!(!bare.root.join(".git/hooks").exists(), "hooks directory created");
+    // The runner may have made the missing `.git/hooks` itself (empty, as `git init` does)
+    // to hold it read-only; nothing the command wrote is in it.
+    assert!(!bare.root.join(".git/hooks/pre-commit").exists(), "hook written");
+    let (out, st, _) = run(sandbox, sub, &bare_policy, &bare.root, "echo new > fresh").await;
+    if st.code != Some(0) {
+        let enforcement = sandbox.capabilities().enforcement;
+        assert!(enforcement.contains("no mount layer"), "new file in a hook-less root: {out}");
+    }
+    // A worktree's `.git` is a file naming the real git directory: it cannot be replaced
+    // by a directory with hooks, and the root stays writable.
+    let tree = Fixture::new();
+    std::fs::write(tree.root.join(".git"), "gitdir: /nonexistent/.git/worktrees/w\n").unwrap();
+    let tree_policy = tree.policy(SandboxMode::WorkspaceWrite);
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &tree_policy,
+        &tree.root,
+        &format!(
+            "echo {MARK}; rm -f .git; mv .git .git-old; mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit"
+        ),
+    )
+    .await;
+    assert_denied("replace a worktree's .git", &out, &st, &info, Denial::File);
+    assert!(tree.root.join(".git").is_file(), "the .git file was replaced: {out}");
+    let (out, st, _) = run(sandbox, sub, &tree_policy, &tree.root, "echo new > fresh").await;
+    if st.code != Some(0) {
+        let enforcement = sandbox.capabilities().enforcement;
+        assert!(enforcement.contains("no mount layer"), "new file in a worktree root: {out}");
+    }
     // The rest of the workspace stays writable.
     let (out, st, _) =
         run(sandbox, sub, &policy, &f.root, "echo ok > src/a && echo obj > .git/objects/o").await;
     assert_eq!(st.code, Some(0), "{out}");
     assert_eq!(std::fs::read_to_string(f.root.join("src/a")).unwrap(), "ok\n");
+    // Including new entries directly in the root and in `.git` (a commit writes
+    // `.git/index.lock`, `git init` of a sub-project makes a directory at the top).
+    let (out, st, _) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        "echo new > fresh && mkdir top && echo lock > .git/index.lock",
+    )
+    .await;
+    if st.code != Some(0) {
+        let enforcement = sandbox.capabilities().enforcement;
+        assert!(enforcement.contains("no mount layer"), "new entries in the root: {out}");
+        return skip(
+            "git_hooks_and_config_stay_read_only",
+            &format!(
+                "new entries directly in a git workspace's root are refused here ({enforcement})"
+            ),
+        );
+    }
+    assert_eq!(std::fs::read_to_string(f.root.join("fresh")).unwrap(), "new\n");
+    assert!(f.root.join("top").is_dir() && f.root.join(".git/index.lock").is_file());
 }
 
 pub async fn a_setsid_daemon_does_not_outlive_the_call(
@@ -619,8 +730,8 @@ fn libc_nonblock() -> i32 {
     0o4000
 }
 
-/// A pathname unix socket outside the roots (a docker.sock) is not reachable, where the
-/// runner can enforce it; before Landlock ABI 10 neither runner can, and the case says so.
+/// A pathname unix socket outside the roots (a docker.sock) is not reachable: both runners
+/// mask the sockets bound when the command starts, and Landlock ABI 9 refuses the rest.
 pub async fn a_unix_socket_outside_the_root_is_not_reachable(
     sandbox: &dyn Sandbox,
     sub: &dyn Subprocess,
@@ -629,12 +740,7 @@ pub async fn a_unix_socket_outside_the_root_is_not_reachable(
     if !confining(sandbox, case) {
         return;
     }
-    let has_python = std::process::Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_python {
+    if !has_python() {
         return skip(case, "needs python3 to connect a unix socket");
     }
     let f = Fixture::new();
@@ -656,8 +762,8 @@ pub async fn a_unix_socket_outside_the_root_is_not_reachable(
         return skip(
             case,
             &format!(
-                "known hole: {} reaches pathname unix sockets outside the roots on this kernel \
-                 ({}); needs Landlock ABI 10",
+                "known hole: {} reaches pathname unix sockets outside the roots here ({}); \
+                 needs its mount layer or Landlock ABI 9",
                 sandbox.provider_name(),
                 sandbox.capabilities().enforcement
             ),

@@ -16,6 +16,14 @@ async fn open(p: &dyn TerminalBackend) -> Arc<dyn TerminalSession> {
     within("terminal open", p.open(TerminalOpenSpec::default())).await.expect("open a session")
 }
 
+/// Opens a session whose environment carries [`crate::MARK_VAR`]`=token`, which every
+/// process it starts inherits.
+async fn open_marked(p: &dyn TerminalBackend, token: &str) -> Arc<dyn TerminalSession> {
+    let mut spec = TerminalOpenSpec::default();
+    spec.managed_env.insert(crate::MARK_VAR.into(), token.into());
+    within("terminal open", p.open(spec)).await.expect("open a session")
+}
+
 async fn send(s: &dyn TerminalSession, text: &str) -> SendSettle {
     match within(text, s.send(text, true, CancellationToken::new()))
         .await
@@ -240,17 +248,19 @@ pub async fn sigkill_at_the_shell_is_rejected(p: &dyn TerminalBackend) {
 }
 
 pub async fn close_leaves_no_descendant_even_one_ignoring_term(p: &dyn TerminalBackend) {
-    let s = open(p).await;
-    let r = send(s.as_ref(), "sleep 1000 & echo BG=$!").await;
-    let bg = number_after(&r.delta, "BG=");
-    let r =
-        send(s.as_ref(), "bash -c 'trap \"\" TERM; sleep 1000 & wait' & echo STUBBORN=$!").await;
-    let stubborn = number_after(&r.delta, "STUBBORN=");
-    let r = send(s.as_ref(), "echo SHELL=$$").await;
-    let shell = number_after(&r.delta, "SHELL=");
+    let token = crate::mark_token();
+    let s = open_marked(p, &token).await;
+    send(s.as_ref(), "sleep 1000 & echo BG=$!").await;
+    send(s.as_ref(), "bash -c 'trap \"\" TERM; sleep 1000 & wait' & echo STUBBORN=$!").await;
+    // The shell, the stubborn bash and both sleeps, found by the mark they inherited (from
+    // outside any pid namespace the session's processes live in).
+    let before = crate::await_marked(&token, |m| {
+        m.iter().filter(|x| x.comm == "sleep").count() >= 2 && m.iter().any(|x| x.comm == "bash")
+    })
+    .await;
     close(s.as_ref()).await;
-    for pid in [bg, stubborn, shell] {
-        assert!(pid_gone(pid), "pid {pid} survived close");
+    for m in &before {
+        assert!(crate::gone(m.pid, m.start), "{} ({}) survived close", m.pid, m.comm);
     }
     assert!(matches!(s.status(), SessionStatus::Exited(_)), "{:?}", s.status());
 }
@@ -287,7 +297,8 @@ pub async fn a_cancelled_open_is_rolled_back(p: &dyn TerminalBackend) {
 }
 
 pub async fn close_stops_processes_that_detached_with_setsid_and_nohup(p: &dyn TerminalBackend) {
-    let s = open(p).await;
+    let token = crate::mark_token();
+    let s = open_marked(p, &token).await;
     let r = send(s.as_ref(), "command -v setsid >/dev/null || echo NO-SETSID").await;
     if r.delta.contains("\nNO-SETSID") {
         println!("SKIP close_stops_processes_that_detached_with_setsid_and_nohup: no setsid");
@@ -299,9 +310,11 @@ pub async fn close_stops_processes_that_detached_with_setsid_and_nohup(p: &dyn T
     // The subshells exit at once: neither process is the shell's descendant any more.
     send(s.as_ref(), &format!("({})", crate::detach("setsid", &a))).await;
     send(s.as_ref(), &format!("({})", crate::detach("nohup", &b))).await;
-    let detached = [crate::pid_in(&a).await, crate::pid_in(&b).await];
+    // Found by the mark they inherited, so pids inside a pid namespace do not matter.
+    let detached =
+        crate::await_marked(&token, |m| m.iter().filter(|x| x.comm == "sleep").count() >= 2).await;
     close(s.as_ref()).await;
-    for (pid, start) in detached {
-        assert!(crate::gone(pid, start), "the detached {pid} survived close");
+    for m in detached.iter().filter(|m| m.comm == "sleep") {
+        assert!(crate::gone(m.pid, m.start), "the detached {} survived close", m.pid);
     }
 }
