@@ -288,3 +288,90 @@ mod refusing_helper {
         assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
     }
 }
+
+/// The helper as an ordinary user: without `CAP_SYS_ADMIN` it builds its mount layer inside
+/// a user namespace, so `chmod` of the user's own file outside the roots is still refused
+/// (ownership is all `chmod` checks, so only the read-only view stops it) while writes in
+/// the root work. Needs root to become uid 65534 (`setpriv`); otherwise it says it skipped.
+mod as_an_ordinary_user {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::process::Command;
+
+    const NOBODY: u32 = 65534;
+
+    fn chown(path: &std::path::Path) {
+        let ok = Command::new("chown")
+            .arg(format!("{NOBODY}:{NOBODY}"))
+            .arg(path)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "chown {}", path.display());
+    }
+
+    #[test]
+    fn the_mount_layer_holds_in_a_user_namespace() {
+        let root_user = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+        if !root_user || !setpriv {
+            println!("SKIP as_an_ordinary_user: needs root and setpriv to run the helper as uid {NOBODY}");
+            return;
+        }
+        // Everything the ordinary user needs, in directories it may enter.
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let helper = base.join("helper");
+        std::fs::copy(super::helper(), &helper).unwrap();
+        let root = base.join("root");
+        let outside = base.join("outside");
+        for d in [&root, &outside] {
+            std::fs::create_dir(d).unwrap();
+            chown(d);
+        }
+        let victim = outside.join("mine");
+        std::fs::write(&victim, "orig").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        chown(&victim);
+        let as_nobody = |args: &[&str]| {
+            let out = Command::new("setpriv")
+                .args([
+                    format!("--reuid={NOBODY}"),
+                    format!("--regid={NOBODY}"),
+                    "--clear-groups".into(),
+                ])
+                .arg(&helper)
+                .arg("sandbox-exec")
+                .args(args)
+                .current_dir(&root)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            (out.status.code(), text)
+        };
+        let (code, probe) = as_nobody(&["--probe"]);
+        assert_eq!(code, Some(0), "{probe}");
+        let report: serde_json::Value = serde_json::from_str(probe.trim()).unwrap();
+        if let Some(why) = report["mount_layer_unavailable"].as_str() {
+            println!("SKIP as_an_ordinary_user: no user namespace here ({why})");
+            return;
+        }
+        let policy = serde_json::to_string(&conch_seams::SandboxPolicy::new(
+            conch_seams::SandboxMode::WorkspaceWrite,
+            &root,
+        ))
+        .unwrap();
+        let script = format!(
+            "id -u; echo inside > new && cat new; chmod 0777 '{}'; echo \"chmod=$?\"",
+            victim.display()
+        );
+        let (code, out) = as_nobody(&["--policy", &policy, "--", "bash", "-c", &script]);
+        assert_eq!(code, Some(0), "{out}");
+        assert!(out.starts_with(&format!("{NOBODY}\n")), "ran as the user: {out}");
+        assert!(out.contains("inside\n"), "writes in the root work: {out}");
+        assert!(out.contains("chmod=1") && out.contains("Read-only file system"), "{out}");
+        let mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "the user's own file outside the root was chmodded: {out}");
+        assert_eq!(std::fs::read_to_string(root.join("new")).unwrap(), "inside\n");
+    }
+}
