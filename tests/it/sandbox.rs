@@ -313,7 +313,9 @@ mod as_an_ordinary_user {
         let root_user = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
         let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
         if !root_user || !setpriv {
-            println!("SKIP as_an_ordinary_user: needs root and setpriv to run the helper as uid {NOBODY}");
+            println!(
+                "SKIP as_an_ordinary_user: needs root and setpriv to run the helper as uid {NOBODY}"
+            );
             return;
         }
         // Everything the ordinary user needs, in directories it may enter.
@@ -373,5 +375,110 @@ mod as_an_ordinary_user {
         let mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o644, "the user's own file outside the root was chmodded: {out}");
         assert_eq!(std::fs::read_to_string(root.join("new")).unwrap(), "inside\n");
+    }
+}
+
+/// A command's private TMPDIR goes when the command does: a one-shot call's when the call
+/// returns, a background command's when it settles, a sandboxed terminal's when it closes.
+/// Judged by the directory each command printed.
+mod private_tmpdirs_are_released {
+    use std::time::Duration;
+
+    use conch_provider_bash::{BashLocal, BashLocalConfig};
+    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+    use conch_seams::{
+        ShellExecRequest, ShellExecutor, TerminalBackend, TerminalOpenSpec, TerminalSession,
+    };
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    fn tmpdir_in(text: &str) -> std::path::PathBuf {
+        let line = text.lines().find_map(|l| l.strip_prefix("TMP=")).unwrap_or_else(|| {
+            panic!("no TMP= line in {text:?}");
+        });
+        std::path::PathBuf::from(line.trim())
+    }
+
+    async fn until_gone(dir: &std::path::Path) {
+        conch_conformance::within(&format!("{} to be removed", dir.display()), async {
+            while dir.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn for_one_shot_background_and_terminal_commands() {
+        let root = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(root.path()).unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, &root);
+        let sandbox: Arc<dyn Sandbox> = Arc::new(LandlockSandbox::new(helper()));
+        let exec = BashLocal::sandboxed(
+            BashLocalConfig::default(),
+            local(),
+            Arc::clone(&sandbox),
+            policy.clone(),
+        )
+        .unwrap();
+
+        // One-shot: gone when the call returns.
+        let spec =
+            exec.resolve(ShellExecRequest::new("echo TMP=$TMPDIR; touch $TMPDIR/x")).unwrap();
+        let out = exec.run(spec).await.unwrap();
+        assert_eq!(out.status.code, Some(0), "{}", out.output.text);
+        let dir = tmpdir_in(&out.output.text);
+        assert!(!dir.exists(), "{} outlived its call", dir.display());
+
+        // Background: there while it runs, gone once it settles.
+        let spec = exec
+            .resolve(ShellExecRequest::new(
+                "echo TMP=$TMPDIR; touch $TMPDIR/x; mkfifo $TMPDIR/gate; cat $TMPDIR/gate",
+            ))
+            .unwrap();
+        let p = exec.start(spec).await;
+        let mut text = String::new();
+        let dir = conch_conformance::within("the background TMP= line", async {
+            loop {
+                text.push_str(&p.read_output().text);
+                if let Some(l) = text.lines().find_map(|l| l.strip_prefix("TMP=")) {
+                    break std::path::PathBuf::from(l.trim());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        let gate = dir.join("gate");
+        conch_conformance::within("the gate FIFO", async {
+            while !gate.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(dir.join("x").exists(), "the running command's TMPDIR is kept");
+        std::fs::write(&gate, "go\n").unwrap();
+        conch_conformance::within("the background command", p.wait()).await;
+        until_gone(&dir).await;
+
+        // Terminal: gone when the session closes.
+        let backend = TerminalBash::sandboxed(
+            TerminalBashConfig::default(),
+            local(),
+            Arc::clone(&sandbox),
+            policy,
+        )
+        .unwrap();
+        let session = backend.open(TerminalOpenSpec::default()).await.unwrap();
+        let settle =
+            session.send("echo TMP=$TMPDIR", true, CancellationToken::new()).await.unwrap();
+        let text = match settle {
+            conch_seams::SendOutcome::Ready(s) => s.delta,
+            other => panic!("{other:?}"),
+        };
+        let dir = tmpdir_in(&text);
+        assert!(dir.exists(), "the open session's TMPDIR is kept");
+        session.close().await.unwrap();
+        until_gone(&dir).await;
     }
 }

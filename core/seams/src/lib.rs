@@ -26,7 +26,7 @@ pub use owner::{
 };
 pub use sandbox::{
     Approval, ApprovalDecision, CommandLine, Denial, EscalationRequest, Sandbox,
-    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy,
+    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease,
 };
 pub use shell::{
     ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,

@@ -240,6 +240,34 @@ pub trait Sandbox: Send + Sync + fmt::Debug + 'static {
     /// What the sandbox did to a command that ran wrapped under `policy`.
     fn classify(&self, policy: &SandboxPolicy, exit: &ExitStatus, output_tail: &str)
     -> SandboxInfo;
+    /// The command `wrap` returned as `wrapped` has finished and its processes are stopped
+    /// (or it never started): the runner may free what it made for it (a private
+    /// `TMPDIR`). Callers hold a [`SandboxRelease`] so every path calls this exactly once.
+    /// The default frees nothing.
+    fn release(&self, wrapped: &CommandLine) {
+        let _ = wrapped;
+    }
+}
+
+/// Calls [`Sandbox::release`] for one wrapped command when dropped: hold it as long as the
+/// command (a one-shot run, a background process, a terminal session) may still run.
+#[derive(Debug)]
+pub struct SandboxRelease {
+    sandbox: std::sync::Arc<dyn Sandbox>,
+    wrapped: CommandLine,
+}
+
+impl SandboxRelease {
+    /// Releases `wrapped` through `sandbox` on drop.
+    pub fn new(sandbox: std::sync::Arc<dyn Sandbox>, wrapped: CommandLine) -> Self {
+        Self { sandbox, wrapped }
+    }
+}
+
+impl Drop for SandboxRelease {
+    fn drop(&mut self) {
+        self.sandbox.release(&self.wrapped);
+    }
 }
 
 /// A request to run a confined command again with wider permissions.

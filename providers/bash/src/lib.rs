@@ -21,9 +21,9 @@ use conch_registry::{
 use conch_seams::{
     AfterExit, CollectedOutput, CommandLine, ConfigIssue, Error, ErrorCode, ErrorReason,
     ExitStatus, Leftover, OutputSpec, PluginConfig, Process, Result, Sandbox, SandboxInfo,
-    SandboxMode, SandboxPolicy, ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec,
-    ShellExecutor, ShellProcess, ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec,
-    StdinSpec, StreamId, Subprocess,
+    SandboxMode, SandboxPolicy, SandboxRelease, ShellCapabilities, ShellDialect, ShellExecRequest,
+    ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead, ShellProcessStatus,
+    ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
 };
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -174,6 +174,9 @@ pub struct BashLocal {
 struct Prepared {
     command: CommandLine,
     wrapped: bool,
+    /// Frees what the runner made for this command once it is dropped (held while the
+    /// command may run).
+    release: Option<SandboxRelease>,
 }
 
 /// The tail of `text` a classifier sees, cut on a char boundary.
@@ -246,7 +249,7 @@ impl BashLocal {
             .with_cwd(spec.cwd.clone())
             .with_env(spec.env.clone());
         let Some((sandbox, policy)) = self.policy_of(spec) else {
-            return Ok(Prepared { command, wrapped: false });
+            return Ok(Prepared { command, wrapped: false, release: None });
         };
         let original = command.argv.clone();
         let command = sandbox.wrap(&policy, command).map_err(|e| {
@@ -263,7 +266,8 @@ impl BashLocal {
         // Only a command line with a runner in front can fail as a runner; one passed through
         // unchanged (danger-full-access) fails the way bash-local's would.
         let wrapped = command.argv != original;
-        Ok(Prepared { command, wrapped })
+        let release = Some(SandboxRelease::new(sandbox, command.clone()));
+        Ok(Prepared { command, wrapped, release })
     }
 
     /// The argv that runs `command`, see [`bash_argv`] (protected-style hook for wrapping
@@ -404,6 +408,8 @@ impl ShellExecutor for BashLocal {
         let kill = CancellationToken::new();
         let prepared = self.prepare(&spec)?;
         let wrapped = prepared.wrapped;
+        // Dropped when this call ends, every path: the command has settled (or never ran).
+        let _release = prepared.release;
         let sspec = self.spawn_spec(&spec, prepared.command, kill.clone());
         if spec.cancel.is_cancelled() {
             return Ok(ShellRunResult {
@@ -487,6 +493,7 @@ impl ShellExecutor for BashLocal {
             Err(e) => return runner_failed(format!("{e}\n")),
         };
         let wrapped = prepared.wrapped;
+        let release = prepared.release;
         let sspec = self.spawn_spec(&spec, prepared.command, kill.clone());
         // The caller's token may also stop a background process; no timeout applies.
         let caller = spec.cancel.clone();
@@ -498,12 +505,26 @@ impl ShellExecutor for BashLocal {
             }
         });
         match self.subprocess.spawn(sspec).await {
-            Ok(process) => Arc::new(Background::new(
-                process,
-                kill,
-                spec.output_max_bytes,
-                confinement.map(|(sandbox, policy)| BackgroundSandbox { sandbox, policy, wrapped }),
-            )),
+            Ok(process) => {
+                if let Some(release) = release {
+                    // Freed when the process has settled, not when the job's record goes.
+                    let settled = Arc::clone(&process);
+                    tokio::spawn(async move {
+                        let _ = settled.wait().await;
+                        drop(release);
+                    });
+                }
+                Arc::new(Background::new(
+                    process,
+                    kill,
+                    spec.output_max_bytes,
+                    confinement.map(|(sandbox, policy)| BackgroundSandbox {
+                        sandbox,
+                        policy,
+                        wrapped,
+                    }),
+                ))
+            }
             Err(e) if wrapped && e.reason() != Some(ErrorReason::MissingWorkdir) => {
                 runner_failed(format!(
                     "{}\n",

@@ -15,8 +15,9 @@
 //! - `--unshare-pid --die-with-parent`: when the command's init exits or conch dies,
 //!   everything in the namespace is killed, `setsid`/`nohup` daemons included;
 //! - `--unshare-net` without network: only a private loopback exists;
-//! - each pathname unix socket bound outside the roots when the command starts is covered
-//!   with `/dev/null` (see `mounts.rs` for the limits of that snapshot);
+//! - each pathname unix socket bound outside the roots when the command is wrapped is passed
+//!   to the helper (`--cover`), which covers it with `/dev/null` in a mount namespace of
+//!   its own (see `mounts.rs` for the limits of that snapshot);
 //! - `--cap-drop ALL` (as root `--cap-add CAP_SETPCAP` too, so that the helper can clear the
 //!   bounding set before it drops that last capability); bubblewrap itself sets
 //!   `no_new_privs`;
@@ -89,9 +90,11 @@ const BASE_FLAGS: &[&str] = &["--die-with-parent", "--unshare-pid", "--cap-drop"
 
 /// As root, bubblewrap's `--cap-drop ALL` empties the capability sets but leaves the
 /// bounding set (it relies on securebits), and without `CAP_SETPCAP` the helper cannot clear
-/// it. Keeping only `CAP_SETPCAP` for the helper lets it clear the bounding set and then
-/// drop that last capability before anything untrusted runs.
-const ROOT_FLAGS: &[&str] = &["--cap-add", "CAP_SETPCAP"];
+/// it. Keeping `CAP_SETPCAP` for the helper lets it clear the bounding set, and
+/// `CAP_SYS_ADMIN` lets it make the mount namespace in which it covers unix sockets; it
+/// drops both before anything untrusted runs. (Not as root, bubblewrap's user namespace
+/// leaves the helper none, and it covers the sockets in a nested user namespace.)
+const ROOT_FLAGS: &[&str] = &["--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_SYS_ADMIN"];
 
 fn running_as_root() -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -235,22 +238,21 @@ impl Sandbox for BwrapSandbox {
         for p in protected {
             bind(&mut argv, "--ro-bind", p);
         }
-        // The pathname unix sockets bound now outside the roots (a docker.sock) are covered
-        // with /dev/null: a read-only bind does not stop a connect. `/dev` and `/proc` are
-        // fresh in the sandbox.
-        for sock in crate::mounts::unix_sockets() {
-            let fresh = sock.starts_with("/dev") || sock.starts_with("/proc");
-            let inside = writable.iter().any(|r| sock.starts_with(r));
-            if !fresh && !inside && crate::mounts::is_socket(&sock) {
-                let sock = sock.to_string_lossy().into_owned();
-                argv.extend(["--ro-bind".to_string(), "/dev/null".to_string(), sock]);
-            }
-        }
+        // The pathname unix sockets bound now outside the roots (a docker.sock): a read-only
+        // bind does not stop a connect, so the helper covers them with /dev/null inside (a
+        // bwrap bind would fail the whole command if one vanished before bwrap ran, and
+        // without network the sandbox's /proc lists none of the host's). `/dev` and `/proc`
+        // are fresh in the sandbox.
+        let cover: Vec<PathBuf> = crate::mounts::unix_sockets()
+            .into_iter()
+            .filter(|s| !s.starts_with("/dev") && !s.starts_with("/proc"))
+            .filter(|s| !writable.iter().any(|r| s.starts_with(r)))
+            .collect();
         if let Some(cwd) = &command.cwd {
             argv.extend(["--chdir".to_string(), cwd.to_string_lossy().into_owned()]);
         }
         argv.push("--".into());
-        argv.extend(helper_argv(&self.helper, Runner::Bwrap, policy, &command.argv)?);
+        argv.extend(helper_argv(&self.helper, Runner::Bwrap, policy, &cover, &command.argv)?);
         Ok(CommandLine::new(argv).with_cwd(command.cwd).with_env(command.env))
     }
 
@@ -268,6 +270,10 @@ impl Sandbox for BwrapSandbox {
             info.denial = None;
         }
         info
+    }
+
+    fn release(&self, wrapped: &CommandLine) {
+        self.tmp.release(wrapped);
     }
 }
 

@@ -110,6 +110,8 @@ impl Runner {
 struct Invocation {
     policy: SandboxPolicy,
     runner: Runner,
+    /// Unix sockets to cover (bwrap runner: listed outside, where the host's are visible).
+    cover: Vec<PathBuf>,
     argv: Vec<String>,
 }
 
@@ -120,8 +122,14 @@ fn parse(args: &[String]) -> Result<Invocation, String> {
     }
     let mut policy = None;
     let mut runner = Runner::Landlock;
+    let mut cover = Vec::new();
     while let Some((head, tail)) = rest.split_first() {
         match head.as_str() {
+            "--cover" => {
+                let path = tail.first().ok_or("--cover needs a path")?;
+                cover.push(PathBuf::from(path));
+                rest = &tail[1..];
+            }
             "--policy" => {
                 let json = tail.first().ok_or("--policy needs a JSON value")?;
                 policy = Some(
@@ -154,7 +162,12 @@ fn parse(args: &[String]) -> Result<Invocation, String> {
             return Err(format!("{} is not an absolute path", root.display()));
         }
     }
-    Ok(Invocation { policy, runner, argv: rest.to_vec() })
+    for p in &cover {
+        if !p.is_absolute() {
+            return Err(format!("--cover {} is not an absolute path", p.display()));
+        }
+    }
+    Ok(Invocation { policy, runner, cover, argv: rest.to_vec() })
 }
 
 /// The argument that asks the helper what it can enforce here instead of running anything.
@@ -197,7 +210,7 @@ pub fn sandbox_exec_main(args: &[String]) -> i32 {
         Ok(inv) => inv,
         Err(e) => {
             eprintln!(
-                "{MARKER} usage: sandbox-exec --policy <json> [--runner landlock|bwrap] -- argv... ({e})"
+                "{MARKER} usage: sandbox-exec --policy <json> [--runner landlock|bwrap] [--cover <socket>]... -- argv... ({e})"
             );
             return USAGE;
         }
@@ -223,7 +236,10 @@ fn confine(inv: &Invocation) -> Result<(), String> {
     // Inside bubblewrap the mounts are bubblewrap's; alone, the helper builds its own view.
     let layer = match inv.runner {
         Runner::Landlock => mounts::apply(&inv.policy.writable(), &inv.policy.read_only_paths)?,
-        Runner::Bwrap => Layer::Applied,
+        Runner::Bwrap => {
+            mounts::cover_in_new_namespace(&inv.cover)?;
+            Layer::Applied
+        }
     };
     let ruleset = build_ruleset(inv, &layer)?;
     let filters = seccomp_filters(&inv.policy)?;

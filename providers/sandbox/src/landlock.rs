@@ -105,11 +105,13 @@ fn probe_mount_layer(helper: &std::path::Path) -> Option<String> {
     }
 }
 
-/// The helper command line: `[helper, sandbox-exec, --policy, json, --runner, r, --, argv...]`.
+/// The helper command line:
+/// `[helper, sandbox-exec, --policy, json, --runner, r, (--cover, socket)*, --, argv...]`.
 pub(crate) fn helper_argv(
     helper: &std::path::Path,
     runner: Runner,
     policy: &SandboxPolicy,
+    cover: &[std::path::PathBuf],
     argv: &[String],
 ) -> Result<Vec<String>> {
     let json = serde_json::to_string(policy)
@@ -121,8 +123,11 @@ pub(crate) fn helper_argv(
         json,
         "--runner".into(),
         runner.as_str().into(),
-        "--".into(),
     ];
+    for sock in cover {
+        out.extend(["--cover".into(), sock.to_string_lossy().into_owned()]);
+    }
+    out.push("--".into());
     out.extend(argv.iter().cloned());
     Ok(out)
 }
@@ -190,7 +195,7 @@ impl Sandbox for LandlockSandbox {
             crate::mounts::create_missing_hooks(&policy.read_only_paths);
         }
         let policy = self.tmp.give(LANDLOCK_NAME, policy, &mut command)?;
-        let argv = helper_argv(&self.helper, Runner::Landlock, &policy, &command.argv)?;
+        let argv = helper_argv(&self.helper, Runner::Landlock, &policy, &[], &command.argv)?;
         Ok(CommandLine::new(argv).with_cwd(command.cwd).with_env(command.env))
     }
 
@@ -201,6 +206,10 @@ impl Sandbox for LandlockSandbox {
         output_tail: &str,
     ) -> SandboxInfo {
         classify(policy, exit, output_tail, &self.enforcement())
+    }
+
+    fn release(&self, wrapped: &CommandLine) {
+        self.tmp.release(wrapped);
     }
 }
 

@@ -150,17 +150,8 @@ pub fn apply(writable: &[PathBuf], read_only: &[PathBuf]) -> Result<Layer, Strin
     let writable_at = |m: &Path| {
         roots.iter().any(|r| m.starts_with(r)) && !protected.iter().any(|p| m.starts_with(p))
     };
-    for sock in &sockets {
-        if writable_at(sock) {
-            continue;
-        }
-        // Only what is still a socket at that path in this view (a listing entry may name a
-        // path from another mount namespace).
-        if is_socket(sock) {
-            mount(Some(Path::new("/dev/null")), sock, libc::MS_BIND)
-                .map_err(|e| format!("cannot mask the unix socket {}: {e}", sock.display()))?;
-        }
-    }
+    let outside: Vec<PathBuf> = sockets.into_iter().filter(|s| !writable_at(s)).collect();
+    cover_sockets(&outside)?;
     for point in mount_points()? {
         if !writable_at(&point) {
             remount_read_only(&point)?;
@@ -182,6 +173,44 @@ pub fn apply(writable: &[PathBuf], read_only: &[PathBuf]) -> Result<Layer, Strin
         }
     }
     Ok(Layer::Applied)
+}
+
+/// Inside bubblewrap (whose mounts are the rest of the layer): covers `sockets` in a mount
+/// namespace of the helper's own. Fails when there are sockets to cover and no namespace
+/// can be made (the command would reach them).
+pub fn cover_in_new_namespace(sockets: &[PathBuf]) -> Result<(), String> {
+    if sockets.is_empty() {
+        return Ok(());
+    }
+    enter_namespace()
+        .map_err(|why| format!("cannot cover the unix sockets outside the roots: {why}"))?;
+    mount(None, Path::new("/"), libc::MS_REC | libc::MS_SLAVE)
+        .map_err(|e| format!("cannot make / private: {e}"))?;
+    cover_sockets(sockets)?;
+    // As in `apply`: the working directory is re-entered through the new view.
+    if let Ok(cwd) = std::env::current_dir() {
+        std::env::set_current_dir(&cwd)
+            .map_err(|e| format!("cannot re-enter {}: {e}", cwd.display()))?;
+    }
+    Ok(())
+}
+
+/// Covers each path that is still a socket with `/dev/null` (a connect then meets a
+/// character device and is refused). A listing entry may name a path from another mount
+/// namespace, or a socket removed since it was listed: what is not a socket here now is
+/// left alone.
+fn cover_sockets(sockets: &[PathBuf]) -> Result<(), String> {
+    for sock in sockets {
+        if !is_socket(sock) {
+            continue;
+        }
+        match mount(Some(Path::new("/dev/null")), sock, libc::MS_BIND) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(format!("cannot cover the unix socket {}: {e}", sock.display())),
+        }
+    }
+    Ok(())
 }
 
 /// A new mount namespace: directly with `CAP_SYS_ADMIN`, else inside a new user namespace

@@ -6,11 +6,12 @@
 //! wrapped command gets a fresh 0700 directory of its own, added to its policy as one more
 //! writable root and named in its `TMPDIR`.
 //!
-//! The directories live under one 0700 parent per runner, made by the first wrap and
-//! removed with everything in it when the runner is dropped (the runtime's teardown). A
-//! command may still be running when its call returns (a background job), so nothing is
-//! removed earlier; the cost is that the directories of one runtime's commands accumulate
-//! until then. Read-only mode gets none: there nothing is writable but the terminal.
+//! The directories live under one 0700 parent per runner, made by the first wrap. A
+//! command's directory is removed when its caller releases it (`Sandbox::release`, through
+//! the `SandboxRelease` the shell and terminal providers hold while the command, background
+//! process or session may run), and the parent with whatever is left when the runner is
+//! dropped (the runtime's teardown). Read-only mode gets none: there nothing is writable
+//! but the terminal.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -59,6 +60,19 @@ impl PrivateTmp {
         private_dir(&dir).map_err(|e| failed(&dir.display().to_string(), e))?;
         command.env.insert("TMPDIR".into(), Some(dir.to_string_lossy().into_owned()));
         Ok(policy.clone().with_writable_root(dir))
+    }
+}
+
+impl PrivateTmp {
+    /// Removes the private TMPDIR `wrapped` was given, if it is one of this runner's (the
+    /// command has finished; see `Sandbox::release`).
+    pub(crate) fn release(&self, wrapped: &CommandLine) {
+        let Some(Some(dir)) = wrapped.env.get("TMPDIR") else { return };
+        let dir = PathBuf::from(dir);
+        let parent = self.parent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if parent.is_some_and(|p| dir.parent() == Some(p.as_path())) {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }
 

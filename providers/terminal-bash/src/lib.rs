@@ -21,7 +21,7 @@ use conch_registry::{
 };
 use conch_seams::{
     CommandLine, ConfigIssue, Error, ErrorCode, PluginConfig, Result, Sandbox, SandboxPolicy,
-    ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec, TerminalSession,
+    SandboxRelease, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec, TerminalSession,
     TerminalSpawnSpec,
 };
 use serde::Deserialize;
@@ -131,9 +131,12 @@ impl TerminalBash {
     /// # Errors
     /// The sandbox's `sandbox_unavailable` (any other wrap error is reported as that too:
     /// the shell cannot run confined, and it never runs unconfined instead).
-    fn confine(&self, mut tspec: TerminalSpawnSpec) -> Result<TerminalSpawnSpec> {
+    fn confine(
+        &self,
+        mut tspec: TerminalSpawnSpec,
+    ) -> Result<(TerminalSpawnSpec, Option<SandboxRelease>)> {
         let Some((sandbox, policy)) = &self.confinement else {
-            return Ok(tspec);
+            return Ok((tspec, None));
         };
         let command = CommandLine::new(std::mem::take(&mut tspec.argv))
             .with_cwd(tspec.cwd.take())
@@ -149,10 +152,11 @@ impl TerminalBash {
                 ))
             }
         })?;
+        let release = SandboxRelease::new(Arc::clone(sandbox), wrapped.clone());
         tspec.argv = wrapped.argv;
         tspec.cwd = wrapped.cwd;
         tspec.env = wrapped.env;
-        Ok(tspec)
+        Ok((tspec, Some(release)))
     }
 }
 
@@ -209,7 +213,8 @@ impl TerminalBackend for TerminalBash {
         for (k, v) in spec.managed_env {
             tspec.env.insert(k, Some(v));
         }
-        let tspec = self.confine(tspec)?;
+        // Held by the session (dropped with it), or dropped here when the open fails.
+        let (tspec, release) = self.confine(tspec)?;
         let sandbox = self.confinement.as_ref().map(|(_, p)| p.mode);
         // A spawn error stays the provider's (a missing cwd is refused the same way with or
         // without a sandbox); a runner that starts but cannot confine is caught below.
@@ -220,7 +225,12 @@ impl TerminalBackend for TerminalBash {
             Err(e) => {
                 // Roll back the private session before reporting.
                 let process = Arc::clone(&shared.process);
-                let s = session::BashSession { shared, motd: String::new(), sandbox };
+                let s = session::BashSession {
+                    shared,
+                    motd: String::new(),
+                    sandbox,
+                    release: std::sync::Mutex::new(None),
+                };
                 let _ = s.close().await;
                 // A runner that refused to confine exits before bash starts; say so rather
                 // than report a shell that died at startup. Whether it refused is the
@@ -240,7 +250,12 @@ impl TerminalBackend for TerminalBash {
                 return Err(e);
             }
         };
-        Ok(Arc::new(session::BashSession { shared, motd, sandbox }))
+        Ok(Arc::new(session::BashSession {
+            shared,
+            motd,
+            sandbox,
+            release: std::sync::Mutex::new(release),
+        }))
     }
 }
 

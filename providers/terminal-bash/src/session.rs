@@ -331,6 +331,9 @@ pub(crate) struct BashSession {
     pub(crate) motd: String,
     /// The mode the shell was wrapped under at open (`None`: unconfined).
     pub(crate) sandbox: Option<SandboxMode>,
+    /// Frees what the sandbox runner made for the shell: taken by a successful close (every
+    /// process of the session is stopped then), else dropped with the session.
+    pub(crate) release: std::sync::Mutex<Option<conch_seams::SandboxRelease>>,
 }
 
 impl BashSession {
@@ -785,6 +788,7 @@ impl TerminalSession for BashSession {
         };
         let report =
             CloseReport { root_exit: SessionStatus::Exited(status), survivors: Vec::new() };
+        drop(self.release.lock().unwrap_or_else(|e| e.into_inner()).take());
         *done = Some(report.clone());
         Ok(report)
     }

@@ -772,6 +772,34 @@ pub async fn a_unix_socket_outside_the_root_is_not_reachable(
     assert!(accepted.is_err(), "nothing connected");
 }
 
+/// A unix socket that is gone by the time the wrapped command starts (it existed when the
+/// command was wrapped) does not stop the command: covering sockets is best effort per
+/// socket, never a reason to run nothing.
+pub async fn a_socket_gone_before_the_start_does_not_fail_the_command(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) {
+    if !confining(sandbox, "a_socket_gone_before_the_start_does_not_fail_the_command") {
+        return;
+    }
+    let f = Fixture::new();
+    let dir = f.outside.join("short-lived");
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.join("gone.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    let line = CommandLine::new(vec!["bash".into(), "-c".into(), format!("echo {MARK}")])
+        .with_cwd(Some(f.root.clone()));
+    let wrapped = sandbox.wrap(&policy, line).expect("the runner wraps on this machine");
+    drop(listener);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (out, status, info) =
+        spawn_wrapped(sandbox, sub, &policy, wrapped.argv, wrapped.cwd, wrapped.env).await;
+    assert_eq!(status.code, Some(0), "{out}");
+    assert!(out.contains(MARK), "{out}");
+    assert!(!info.runner_failed, "{info:?}");
+}
+
 /// Workspace-write gives each command a private, writable TMPDIR (so `mktemp` and
 /// compilers work) without making the shared `/tmp` writable; read-only gives none.
 pub async fn a_private_tmpdir_is_writable_and_the_shared_tmp_is_not(
