@@ -282,6 +282,34 @@ pub async fn metadata_changes_outside_the_root_are_denied(
     .await;
     assert_denied("utime outside", &out, &st, &info, Denial::File);
     assert_eq!(std::fs::metadata(&target).unwrap().modified().unwrap(), before, "times changed");
+    // File flags (`chattr +d`, which needs only ownership): judged by `lsattr` outside.
+    let flags = || {
+        std::process::Command::new("lsattr")
+            .arg(&target)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+    };
+    let Some(flags_before) = flags() else {
+        return skip(case, "file flags: needs lsattr on a file system with flags");
+    };
+    let (out, st, info) = run(
+        sandbox,
+        sub,
+        &policy,
+        &f.root,
+        &format!("echo {MARK}; chattr +d {}", target.display()),
+    )
+    .await;
+    assert_denied("chattr outside", &out, &st, &info, Denial::File);
+    assert_eq!(flags(), Some(flags_before), "file flags changed: {out}");
 }
 
 /// The x32 system call numbers (x86-64 only) are refused outright, so an x32 `fchown` cannot
