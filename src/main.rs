@@ -43,6 +43,10 @@ enum Command {
     /// Read one JSON tool call per stdin line (`{"tool": ..., "args": {...}}`), run them in one
     /// runtime as one owner, print one JSON result per line.
     Batch,
+    /// Serve the composition's tools to one MCP client over stdio (JSON-RPC frames on
+    /// stdin/stdout, nothing else on stdout) until stdin closes or SIGTERM/SIGINT; every job
+    /// and terminal of the session is stopped before exit.
+    Mcp,
     /// Validate a composition file (or embedded name): exit non-zero with the error.
     Check {
         /// File path or embedded name.
@@ -95,7 +99,7 @@ fn main() -> ExitCode {
     // current-thread runtime starts in a fraction of the time (no worker threads, no CPU
     // quota probe). Batches and benchmarks run many calls and keep the worker pool.
     let builder = match cli.command {
-        Command::Batch | Command::Bench { .. } | Command::Sandboxd(_) => {
+        Command::Batch | Command::Bench { .. } | Command::Sandboxd(_) | Command::Mcp => {
             tokio::runtime::Builder::new_multi_thread()
         }
         _ => tokio::runtime::Builder::new_current_thread(),
@@ -172,6 +176,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sandboxd::run(args, &cli.composition).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Mcp => mcp(&cli.composition).await,
         Command::Bench { suite, iterations, json } => {
             let report = if suite == "remote" {
                 remote_bench::run(iterations, json).await
@@ -256,12 +261,50 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 | Command::Plugins
                 | Command::SandboxExec { .. }
                 | Command::Bench { .. }
-                | Command::Sandboxd(_) => ExitCode::SUCCESS,
+                | Command::Sandboxd(_)
+                | Command::Mcp => ExitCode::SUCCESS,
             };
             // Owner disposal cancels and awaits its jobs before the providers shut down.
             owner.dispose().await;
             runtime.shutdown().await;
             Ok(code)
+        }
+    }
+}
+
+/// `conch mcp`: one MCP session over stdio; the session's owner is disposed (every job and
+/// terminal stopped and awaited) before the providers shut down.
+async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
+    let runtime = match conch::build_runtime(composition) {
+        Ok(r) => Arc::new(r),
+        Err(e) => {
+            eprintln!("error[{}]: {e}", e.code());
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let identity = conch_frontend_mcp::ServerIdentity {
+        name: "conch".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        composition: runtime.source_name().into(),
+    };
+    let stop = async {
+        let terminate = tokio::signal::unix::SignalKind::terminate();
+        let Ok(mut term) = tokio::signal::unix::signal(terminate) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let served = conch_frontend_mcp::serve_stdio(Arc::clone(&runtime), identity, stop).await;
+    runtime.shutdown().await;
+    match served {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error[{}]: {e}", e.code());
+            Ok(ExitCode::from(1))
         }
     }
 }
