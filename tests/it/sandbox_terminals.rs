@@ -46,47 +46,11 @@ mod bwrap {
         backend(Arc::new(BwrapSandbox::new(std::path::Path::new("bwrap"), helper())))
     }
 
-    conch_conformance::terminal_suite!(@cases make;
-        echo_returns_at_the_prompt_as_stdin_read,
-        prompt_marker_never_reaches_output,
-        state_persists_across_sends,
-        open_honours_cwd_and_rejects_a_missing_one,
-        a_program_reading_stdin_is_stdin_read,
-        a_program_reading_dev_tty_is_stdin_read,
-        output_written_before_a_blocking_read_is_all_in_the_result,
-        a_quick_send_never_returns_before_the_shell_read_it,
-        a_silent_program_is_inferred_idle_not_stdin_read,
-        a_cancelled_send_interrupts_the_foreground,
-        close_works_while_the_shell_runs_a_loop,
-        exit_is_session_exit_with_the_code,
-        scrollback_pages_backward,
-        utf8_output_arrives_intact,
-        a_cancelled_open_is_rolled_back,
-        an_interrupted_command_leaves_no_sigint_for_the_shell,
-        sigkill_at_the_shell_is_rejected
-    );
-
-    /// The suite reads pids the shell prints; inside the pid namespace those are the
-    /// namespace's pids, which the test (outside) cannot look up.
-    const NAMESPACE_PIDS: &str = "the shell prints pids of bwrap's pid namespace, which the \
-        test cannot check from outside (bwrap --unshare-pid --die-with-parent kills the \
-        namespace with its init; sandbox_suite! covers detached daemons)";
-
-    macro_rules! skipped {
-        ($($case:ident: $why:expr),* $(,)?) => {
-            $(
-                #[test]
-                fn $case() {
-                    println!("SKIP sandbox_terminals::bwrap::{}: {}", stringify!($case), $why);
-                }
-            )*
-        };
-    }
-
-    skipped!(
-        close_leaves_no_descendant_even_one_ignoring_term: NAMESPACE_PIDS,
-        close_stops_processes_that_detached_with_setsid_and_nohup: NAMESPACE_PIDS,
-    );
+    // The two cases that read pids the shell prints skip here, saying why: inside bwrap's
+    // pid namespace those are the namespace's pids, which the test cannot look up (bwrap
+    // --unshare-pid --die-with-parent kills the namespace with its init; sandbox_suite!
+    // covers detached daemons).
+    conch_conformance::terminal_suite!(make);
 }
 
 /// The terminal tools over a composition that binds `sandbox-landlock` and a workspace-write
