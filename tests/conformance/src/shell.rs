@@ -239,7 +239,8 @@ async fn await_gone(what: &str, pid: i32) {
 fn pid_isolated(p: &dyn ShellExecutor, case: &str) -> bool {
     let isolated = p.capabilities().pid_isolated;
     if isolated {
-        println!(
+        // stderr: stdout may carry `conch conformance --json`.
+        eprintln!(
             "NOTE {case}: pid-isolated executor: what outlives the shell ends with its pid \
              namespace and is not listed as a leftover; checked by marker instead"
         );
