@@ -175,7 +175,7 @@ async fn run_one(plan: Arc<Plan>, suite: Suite, index: usize) -> Row {
     };
     let seams = rt.seams().clone();
     let limit = plan.limit;
-    let unbound = || Verdict::Fail("the seam was bound when the run started".into());
+    let unbound = || Verdict::Fail("the runtime built for this case binds no such seam".into());
     let (verdict, took) = match suite {
         Suite::Subprocess | Suite::TerminalProcess => match seams.subprocess {
             Some(p) => {
