@@ -1,5 +1,7 @@
 //! The `conch` facade: links every provider crate (so their `inventory` registrations are
-//! kept) and builds runtimes from compositions.
+//! kept) and builds runtimes from compositions; [`cli`] is the `conch` command line.
+
+pub mod cli;
 
 use conch_config::Composition;
 use conch_env::ShellEnv;

@@ -276,6 +276,19 @@ impl Composition {
         Ok(Self { source_name, figment, plugins: plugins.into_iter().collect(), env })
     }
 
+    /// Sets `plugins.<plugin>.<key>` to `value` over the file and the environment: a front
+    /// end's own adjustment (`conch conformance` points `sandbox-policy.workspace_root` at
+    /// the directory its cases write in). The plugin must be one the composition lists;
+    /// otherwise nothing changes (as with an environment override).
+    #[must_use]
+    pub fn with_setting(mut self, plugin: &str, key: &str, value: impl serde::Serialize) -> Self {
+        if self.plugins.iter().any(|p| p == plugin) {
+            let at = format!("plugins.{plugin}.{key}");
+            self.figment = self.figment.merge(figment::providers::Serialized::default(&at, value));
+        }
+        self
+    }
+
     /// File path or `embedded:<name>`.
     pub fn source_name(&self) -> &str {
         &self.source_name

@@ -168,3 +168,20 @@ fn env_overrides_for_plugins_outside_the_composition_are_ignored() {
     let c = with_env("plugins:\n  bash-locl: {}\n", &[]).unwrap();
     assert_eq!(c.plugins(), ["bash-locl"]);
 }
+
+#[test]
+fn a_setting_wins_over_file_and_env_and_skips_unlisted_plugins() {
+    let c = with_env(
+        "plugins:\n  bash-local: { timeout_ms: 5, name: file }\n  jobs:\n",
+        &[("CONCH_PLUGINS__BASH_LOCAL__TIMEOUT_MS", "7")],
+    )
+    .unwrap()
+    .with_setting("bash-local", "timeout_ms", 9)
+    .with_setting("jobs", "name", "set")
+    .with_setting("tool-bash", "name", "ignored");
+    let cfg = c.plugin_config::<Cfg>("bash-local").unwrap();
+    assert_eq!(cfg, Cfg { timeout_ms: 9, name: Some("file".into()) }, "other keys stay");
+    // An entry empty in the file gets the setting.
+    assert_eq!(c.plugin_config::<Cfg>("jobs").unwrap().name.as_deref(), Some("set"));
+    assert_eq!(c.plugins(), ["bash-local", "jobs"], "no plugin is added");
+}

@@ -438,6 +438,8 @@ fn detached_processes_outlive_neither_their_call_nor_their_session_nor_conch() {
     let c = pid_in(&pidfile("c"));
     assert!(pid_gone(c), "the detached {c} outlived conch");
 }
+mod conformance;
+mod logs;
 mod mcp;
 mod remote;
 

@@ -14,10 +14,10 @@ use super::{conch, pid_gone};
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// A running `conch sandboxd`, killed when dropped (even when the test failed).
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     addr: String,
-    token: String,
+    pub(crate) token: String,
     token_file: PathBuf,
     stderr: Arc<Mutex<String>>,
     /// Fires once the daemon's stderr reached EOF (it exited).
@@ -28,7 +28,7 @@ struct Daemon {
 impl Daemon {
     /// Starts the daemon on an ephemeral loopback port with a token file and debug logging,
     /// and returns once its first stderr line named the address.
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let token = format!("tok-{}-{}", std::process::id(), "s3cr3t-never-logged-0123456789");
         let token_file = dir.path().join("token");
@@ -89,7 +89,7 @@ impl Daemon {
     }
 
     /// The overrides that point a remote composition at this daemon.
-    fn env(&self) -> Vec<(String, String)> {
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
         vec![
             ("CONCH_PLUGINS__REMOTE_SANDBOX__URL".into(), self.url()),
             (
@@ -99,7 +99,7 @@ impl Daemon {
         ]
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
 
@@ -308,6 +308,48 @@ fn a_wrong_token_fails_the_cli_as_unauthenticated_and_no_token_is_logged() {
     assert!(log.contains("stream connection open"), "{log}");
     assert!(!log.contains(&daemon.token), "the token leaked into the daemon's log:\n{log}");
     assert!(!log.contains("s3cr3t"), "part of the token leaked:\n{log}");
+}
+
+/// Both sides at debug: the client logs its tool call and the spawn it asked for, the daemon
+/// the spawn it ran; neither logs the token or the managed environment the spawn carried.
+#[test]
+fn client_and_daemon_debug_logs_show_the_spawn_and_no_token_or_managed_value() {
+    let daemon = Daemon::start();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let home = format!("/tmp/conch-home-{}-{nanos}", std::process::id());
+    let out = conch()
+        .envs(daemon.env().iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("CONCH_LOG", "debug")
+        .env("CONCH_HOME", &home)
+        .args([
+            "--composition",
+            "remote-sandbox",
+            "call",
+            "bash",
+            r#"{"command":"echo $CONCH_HOME"}"#,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{home}\n"), "the value was live");
+    let client = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(client.contains("tool_call{tool=\"bash\"}"), "{client}");
+    assert!(client.contains("spawn{program=\"bash\" remote=true pid="), "{client}");
+    // The daemon's log is read once it has written the spawn (the call returned first).
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !daemon.stderr().contains("spawn{program=\"bash\"")
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = daemon.stderr();
+    assert!(log.contains("spawn{program=\"bash\" pid="), "{log}");
+    for (side, text) in [("client", &client), ("daemon", &log)] {
+        assert!(!text.contains(&daemon.token), "the token leaked into the {side}'s log:\n{text}");
+        assert!(!text.contains("s3cr3t"), "part of the token leaked into the {side}'s log");
+        assert!(!text.contains(&home), "CONCH_HOME leaked into the {side}'s log:\n{text}");
+    }
 }
 
 #[test]

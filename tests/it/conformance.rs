@@ -35,6 +35,8 @@ mod bash_local_specific {
 
     use conch_provider_bash::{BashLocal, BashLocalConfig};
     use conch_provider_local::{LocalConfig, LocalSubprocess};
+    use std::time::Duration;
+
     use conch_seams::{ShellExecRequest, ShellExecutor, ShellProcessStatus};
 
     #[tokio::test]
@@ -54,6 +56,21 @@ mod bash_local_specific {
         let err =
             exec.run(exec.resolve(ShellExecRequest::new("echo hi")).unwrap()).await.unwrap_err();
         assert_eq!(err.code(), conch_seams::ErrorCode::SpawnFailed);
+    }
+
+    /// The shell suite takes the limits from the executor's configuration; bash-local's own
+    /// defaults are these.
+    #[test]
+    fn the_default_config_fills_the_documented_limits() {
+        let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
+        let exec = BashLocal::new(BashLocalConfig::default(), sub).unwrap();
+        let spec = exec.resolve(ShellExecRequest::new("true")).unwrap();
+        assert_eq!(spec.timeout, Duration::from_secs(120), "default timeout");
+        assert_eq!(spec.output_max_bytes, 64_000, "default output bytes");
+        assert_eq!(spec.spill_cap, 64 * 1024 * 1024, "default spill cap");
+        assert_eq!(spec.grace, Duration::from_secs(3), "default grace");
+        let spec = exec.resolve(ShellExecRequest::new("true").with_timeout_ms(10_000_000)).unwrap();
+        assert_eq!(spec.timeout, Duration::from_secs(600), "timeout is capped");
     }
 
     fn with_cap(max_command_bytes: usize) -> BashLocal {

@@ -5,6 +5,7 @@
 
 mod compositions;
 mod conformance;
+mod conformance_command;
 mod reaper;
 mod sandbox;
 mod sandbox_terminals;

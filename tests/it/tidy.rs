@@ -3,9 +3,10 @@
 //!
 //! The layering rule: only `providers/local` touches the OS process world (processes,
 //! signals, pids, `/proc`, PTYs). Test crates (`tests/`, `tests/conformance`) are exempt:
-//! they judge providers by their effect on the machine. The binary's benchmarks
-//! (`src/bench.rs`, `src/floors.rs`) spawn raw processes as the floors they measure against,
-//! and the remote bench (`src/remote_bench.rs`) reads its own resident memory. The sandbox
+//! they judge providers by their effect on the machine (`conch conformance` links the
+//! conformance crate for that same judging). The binary's benchmarks (`src/cli/bench.rs`,
+//! `src/cli/floors.rs`) spawn raw processes as the floors they measure against, and the
+//! remote bench (`src/cli/remote_bench.rs`) reads its own resident memory. The sandbox
 //! runners (`providers/sandbox`) are the other place OS confinement lives: its `sandbox-exec`
 //! helper (`exec.rs`) confines its own process with libc calls (close_range, setsid,
 //! capset, prctl, Landlock, seccomp) before it execs the command, and `bwrap.rs` starts
@@ -152,11 +153,11 @@ fn only_the_local_provider_touches_the_process_world() {
                 }
                 for pat in forbidden_code {
                     let bench_floor =
-                        matches!(rel(&file).as_str(), "src/bench.rs" | "src/floors.rs")
+                        matches!(rel(&file).as_str(), "src/cli/bench.rs" | "src/cli/floors.rs")
                             && matches!(pat, "tokio::process" | "std::process::Command");
                     // The remote bench reads its own memory use (`/proc/self/status`), a
                     // measurement of itself, not access to another process.
-                    let bench_self = rel(&file) == "src/remote_bench.rs" && pat == "\"/proc";
+                    let bench_self = rel(&file) == "src/cli/remote_bench.rs" && pat == "\"/proc";
                     let sandbox_os = sandbox_os_files.contains(&rel(&file).as_str())
                         && matches!(pat, "libc::" | "\"/proc" | "std::process::Command");
                     if mentions(line, pat) && !bench_floor && !bench_self && !sandbox_os {

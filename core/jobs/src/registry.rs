@@ -13,6 +13,7 @@ use conch_seams::{
     Error, ErrorCode, JobHooks, JobInfo, JobRead, JobRun, JobStart, Jobs, Owner, Result,
 };
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::job::{Job, JobSpec};
 
@@ -304,9 +305,16 @@ impl Inner {
     }
 
     async fn dispose_owner(&self, owner_key: u64) {
-        let jobs = self.quiet_snapshot(Some(owner_key)).await;
-        self.teardown(jobs).await;
-        self.lock().hooked.remove(&owner_key);
+        let span =
+            tracing::debug_span!("jobs_dispose", owner = owner_key, jobs = tracing::field::Empty);
+        async {
+            let jobs = self.quiet_snapshot(Some(owner_key)).await;
+            tracing::Span::current().record("jobs", jobs.len());
+            self.teardown(jobs).await;
+            self.lock().hooked.remove(&owner_key);
+        }
+        .instrument(span)
+        .await;
     }
 }
 
@@ -368,6 +376,7 @@ impl Jobs for JobRegistry {
 
     fn kill(&self, owner: &Owner, id: &str) -> Result<JobInfo> {
         let job = self.lookup(owner, id, "kill")?;
+        let _span = tracing::debug_span!("job_kill", job = id).entered();
         job.request_cancel();
         Ok(job.info())
     }
@@ -389,7 +398,14 @@ impl Jobs for JobRegistry {
             let _st = self.inner.lock();
             self.inner.disposing.store(true, Ordering::Release);
         }
-        let jobs = self.inner.quiet_snapshot(None).await;
-        self.inner.teardown(jobs).await;
+        let span =
+            tracing::debug_span!("jobs_dispose", owner = "all", jobs = tracing::field::Empty);
+        async {
+            let jobs = self.inner.quiet_snapshot(None).await;
+            tracing::Span::current().record("jobs", jobs.len());
+            self.inner.teardown(jobs).await;
+        }
+        .instrument(span)
+        .await;
     }
 }

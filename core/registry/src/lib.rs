@@ -13,6 +13,7 @@ use conch_seams::{
     Subprocess, TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
 };
 use futures::future::BoxFuture;
+use tracing::Instrument;
 
 pub use inventory;
 
@@ -687,16 +688,29 @@ impl Runtime {
                 format!("unknown tool `{name}`; this composition has: {}", names.join(", ")),
             ));
         };
-        tool.call(ctx, args).await
+        // The tool's name only: arguments can hold anything the model wrote.
+        let span = tracing::info_span!("tool_call", tool = name, error = tracing::field::Empty);
+        let result = tool.call(ctx, args).instrument(span.clone()).await;
+        if let Err(e) = &result {
+            span.record("error", e.code().as_str());
+        }
+        result
     }
 
     /// Runs every teardown in reverse build order and awaits each. Idempotent.
     pub async fn shutdown(&self) {
         let teardowns =
             std::mem::take(&mut *self.teardowns.lock().unwrap_or_else(|e| e.into_inner()));
-        for (_, t) in teardowns.into_iter().rev() {
-            t().await;
+        if teardowns.is_empty() {
+            return;
         }
+        async {
+            for (plugin, t) in teardowns.into_iter().rev() {
+                t().instrument(tracing::debug_span!("teardown", plugin)).await;
+            }
+        }
+        .instrument(tracing::debug_span!("runtime_shutdown", source = %self.source_name))
+        .await;
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// How many consecutive job-completion turns an idle owner may be woken for.
 pub const DEFAULT_WAKE_BUDGET: u32 = 3;
@@ -193,8 +194,14 @@ impl Owner {
             std::mem::take(&mut *hooks)
         };
         self.cancel.cancel();
-        for hook in hooks.into_iter().rev() {
-            hook().await;
+        // The owner's key, not its session id: the session id is a managed CONCH_* value.
+        let span = tracing::debug_span!("owner_dispose", owner = self.key(), hooks = hooks.len());
+        async {
+            for hook in hooks.into_iter().rev() {
+                hook().await;
+            }
         }
+        .instrument(span)
+        .await;
     }
 }

@@ -28,6 +28,7 @@ use conch_seams::{
     TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
 };
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Plugin name.
 pub const NAME: &str = "terminals";
@@ -184,6 +185,11 @@ impl Inner {
 
     /// Closes a record and removes it only once the backend reported quiescence.
     async fn close_record(&self, record: &Arc<Record>) -> Result<CloseReport> {
+        let span = tracing::debug_span!("terminal_close", session = %record.id);
+        self.close_record_inner(record).instrument(span).await
+    }
+
+    async fn close_record_inner(&self, record: &Arc<Record>) -> Result<CloseReport> {
         let _serial = record.closing.lock().await;
         if !self.lock().sessions.contains_key(&record.id) {
             // A concurrent close finished first: the session is already quiescent and gone.
@@ -204,6 +210,12 @@ impl Inner {
     /// Aborts the owner's (or everyone's) unpublished setups and awaits their rollback,
     /// repeating until none remain, then closes the published sessions.
     async fn dispose_where(&self, matches: impl Fn(u64) -> bool) {
+        self.dispose_where_inner(matches)
+            .instrument(tracing::debug_span!("terminals_dispose"))
+            .await;
+    }
+
+    async fn dispose_where_inner(&self, matches: impl Fn(u64) -> bool) {
         loop {
             let settled: Vec<CancellationToken> = {
                 let st = self.lock();
@@ -330,8 +342,11 @@ impl SendSlot for Slot {
         submit: bool,
         cancel: CancellationToken,
     ) -> Result<SendOutcome> {
-        // `self` (and so the slot) lives until the send returns or is dropped.
-        self.record.session.send(&text, submit, cancel).await
+        // `self` (and so the slot) lives until the send returns or is dropped. The text's
+        // length only: what is typed can hold anything.
+        let span =
+            tracing::debug_span!("terminal_send", session = %self.record.id, bytes = text.len());
+        self.record.session.send(&text, submit, cancel).instrument(span).await
     }
 
     async fn run_command(
@@ -340,7 +355,8 @@ impl SendSlot for Slot {
         timeout: std::time::Duration,
         cancel: CancellationToken,
     ) -> Result<CommandOutcome> {
-        self.record.session.run_command(&command, timeout, cancel).await
+        let span = tracing::debug_span!("terminal_command", session = %self.record.id, bytes = command.len());
+        self.record.session.run_command(&command, timeout, cancel).instrument(span).await
     }
 }
 

@@ -273,18 +273,51 @@ impl Subprocess for LocalSubprocess {
             registry: &self.spills,
             keep: self.config.keep_spills,
         };
-        let p = process::spawn(spec, &place, self.next_id())?;
+        // The program's name only: the rest of argv and the environment can hold secrets.
+        let span = spawn_span("spawn", spec.argv.first());
+        let _entered = span.enter();
+        let p = process::spawn(spec, &place, self.next_id())
+            .inspect_err(|e| tracing::debug!(error = %e.code().as_str(), "spawn failed"))?;
+        if let Some(pid) = Process::pid(&p) {
+            span.record("pid", pid);
+        }
         self.track(&p.inner);
         Ok(Arc::new(p))
     }
 
     async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
-        let t = pty::spawn(spec, self.next_id())?;
+        let span = spawn_span("spawn_terminal", spec.argv.first());
+        let _entered = span.enter();
+        let t = pty::spawn(spec, self.next_id())
+            .inspect_err(|e| tracing::debug!(error = %e.code().as_str(), "spawn failed"))?;
+        if let Some(pid) = TerminalProcess::pid(&t) {
+            span.record("pid", pid);
+        }
         self.track_terminal(&t.inner);
         Ok(Arc::new(t))
     }
 
     async fn shutdown(&self) {
+        let span = tracing::debug_span!("subprocess_shutdown");
+        tracing::Instrument::instrument(self.shutdown_inner(), span).await;
+    }
+}
+
+/// A span for one spawn: the program's file name and, once known, the pid.
+fn spawn_span(name: &'static str, program: Option<&String>) -> tracing::Span {
+    let program = program
+        .map(|p| Path::new(p).file_name().map_or(p.as_str(), |n| n.to_str().unwrap_or("?")))
+        .unwrap_or("");
+    match name {
+        "spawn_terminal" => {
+            tracing::debug_span!("spawn_terminal", program, pid = tracing::field::Empty)
+        }
+        _ => tracing::debug_span!("spawn", program, pid = tracing::field::Empty),
+    }
+}
+
+impl LocalSubprocess {
+    async fn shutdown_inner(&self) {
         let live: Vec<Arc<process::Inner>> = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             let v = live.iter().filter_map(Weak::upgrade).collect();

@@ -75,34 +75,44 @@ impl Inner {
             return;
         }
         let me = Arc::clone(self);
-        tokio::spawn(async move {
-            // Most kills end here: the group goes at the first signal, and with nothing
-            // orphaned the whole tree is proven gone without a scan of every process.
-            procfs::signal_group(me.group(), nix::sys::signal::Signal::SIGTERM);
-            let mut pause = Duration::from_millis(1);
-            while pause <= QUICK_KILL_WAIT {
-                tokio::time::sleep(pause).await;
-                if me.surely_quiet() {
-                    me.group_gone.send_replace(true);
-                    me.kill_done.send_replace(true);
-                    return;
+        // The span lasts until the tree is proven gone (or the kill gave up on survivors).
+        let span = tracing::debug_span!("kill", pid = self.pid);
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                // Most kills end here: the group goes at the first signal, and with nothing
+                // orphaned the whole tree is proven gone without a scan of every process.
+                procfs::signal_group(me.group(), nix::sys::signal::Signal::SIGTERM);
+                let mut pause = Duration::from_millis(1);
+                while pause <= QUICK_KILL_WAIT {
+                    tokio::time::sleep(pause).await;
+                    if me.surely_quiet() {
+                        me.group_gone.send_replace(true);
+                        me.kill_done.send_replace(true);
+                        return;
+                    }
+                    pause *= 2;
                 }
-                pause *= 2;
-            }
-            // The child is its own group leader, so its pid is the pgid.
-            let mut tree = me.tree(&[]);
-            // Nobody needs the group's own members listed: the group is signalled at once.
-            tree.unreported = true;
-            tree.report_pipes = &me.pipe_inodes;
-            let report = procfs::stop(&tree, nix::sys::signal::Signal::SIGTERM, me.grace).await;
-            // What had left the group escaped the kill's own reach: report it, as the pipe
-            // holders found after a kill are.
-            me.record(report.stopped.into_iter().filter(|s| !s.grouped));
-            if report.survivors.is_empty() {
-                me.group_gone.send_replace(true);
-            }
-            me.kill_done.send_replace(true);
-        });
+                // The child is its own group leader, so its pid is the pgid.
+                let mut tree = me.tree(&[]);
+                // Nobody needs the group's own members listed: the group is signalled at once.
+                tree.unreported = true;
+                tree.report_pipes = &me.pipe_inodes;
+                let report = procfs::stop(&tree, nix::sys::signal::Signal::SIGTERM, me.grace).await;
+                // What had left the group escaped the kill's own reach: report it, as the pipe
+                // holders found after a kill are.
+                me.record(report.stopped.into_iter().filter(|s| !s.grouped));
+                if report.survivors.is_empty() {
+                    me.group_gone.send_replace(true);
+                } else {
+                    tracing::warn!(
+                        survivors = report.survivors.len(),
+                        "a kill left processes alive"
+                    );
+                }
+                me.kill_done.send_replace(true);
+            },
+            span,
+        ));
     }
 
     /// The child's group: it is its own group leader, so its pid is the group id.

@@ -555,7 +555,8 @@ impl TerminalProcess for LocalTerminal {
     }
 
     async fn terminate(&self, grace: Duration) -> Result<TeardownReport> {
-        Ok(self.inner.terminate(grace).await)
+        let span = tracing::debug_span!("terminal_terminate", pid = self.inner.pid);
+        Ok(tracing::Instrument::instrument(self.inner.terminate(grace), span).await)
     }
 
     async fn wait(&self) -> Result<ExitStatus> {

@@ -1,12 +1,19 @@
 //! Conformance suites written once against the seams and run for every provider
-//! (object_store style). Each case is a `pub async fn` taking the seam as `&dyn`; the
-//! `*_suite!` macros instantiate one `#[tokio::test]` per case. Not API-stable.
+//! (object_store style). Each case is a `pub async fn` taking the seam as `&dyn` and
+//! returning an [`Outcome`]: it panics with a descriptive message on failure and returns
+//! `Err(Skip)` when its promise cannot be checked here (a missing utility, a provider
+//! without terminals), saying why. Each suite's cases are listed once (`__<suite>_cases!`);
+//! from that list the `*_suite!` macros instantiate one `#[tokio::test]` per case and
+//! [`cases`] holds the same cases as values, which [`runner`] runs one by one (`conch
+//! conformance`). Not API-stable.
 //!
-//! Cases panic with descriptive messages; they never sleep to synchronise and use generous
-//! timeouts so a loaded 2-core machine does not make them flaky.
+//! Cases never sleep to synchronise and use generous timeouts so a loaded 2-core machine
+//! does not make them flaky.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+pub mod cases;
+pub mod runner;
 pub mod sandbox;
 pub mod shell;
 pub mod subprocess;
@@ -15,6 +22,30 @@ pub mod terminal_process;
 
 use std::future::Future;
 use std::time::Duration;
+
+/// Why a case was not checked here (the reason is shown next to SKIP).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skip {
+    /// What is missing, in a few words.
+    pub reason: String,
+}
+
+/// How a case that did not fail ended: `Ok(())` passed, `Err(Skip)` was not applicable here.
+/// A failure is a panic.
+pub type Outcome = Result<(), Skip>;
+
+/// A skip with `reason`, as an [`Outcome`].
+pub fn skip(reason: impl Into<String>) -> Outcome {
+    Err(Skip { reason: reason.into() })
+}
+
+/// What the `*_suite!` tests do with an outcome: a skip passes the test and prints
+/// `SKIP <test path>: <reason>` (shown with `--nocapture`, as the old println was).
+pub fn report(outcome: Outcome, test: &str) {
+    if let Err(s) = outcome {
+        println!("SKIP {test}: {}", s.reason);
+    }
+}
 
 /// Generous bound for anything that should happen "soon".
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -138,11 +169,13 @@ pub fn detach(how: &str, pidfile: &std::path::Path) -> String {
     )
 }
 
-/// Instantiates the subprocess suite: `subprocess_suite!(|| Arc<dyn Subprocess>)`.
+/// The `subprocess` suite's cases, in order: calls `$callback!{ $($pass)* ; case, ... }`. The
+/// one list both [`subprocess_suite!`] and [`cases::SUBPROCESS`] are made from.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! subprocess_suite {
-    ($make:expr) => {
-        $crate::subprocess_suite!(@cases $make;
+macro_rules! __subprocess_cases {
+    ($callback:path { $($pass:tt)* }) => {
+        $callback! { $($pass)* ;
             spawn_captures_stdout,
             nonzero_exit_is_data_not_error,
             death_by_signal_is_reported,
@@ -174,68 +207,38 @@ macro_rules! subprocess_suite {
             stop_leftovers_stops_a_process_that_detached_and_closed_the_output,
             kill_stops_what_detached_from_the_group,
             shutdown_leaves_nothing_detached_behind
-        );
+        }
+    };
+}
+
+/// Instantiates the subprocess suite: `subprocess_suite!(|| Arc<dyn Subprocess>)`.
+/// `subprocess_suite!(@cases make; case, ...)` instantiates only the cases named.
+#[macro_export]
+macro_rules! subprocess_suite {
+    ($make:expr) => {
+        $crate::__subprocess_cases!($crate::subprocess_suite { @cases $make });
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let provider = ($make)();
-                $crate::subprocess::$case(provider.as_ref()).await;
+                $crate::report(
+                    $crate::subprocess::$case(provider.as_ref()).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
             }
         )*
     };
 }
 
-/// Instantiates the shell suite: `shell_suite!(|| Arc<dyn ShellExecutor>)`.
+/// The `terminal_process` suite's cases, in order: calls `$callback!{ $($pass)* ; case, ... }`. The
+/// one list both [`terminal_process_suite!`] and [`cases::TERMINAL_PROCESS`] are made from.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! shell_suite {
-    ($make:expr) => {
-        $crate::shell_suite!(@cases $make;
-            run_returns_output_and_zero_exit,
-            nonzero_exit_is_a_result,
-            terminal_overrides_are_applied,
-            managed_env_wins_over_caller_env,
-            timeout_kills_and_reports_timed_out,
-            abort_kills_and_reports_aborted,
-            already_aborted_request_does_not_run,
-            resolve_fills_defaults_and_caps_timeout,
-            resolve_rejects_an_empty_command,
-            a_missing_workdir_is_refused_where_the_world_is,
-            workdir_is_used,
-            long_output_keeps_tail_and_complete_spill,
-            background_reads_are_incremental_and_consuming,
-            background_ignores_timeout,
-            background_kill_settles_as_killed,
-            a_background_child_holding_the_output_does_not_hold_the_call,
-            a_clean_command_reports_no_leftovers,
-            the_timeout_holds_despite_an_escaped_pipe_holder,
-            a_background_job_ends_with_its_shell,
-            a_long_heredoc_writes_its_bytes_exactly,
-            a_long_command_runs_as_its_short_self,
-            a_long_command_exits_with_its_code,
-            a_detached_process_is_stopped_with_the_call,
-            a_background_jobs_detached_child_is_stopped_when_it_settles,
-            a_background_jobs_detached_child_is_stopped_when_it_is_killed
-        );
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let provider = ($make)();
-                $crate::shell::$case(provider.as_ref()).await;
-            }
-        )*
-    };
-}
-
-/// Instantiates the terminal process suite for a subprocess provider:
-/// `terminal_process_suite!(|| Arc<dyn Subprocess>)`. Cases skip visibly without terminals.
-#[macro_export]
-macro_rules! terminal_process_suite {
-    ($make:expr) => {
-        $crate::terminal_process_suite!(@cases $make;
+macro_rules! __terminal_process_cases {
+    ($callback:path { $($pass:tt)* }) => {
+        $callback! { $($pass)* ;
             output_then_eof_then_exit_code_without_zombie,
             bad_cwd_is_spawn_failed,
             missing_program_is_spawn_failed,
@@ -265,25 +268,96 @@ macro_rules! terminal_process_suite {
             terminate_after_the_leader_exited_stops_what_it_left_detached,
             shutdown_stops_what_dropped_terminals_left_detached,
             probe_misses_waits_on_other_fds
-        );
+        }
+    };
+}
+
+/// Instantiates the terminal process suite for a subprocess provider:
+/// `terminal_process_suite!(|| Arc<dyn Subprocess>)`. Cases skip visibly without terminals.
+/// `terminal_process_suite!(@cases make; case, ...)` instantiates only the cases named.
+#[macro_export]
+macro_rules! terminal_process_suite {
+    ($make:expr) => {
+        $crate::__terminal_process_cases!($crate::terminal_process_suite { @cases $make });
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let provider = ($make)();
-                $crate::terminal_process::$case(provider.as_ref()).await;
+                $crate::report(
+                    $crate::terminal_process::$case(provider.as_ref()).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
             }
         )*
     };
 }
 
-/// Instantiates the terminal backend suite: `terminal_suite!(|| Arc<dyn TerminalBackend>)`.
-/// The factory's backend should use an idle window of at most a few seconds.
+/// The `shell` suite's cases, in order: calls `$callback!{ $($pass)* ; case, ... }`. The
+/// one list both [`shell_suite!`] and [`cases::SHELL`] are made from.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! terminal_suite {
+macro_rules! __shell_cases {
+    ($callback:path { $($pass:tt)* }) => {
+        $callback! { $($pass)* ;
+            run_returns_output_and_zero_exit,
+            nonzero_exit_is_a_result,
+            terminal_overrides_are_applied,
+            managed_env_wins_over_caller_env,
+            timeout_kills_and_reports_timed_out,
+            abort_kills_and_reports_aborted,
+            already_aborted_request_does_not_run,
+            resolve_fills_defaults_and_caps_timeout,
+            resolve_rejects_an_empty_command,
+            a_missing_workdir_is_refused_where_the_world_is,
+            workdir_is_used,
+            long_output_keeps_tail_and_complete_spill,
+            background_reads_are_incremental_and_consuming,
+            background_ignores_timeout,
+            background_kill_settles_as_killed,
+            a_background_child_holding_the_output_does_not_hold_the_call,
+            a_clean_command_reports_no_leftovers,
+            the_timeout_holds_despite_an_escaped_pipe_holder,
+            a_background_job_ends_with_its_shell,
+            a_long_heredoc_writes_its_bytes_exactly,
+            a_long_command_runs_as_its_short_self,
+            a_long_command_exits_with_its_code,
+            a_detached_process_is_stopped_with_the_call,
+            a_background_jobs_detached_child_is_stopped_when_it_settles,
+            a_background_jobs_detached_child_is_stopped_when_it_is_killed
+        }
+    };
+}
+
+/// Instantiates the shell suite: `shell_suite!(|| Arc<dyn ShellExecutor>)`.
+/// `shell_suite!(@cases make; case, ...)` instantiates only the cases named.
+#[macro_export]
+macro_rules! shell_suite {
     ($make:expr) => {
-        $crate::terminal_suite!(@cases $make;
+        $crate::__shell_cases!($crate::shell_suite { @cases $make });
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let provider = ($make)();
+                $crate::report(
+                    $crate::shell::$case(provider.as_ref()).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
+            }
+        )*
+    };
+}
+
+/// The `terminal` suite's cases, in order: calls `$callback!{ $($pass)* ; case, ... }`. The
+/// one list both [`terminal_suite!`] and [`cases::TERMINAL`] are made from.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __terminal_cases {
+    ($callback:path { $($pass:tt)* }) => {
+        $callback! { $($pass)* ;
             echo_returns_at_the_prompt_as_stdin_read,
             prompt_marker_never_reaches_output,
             state_persists_across_sends,
@@ -303,25 +377,39 @@ macro_rules! terminal_suite {
             utf8_output_arrives_intact,
             close_stops_processes_that_detached_with_setsid_and_nohup,
             a_cancelled_open_is_rolled_back
-        );
+        }
+    };
+}
+
+/// Instantiates the terminal backend suite: `terminal_suite!(|| Arc<dyn TerminalBackend>)`.
+/// The factory's backend should use an idle window of at most a few seconds.
+/// `terminal_suite!(@cases make; case, ...)` instantiates only the cases named.
+#[macro_export]
+macro_rules! terminal_suite {
+    ($make:expr) => {
+        $crate::__terminal_cases!($crate::terminal_suite { @cases $make });
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let backend = ($make)();
-                $crate::terminal::$case(backend.as_ref()).await;
+                let provider = ($make)();
+                $crate::report(
+                    $crate::terminal::$case(provider.as_ref()).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
             }
         )*
     };
 }
 
-/// Instantiates the sandbox suite: `sandbox_suite!(|| (Arc<dyn Sandbox>, Arc<dyn Subprocess>))`.
-/// Cases a runner cannot hold here print `SKIP <case>: <reason>`.
+/// The `sandbox` suite's cases, in order: calls `$callback!{ $($pass)* ; case, ... }`. The
+/// one list both [`sandbox_suite!`] and [`cases::SANDBOX`] are made from.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! sandbox_suite {
-    ($make:expr) => {
-        $crate::sandbox_suite!(@cases $make;
+macro_rules! __sandbox_cases {
+    ($callback:path { $($pass:tt)* }) => {
+        $callback! { $($pass)* ;
             writes_inside_the_root_succeed,
             writes_outside_the_root_are_denied,
             metadata_changes_outside_the_root_are_denied,
@@ -341,14 +429,27 @@ macro_rules! sandbox_suite {
             a_unix_socket_outside_the_root_is_not_reachable,
             a_socket_gone_before_the_start_does_not_fail_the_command,
             a_private_tmpdir_is_writable_and_the_shared_tmp_is_not
-        );
+        }
+    };
+}
+
+/// Instantiates the sandbox suite: `sandbox_suite!(|| (Arc<dyn Sandbox>, Arc<dyn Subprocess>))`.
+/// Cases a runner cannot hold here skip, saying why.
+/// `sandbox_suite!(@cases make; case, ...)` instantiates only the cases named.
+#[macro_export]
+macro_rules! sandbox_suite {
+    ($make:expr) => {
+        $crate::__sandbox_cases!($crate::sandbox_suite { @cases $make });
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let (sandbox, sub) = ($make)();
-                $crate::sandbox::$case(sandbox.as_ref(), sub.as_ref()).await;
+                $crate::report(
+                    $crate::sandbox::$case(sandbox.as_ref(), sub.as_ref()).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
             }
         )*
     };

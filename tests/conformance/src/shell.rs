@@ -6,23 +6,24 @@ use std::time::Duration;
 use conch_seams::{ErrorCode, ShellExecRequest, ShellExecutor, ShellProcessStatus};
 use tokio_util::sync::CancellationToken;
 
-use crate::{pid_gone, within};
+use crate::{Outcome, pid_gone, skip, within};
 
 async fn run(p: &dyn ShellExecutor, req: ShellExecRequest) -> conch_seams::ShellRunResult {
     let spec = p.resolve(req).expect("resolve");
     within("foreground run", p.run(spec)).await.expect("run succeeds for a real command")
 }
 
-pub async fn run_returns_output_and_zero_exit(p: &dyn ShellExecutor) {
+pub async fn run_returns_output_and_zero_exit(p: &dyn ShellExecutor) -> Outcome {
     let r = run(p, ShellExecRequest::new("echo hello; echo oops >&2")).await;
     assert_eq!(r.status.code, Some(0));
     assert_eq!(r.output.text, "hello\noops\n", "stdout and stderr are merged in order");
     assert!(!r.timed_out && !r.aborted);
     assert_eq!(r.output.total_bytes, 11);
     assert_eq!(r.output.omitted_bytes, 0);
+    Ok(())
 }
 
-pub async fn nonzero_exit_is_a_result(p: &dyn ShellExecutor) {
+pub async fn nonzero_exit_is_a_result(p: &dyn ShellExecutor) -> Outcome {
     let r = run(p, ShellExecRequest::new("echo partial; exit 7")).await;
     assert_eq!(r.status.code, Some(7));
     assert_eq!(r.output.text, "partial\n");
@@ -32,18 +33,19 @@ pub async fn nonzero_exit_is_a_result(p: &dyn ShellExecutor) {
         Some(127),
         "command not found is the shell's answer, not an infrastructure error"
     );
+    Ok(())
 }
 
-pub async fn terminal_overrides_are_applied(p: &dyn ShellExecutor) {
+pub async fn terminal_overrides_are_applied(p: &dyn ShellExecutor) -> Outcome {
     if p.dialect().name != "bash" {
-        println!("SKIP terminal_overrides_are_applied: requires bash dialect");
-        return;
+        return skip("requires the bash dialect");
     }
     let r = run(p, ShellExecRequest::new("echo $NO_COLOR $TERM $PAGER $GIT_PAGER")).await;
     assert_eq!(r.output.text, "1 dumb cat cat\n");
+    Ok(())
 }
 
-pub async fn managed_env_wins_over_caller_env(p: &dyn ShellExecutor) {
+pub async fn managed_env_wins_over_caller_env(p: &dyn ShellExecutor) -> Outcome {
     let mut req = ShellExecRequest::new("echo $CONCH_SESSION_ID $TERM $OTHER");
     req.env.insert("CONCH_SESSION_ID".into(), Some("spoofed".into()));
     req.env.insert("TERM".into(), Some("xterm".into()));
@@ -55,18 +57,20 @@ pub async fn managed_env_wins_over_caller_env(p: &dyn ShellExecutor) {
         r.output.text, "trusted xterm caller\n",
         "managed beats caller, caller beats overrides"
     );
+    Ok(())
 }
 
-pub async fn timeout_kills_and_reports_timed_out(p: &dyn ShellExecutor) {
+pub async fn timeout_kills_and_reports_timed_out(p: &dyn ShellExecutor) -> Outcome {
     let r = run(p, ShellExecRequest::new("echo started; sleep 1000").with_timeout_ms(300)).await;
     assert!(r.timed_out, "timeout was the first cause");
     assert!(!r.aborted, "timed_out and aborted are exclusive");
     assert_eq!(r.timeout_ms, 300);
     assert!(r.status.signal.is_some(), "the tree was killed by a signal");
     assert_eq!(r.output.text, "started\n", "partial output is kept");
+    Ok(())
 }
 
-pub async fn abort_kills_and_reports_aborted(p: &dyn ShellExecutor) {
+pub async fn abort_kills_and_reports_aborted(p: &dyn ShellExecutor) -> Outcome {
     let cancel = CancellationToken::new();
     let spec = p
         .resolve(ShellExecRequest::new("echo go; sleep 1000").with_cancel(cancel.clone()))
@@ -83,9 +87,10 @@ pub async fn abort_kills_and_reports_aborted(p: &dyn ShellExecutor) {
     assert!(r.aborted, "abort was the first cause");
     assert!(!r.timed_out);
     assert_ne!(r.status.code, Some(0), "sleep 1000 did not finish normally");
+    Ok(())
 }
 
-pub async fn already_aborted_request_does_not_run(p: &dyn ShellExecutor) {
+pub async fn already_aborted_request_does_not_run(p: &dyn ShellExecutor) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
     let cancel = CancellationToken::new();
@@ -94,26 +99,39 @@ pub async fn already_aborted_request_does_not_run(p: &dyn ShellExecutor) {
     let r = run(p, ShellExecRequest::new(cmd).with_cancel(cancel)).await;
     assert!(r.aborted);
     assert!(!marker.exists(), "an already-aborted request must not start the command");
+    Ok(())
 }
 
-pub async fn resolve_fills_defaults_and_caps_timeout(p: &dyn ShellExecutor) {
+/// Every limit is filled in from the executor's configuration, a timeout within the cap is
+/// honoured, one past it gets the cap, and zero is refused. The values themselves are the
+/// composition's (bash-local's defaults are checked in its own tests).
+pub async fn resolve_fills_defaults_and_caps_timeout(p: &dyn ShellExecutor) -> Outcome {
     let spec = p.resolve(ShellExecRequest::new("true")).unwrap();
-    assert_eq!(spec.timeout, Duration::from_secs(120), "default timeout");
-    assert_eq!(spec.output_max_bytes, 64_000, "default output bytes");
-    assert_eq!(spec.spill_cap, 64 * 1024 * 1024, "default spill cap");
-    assert_eq!(spec.grace, Duration::from_secs(3), "default grace");
-    let spec = p.resolve(ShellExecRequest::new("true").with_timeout_ms(10_000_000)).unwrap();
-    assert_eq!(spec.timeout, Duration::from_secs(600), "timeout is capped");
+    assert!(spec.timeout > Duration::ZERO, "a default timeout: {spec:?}");
+    assert!(spec.output_max_bytes > 0, "a default output bound: {spec:?}");
+    let huge = u64::from(u32::MAX);
+    let capped = p.resolve(ShellExecRequest::new("true").with_timeout_ms(huge)).unwrap();
+    let cap = capped.timeout;
+    assert!(cap >= spec.timeout && cap < Duration::from_millis(huge), "timeout is capped: {cap:?}");
+    let cap_ms = u64::try_from(cap.as_millis()).unwrap();
+    let beyond = p.resolve(ShellExecRequest::new("true").with_timeout_ms(cap_ms + 1)).unwrap();
+    assert_eq!(beyond.timeout, cap, "one past the cap gets the cap");
+    if cap_ms > 1 {
+        let under = p.resolve(ShellExecRequest::new("true").with_timeout_ms(cap_ms - 1)).unwrap();
+        assert_eq!(under.timeout, Duration::from_millis(cap_ms - 1), "within the cap is honoured");
+    }
     let err = p.resolve(ShellExecRequest::new("true").with_timeout_ms(0)).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    Ok(())
 }
 
-pub async fn resolve_rejects_an_empty_command(p: &dyn ShellExecutor) {
+pub async fn resolve_rejects_an_empty_command(p: &dyn ShellExecutor) -> Outcome {
     let err = p.resolve(ShellExecRequest::new("   ")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    Ok(())
 }
 
-pub async fn a_missing_workdir_is_refused_where_the_world_is(p: &dyn ShellExecutor) {
+pub async fn a_missing_workdir_is_refused_where_the_world_is(p: &dyn ShellExecutor) -> Outcome {
     // Resolve computes no filesystem facts; the subprocess provider refuses at spawn.
     let spec = p.resolve(ShellExecRequest::new("true").with_workdir("/nonexistent/conch-wd"));
     let spec = spec.expect("resolve does not look at the filesystem");
@@ -126,15 +144,17 @@ pub async fn a_missing_workdir_is_refused_where_the_world_is(p: &dyn ShellExecut
     within("background settles", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Killed);
     assert!(proc.snapshot().text.contains("/nonexistent/conch-wd"), "{:?}", proc.snapshot());
+    Ok(())
 }
 
-pub async fn workdir_is_used(p: &dyn ShellExecutor) {
+pub async fn workdir_is_used(p: &dyn ShellExecutor) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let r = run(p, ShellExecRequest::new("pwd -P").with_workdir(dir.path())).await;
     assert_eq!(r.output.text.trim_end(), dir.path().canonicalize().unwrap().display().to_string());
+    Ok(())
 }
 
-pub async fn long_output_keeps_tail_and_complete_spill(p: &dyn ShellExecutor) {
+pub async fn long_output_keeps_tail_and_complete_spill(p: &dyn ShellExecutor) -> Outcome {
     let req = ShellExecRequest::new("head -c 200000 /dev/zero | tr '\\0' a; echo; echo TAIL")
         .with_output_max_bytes(1000);
     let r = run(p, req).await;
@@ -145,9 +165,10 @@ pub async fn long_output_keeps_tail_and_complete_spill(p: &dyn ShellExecutor) {
     assert_eq!(std::fs::metadata(&spill).unwrap().len(), 200_006);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&spill).unwrap().permissions().mode() & 0o777, 0o600);
+    Ok(())
 }
 
-pub async fn background_reads_are_incremental_and_consuming(p: &dyn ShellExecutor) {
+pub async fn background_reads_are_incremental_and_consuming(p: &dyn ShellExecutor) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("gate");
     let cmd =
@@ -170,31 +191,31 @@ pub async fn background_reads_are_incremental_and_consuming(p: &dyn ShellExecuto
     assert_eq!(proc.status(), ShellProcessStatus::Completed);
     assert_eq!(proc.exit().and_then(|e| e.code), Some(0));
     assert_eq!(proc.snapshot().text, "first\nsecond\n", "snapshot is non-consuming");
+    Ok(())
 }
 
-pub async fn background_ignores_timeout(p: &dyn ShellExecutor) {
+pub async fn background_ignores_timeout(p: &dyn ShellExecutor) -> Outcome {
     let spec =
         p.resolve(ShellExecRequest::new("sleep 0.6; echo done").with_timeout_ms(50)).unwrap();
     let proc = p.start(spec).await;
     within("background exit", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Completed);
     assert_eq!(proc.read_output().text, "done\n");
+    Ok(())
 }
 
-pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) {
+pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) -> Outcome {
     let proc = p.start(p.resolve(ShellExecRequest::new("sleep 1000")).unwrap()).await;
     assert!(proc.kill(), "kill of a running process is accepted");
     within("killed background exit", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Killed);
     assert!(!proc.kill(), "kill after settlement reports false");
+    Ok(())
 }
 
-fn bash_only(p: &dyn ShellExecutor, case: &str) -> bool {
-    let ok = p.dialect().name == "bash";
-    if !ok {
-        println!("SKIP {case}: the script is bash");
-    }
-    ok
+/// Skips unless the executor's dialect is bash (the case's script is).
+fn bash_only(p: &dyn ShellExecutor) -> Outcome {
+    if p.dialect().name == "bash" { Ok(()) } else { skip("the script is bash") }
 }
 
 fn first_pid(out: &str) -> i32 {
@@ -218,7 +239,8 @@ async fn await_gone(what: &str, pid: i32) {
 fn pid_isolated(p: &dyn ShellExecutor, case: &str) -> bool {
     let isolated = p.capabilities().pid_isolated;
     if isolated {
-        println!(
+        // stderr: stdout may carry `conch conformance --json`.
+        eprintln!(
             "NOTE {case}: pid-isolated executor: what outlives the shell ends with its pid \
              namespace and is not listed as a leftover; checked by marker instead"
         );
@@ -270,12 +292,13 @@ async fn isolated_leftovers_gone(p: &dyn ShellExecutor, cmd: &str, background: b
     await_no_process_with("what the shell left to be gone", &m).await;
 }
 
-pub async fn a_background_child_holding_the_output_does_not_hold_the_call(p: &dyn ShellExecutor) {
-    if !bash_only(p, "a_background_child_holding_the_output_does_not_hold_the_call") {
-        return;
-    }
+pub async fn a_background_child_holding_the_output_does_not_hold_the_call(
+    p: &dyn ShellExecutor,
+) -> Outcome {
+    bash_only(p)?;
     if pid_isolated(p, "a_background_child_holding_the_output_does_not_hold_the_call") {
-        return isolated_leftovers_gone(p, "sleep 1000 & echo $!", false).await;
+        isolated_leftovers_gone(p, "sleep 1000 & echo $!", false).await;
+        return Ok(());
     }
     // The timeout is far beyond `within`'s patience: returning at all proves the call
     // ended with bash rather than with the pipe.
@@ -286,21 +309,20 @@ pub async fn a_background_child_holding_the_output_does_not_hold_the_call(p: &dy
     let left = r.leftovers.iter().find(|l| l.pid as i32 == pid);
     assert!(left.is_some_and(|l| l.held_output), "sleep {pid} is reported: {:?}", r.leftovers);
     await_gone("the leftover sleep to be stopped", pid).await;
+    Ok(())
 }
 
-pub async fn a_clean_command_reports_no_leftovers(p: &dyn ShellExecutor) {
+pub async fn a_clean_command_reports_no_leftovers(p: &dyn ShellExecutor) -> Outcome {
     let r = run(p, ShellExecRequest::new("echo one; echo two")).await;
     assert!(r.leftovers.is_empty(), "{:?}", r.leftovers);
+    Ok(())
 }
 
-pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecutor) {
+pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecutor) -> Outcome {
     let case = "the_timeout_holds_despite_an_escaped_pipe_holder";
-    if !bash_only(p, case) {
-        return;
-    }
+    bash_only(p)?;
     if run(p, ShellExecRequest::new("command -v setsid")).await.status.code.is_none_or(|c| c != 0) {
-        println!("SKIP {case}: needs the setsid utility");
-        return;
+        return skip("needs the setsid utility");
     }
     if pid_isolated(p, case) {
         // The timeout still holds: the call returns, and the holder goes with the namespace.
@@ -308,7 +330,8 @@ pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecu
         let cmd = format!("setsid sleep {m} & echo $!; sleep 1000");
         let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(500)).await;
         assert!(r.timed_out, "{r:?}");
-        return await_no_process_with("the escaped holder to be gone", &m).await;
+        await_no_process_with("the escaped holder to be gone", &m).await;
+        return Ok(());
     }
     let cmd = "setsid sleep 1000 & echo $!; sleep 1000";
     let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(500)).await;
@@ -316,14 +339,14 @@ pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecu
     let pid = first_pid(&r.output.text);
     assert!(r.leftovers.iter().any(|l| l.pid as i32 == pid), "{:?}", r.leftovers);
     await_gone("the escaped holder to be stopped", pid).await;
+    Ok(())
 }
 
-pub async fn a_background_job_ends_with_its_shell(p: &dyn ShellExecutor) {
-    if !bash_only(p, "a_background_job_ends_with_its_shell") {
-        return;
-    }
+pub async fn a_background_job_ends_with_its_shell(p: &dyn ShellExecutor) -> Outcome {
+    bash_only(p)?;
     if pid_isolated(p, "a_background_job_ends_with_its_shell") {
-        return isolated_leftovers_gone(p, "sleep 1000 & echo $!", true).await;
+        isolated_leftovers_gone(p, "sleep 1000 & echo $!", true).await;
+        return Ok(());
     }
     let proc = p.start(p.resolve(ShellExecRequest::new("sleep 1000 & echo $!")).unwrap()).await;
     within("the background shell to settle", proc.wait()).await;
@@ -331,6 +354,7 @@ pub async fn a_background_job_ends_with_its_shell(p: &dyn ShellExecutor) {
     let pid = first_pid(&proc.snapshot().text);
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the job's leftover to be stopped", pid).await;
+    Ok(())
 }
 
 /// Longer than any single argv string Linux accepts (MAX_ARG_STRLEN is 128 KiB with the
@@ -343,10 +367,8 @@ fn padded(text: &str) -> String {
     format!("{text}\n#{}\n", "x".repeat(LONG))
 }
 
-pub async fn a_long_heredoc_writes_its_bytes_exactly(p: &dyn ShellExecutor) {
-    if !bash_only(p, "a_long_heredoc_writes_its_bytes_exactly") {
-        return;
-    }
+pub async fn a_long_heredoc_writes_its_bytes_exactly(p: &dyn ShellExecutor) -> Outcome {
+    bash_only(p)?;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.txt");
     // Multi-byte chars everywhere, so wherever the command is cut some cut falls inside one,
@@ -368,12 +390,11 @@ pub async fn a_long_heredoc_writes_its_bytes_exactly(p: &dyn ShellExecutor) {
     assert_eq!(r.output.text, "a$b|c$d|e\\f|g\"h|é€😀|\n", "quoting is parsed once");
     let written = std::fs::read(&file).unwrap();
     assert!(written == body.as_bytes(), "the heredoc's bytes are written exactly");
+    Ok(())
 }
 
-pub async fn a_long_command_runs_as_its_short_self(p: &dyn ShellExecutor) {
-    if !bash_only(p, "a_long_command_runs_as_its_short_self") {
-        return;
-    }
+pub async fn a_long_command_runs_as_its_short_self(p: &dyn ShellExecutor) -> Outcome {
+    bash_only(p)?;
     // What a `bash -c` command can see of how it was started: its name and arguments, `$_`,
     // stdin, the line numbers, IFS and every variable name.
     let probe = "echo \"$0 $# [$_] $LINENO\"; read -r x; echo \"read=$? [$x]\"; \
@@ -391,40 +412,34 @@ pub async fn a_long_command_runs_as_its_short_self(p: &dyn ShellExecutor) {
     let cmd = padded("echo ${#BASH_EXECUTION_STRING}");
     let r = run(p, ShellExecRequest::new(cmd.clone())).await;
     assert_eq!(r.output.text, format!("{}\n", cmd.len()), "the execution string is the command");
+    Ok(())
 }
 
-pub async fn a_long_command_exits_with_its_code(p: &dyn ShellExecutor) {
-    if !bash_only(p, "a_long_command_exits_with_its_code") {
-        return;
-    }
+pub async fn a_long_command_exits_with_its_code(p: &dyn ShellExecutor) -> Outcome {
+    bash_only(p)?;
     let r = run(p, ShellExecRequest::new(padded("echo partial") + "exit 7\necho never\n")).await;
     assert_eq!(r.status.code, Some(7), "{}", r.output.text);
     assert_eq!(r.output.text, "partial\n");
     let r = run(p, ShellExecRequest::new(padded("(exit 3)"))).await;
     assert_eq!(r.status.code, Some(3), "the last status is the shell's: {}", r.output.text);
+    Ok(())
 }
 
-/// False (after printing why) when the command is not bash or the setsid utility is missing.
-async fn bash_with_setsid(p: &dyn ShellExecutor, case: &str) -> bool {
-    if !bash_only(p, case) {
-        return false;
-    }
+/// Skips unless the dialect is bash and the setsid utility is there.
+async fn bash_with_setsid(p: &dyn ShellExecutor) -> Outcome {
+    bash_only(p)?;
     let found = run(p, ShellExecRequest::new("command -v setsid")).await.status.code == Some(0);
-    if !found {
-        println!("SKIP {case}: needs the setsid utility");
-    }
-    found
+    if found { Ok(()) } else { skip("needs the setsid utility") }
 }
 
 /// Neither in the call's group nor holding its output: only ancestry ties it to the call.
 const DETACHED: &str = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!";
 
-pub async fn a_detached_process_is_stopped_with_the_call(p: &dyn ShellExecutor) {
-    if !bash_with_setsid(p, "a_detached_process_is_stopped_with_the_call").await {
-        return;
-    }
+pub async fn a_detached_process_is_stopped_with_the_call(p: &dyn ShellExecutor) -> Outcome {
+    bash_with_setsid(p).await?;
     if pid_isolated(p, "a_detached_process_is_stopped_with_the_call") {
-        return isolated_leftovers_gone(p, DETACHED, false).await;
+        isolated_leftovers_gone(p, DETACHED, false).await;
+        return Ok(());
     }
     let r = run(p, ShellExecRequest::new(DETACHED)).await;
     assert_eq!(r.status.code, Some(0), "{r:?}");
@@ -433,15 +448,17 @@ pub async fn a_detached_process_is_stopped_with_the_call(p: &dyn ShellExecutor) 
     let left = left.unwrap_or_else(|| panic!("the detached {pid} is reported: {:?}", r.leftovers));
     assert!(!left.held_output, "its output went to /dev/null: {left:?}");
     await_gone("the detached process to be stopped", pid).await;
+    Ok(())
 }
 
-pub async fn a_background_jobs_detached_child_is_stopped_when_it_settles(p: &dyn ShellExecutor) {
+pub async fn a_background_jobs_detached_child_is_stopped_when_it_settles(
+    p: &dyn ShellExecutor,
+) -> Outcome {
     let case = "a_background_jobs_detached_child_is_stopped_when_it_settles";
-    if !bash_with_setsid(p, case).await {
-        return;
-    }
+    bash_with_setsid(p).await?;
     if pid_isolated(p, case) {
-        return isolated_leftovers_gone(p, DETACHED, true).await;
+        isolated_leftovers_gone(p, DETACHED, true).await;
+        return Ok(());
     }
     let proc = p.start(p.resolve(ShellExecRequest::new(DETACHED)).unwrap()).await;
     within("the background shell to settle", proc.wait()).await;
@@ -449,13 +466,14 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_settles(p: &dyn
     let pid = first_pid(&proc.snapshot().text);
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the job's detached child to be stopped", pid).await;
+    Ok(())
 }
 
-pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(p: &dyn ShellExecutor) {
+pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(
+    p: &dyn ShellExecutor,
+) -> Outcome {
     let case = "a_background_jobs_detached_child_is_stopped_when_it_is_killed";
-    if !bash_with_setsid(p, case).await {
-        return;
-    }
+    bash_with_setsid(p).await?;
     if pid_isolated(p, case) {
         let m = marker();
         let cmd = format!("setsid sleep {m} >/dev/null 2>&1 </dev/null & exec sleep 1000");
@@ -469,7 +487,8 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(p: &d
         assert!(proc.kill(), "the job is still running");
         within("the killed job to settle", proc.wait()).await;
         assert_eq!(proc.status(), ShellProcessStatus::Killed);
-        return await_no_process_with("the killed job's detached child to be gone", &m).await;
+        await_no_process_with("the killed job's detached child to be gone", &m).await;
+        return Ok(());
     }
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
@@ -480,4 +499,5 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(p: &d
     within("the killed job to settle", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Killed);
     crate::await_gone("the killed job's detached child to be stopped", pid, start).await;
+    Ok(())
 }

@@ -8,7 +8,7 @@ use conch_seams::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{detach, pid_gone, pid_in, within};
+use crate::{Outcome, detach, pid_gone, pid_in, skip, within};
 
 fn argv(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_string()).collect()
@@ -30,22 +30,24 @@ async fn stdout_of(p: &dyn Subprocess, spec: SpawnSpec) -> (String, conch_seams:
     (String::from_utf8(r.data).expect("utf8"), status)
 }
 
-pub async fn spawn_captures_stdout(p: &dyn Subprocess) {
+pub async fn spawn_captures_stdout(p: &dyn Subprocess) -> Outcome {
     let (out, status) =
         stdout_of(p, SpawnSpec::new(argv(&["echo", "hello"]), tmp()).with_stdout(collect())).await;
     assert_eq!(out, "hello\n");
     assert_eq!(status.code, Some(0), "echo exits 0");
     assert!(status.signal.is_none());
+    Ok(())
 }
 
-pub async fn nonzero_exit_is_data_not_error(p: &dyn Subprocess) {
+pub async fn nonzero_exit_is_data_not_error(p: &dyn Subprocess) -> Outcome {
     let (_, status) =
         stdout_of(p, SpawnSpec::new(argv(&["sh", "-c", "exit 3"]), tmp()).with_stdout(collect()))
             .await;
     assert_eq!(status.code, Some(3), "exit code is reported as data");
+    Ok(())
 }
 
-pub async fn death_by_signal_is_reported(p: &dyn Subprocess) {
+pub async fn death_by_signal_is_reported(p: &dyn Subprocess) -> Outcome {
     let (_, status) = stdout_of(
         p,
         SpawnSpec::new(argv(&["sh", "-c", "kill -9 $$"]), tmp()).with_stdout(collect()),
@@ -53,45 +55,51 @@ pub async fn death_by_signal_is_reported(p: &dyn Subprocess) {
     .await;
     assert_eq!(status.code, None);
     assert_eq!(status.signal.as_deref(), Some("SIGKILL"));
+    Ok(())
 }
 
-pub async fn missing_executable_is_spawn_failure(p: &dyn Subprocess) {
+pub async fn missing_executable_is_spawn_failure(p: &dyn Subprocess) -> Outcome {
     let err = p
         .spawn(SpawnSpec::new(argv(&["/nonexistent/conch-no-such-binary"]), tmp()))
         .await
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
     assert!(err.to_string().contains("conch-no-such-binary"), "message names the program: {err}");
+    Ok(())
 }
 
-pub async fn missing_cwd_is_spawn_failure(p: &dyn Subprocess) {
+pub async fn missing_cwd_is_spawn_failure(p: &dyn Subprocess) -> Outcome {
     let err = p.spawn(SpawnSpec::new(argv(&["true"]), "/nonexistent/conch-dir")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
     assert!(err.to_string().contains("/nonexistent/conch-dir"), "{err}");
+    Ok(())
 }
 
-pub async fn empty_argv_is_invalid(p: &dyn Subprocess) {
+pub async fn empty_argv_is_invalid(p: &dyn Subprocess) -> Outcome {
     let err = p.spawn(SpawnSpec::new(Vec::new(), tmp())).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    Ok(())
 }
 
-pub async fn argv_is_not_shell_interpreted(p: &dyn Subprocess) {
+pub async fn argv_is_not_shell_interpreted(p: &dyn Subprocess) -> Outcome {
     let (out, _) = stdout_of(
         p,
         SpawnSpec::new(argv(&["echo", "$HOME; ls | wc", "*"]), tmp()).with_stdout(collect()),
     )
     .await;
     assert_eq!(out, "$HOME; ls | wc *\n");
+    Ok(())
 }
 
-pub async fn cwd_is_respected(p: &dyn Subprocess) {
+pub async fn cwd_is_respected(p: &dyn Subprocess) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let (out, _) =
         stdout_of(p, SpawnSpec::new(argv(&["pwd", "-P"]), dir.path()).with_stdout(collect())).await;
     assert_eq!(out.trim_end(), dir.path().canonicalize().unwrap().display().to_string());
+    Ok(())
 }
 
-pub async fn env_overlay_sets_and_unsets(p: &dyn Subprocess) {
+pub async fn env_overlay_sets_and_unsets(p: &dyn Subprocess) -> Outcome {
     let spec = SpawnSpec::new(
         argv(&["sh", "-c", "echo ${CONCH_CONF_A-unset} ${HOME-unset} ${MY_API_TOKEN-unset}"]),
         tmp(),
@@ -102,9 +110,10 @@ pub async fn env_overlay_sets_and_unsets(p: &dyn Subprocess) {
     .with_env("MY_API_TOKEN", Some("forwarded".into()));
     let (out, _) = stdout_of(p, spec).await;
     assert_eq!(out, "a unset forwarded\n", "overlay applies after the scrub and can unset");
+    Ok(())
 }
 
-pub async fn ambient_managed_env_is_scrubbed(p: &dyn Subprocess) {
+pub async fn ambient_managed_env_is_scrubbed(p: &dyn Subprocess) -> Outcome {
     // Whatever the test runner's environment holds, no CONCH_* or credential-shaped name
     // may reach the child unless the overlay puts it there (or it is the provider's own
     // per-spawn mark).
@@ -120,17 +129,19 @@ pub async fn ambient_managed_env_is_scrubbed(p: &dyn Subprocess) {
         }
     }
     assert!(out.lines().any(|l| l.starts_with("PATH=")), "ordinary values such as PATH are kept");
+    Ok(())
 }
 
-pub async fn merged_stderr_keeps_arrival_order(p: &dyn Subprocess) {
+pub async fn merged_stderr_keeps_arrival_order(p: &dyn Subprocess) -> Outcome {
     let spec = SpawnSpec::new(argv(&["sh", "-c", "echo a; echo b >&2; echo c; echo d >&2"]), tmp())
         .with_stdout(collect())
         .with_stderr(OutputSpec::MergeIntoStdout);
     let (out, _) = stdout_of(p, spec).await;
     assert_eq!(out, "a\nb\nc\nd\n");
+    Ok(())
 }
 
-pub async fn separate_stderr_is_collected_apart(p: &dyn Subprocess) {
+pub async fn separate_stderr_is_collected_apart(p: &dyn Subprocess) -> Outcome {
     let spec = SpawnSpec::new(argv(&["sh", "-c", "echo out; echo err >&2"]), tmp())
         .with_stdout(collect())
         .with_stderr(collect());
@@ -140,18 +151,20 @@ pub async fn separate_stderr_is_collected_apart(p: &dyn Subprocess) {
     assert_eq!(proc.read(StreamId::Stderr, 0, 100).unwrap().data, b"err\n");
     let s = proc.collected(StreamId::Stderr).unwrap();
     assert_eq!(s.total_bytes, 4);
+    Ok(())
 }
 
-pub async fn stdin_bytes_reach_the_child(p: &dyn Subprocess) {
+pub async fn stdin_bytes_reach_the_child(p: &dyn Subprocess) -> Outcome {
     let spec = SpawnSpec::new(argv(&["cat"]), tmp())
         .with_stdin(StdinSpec::bytes(b"xyz".to_vec()))
         .with_stdout(collect());
     let (out, status) = stdout_of(p, spec).await;
     assert_eq!(out, "xyz");
     assert!(status.success());
+    Ok(())
 }
 
-pub async fn stdin_pipe_is_writable_and_closable(p: &dyn Subprocess) {
+pub async fn stdin_pipe_is_writable_and_closable(p: &dyn Subprocess) -> Outcome {
     let spec =
         SpawnSpec::new(argv(&["cat"]), tmp()).with_stdin(StdinSpec::Pipe).with_stdout(collect());
     let proc = p.spawn(spec).await.unwrap();
@@ -162,9 +175,10 @@ pub async fn stdin_pipe_is_writable_and_closable(p: &dyn Subprocess) {
         .await
         .expect("the provider keeps track of its process");
     assert_eq!(proc.read(StreamId::Stdout, 0, 100).unwrap().data, b"one two");
+    Ok(())
 }
 
-pub async fn offset_reads_are_caller_owned(p: &dyn Subprocess) {
+pub async fn offset_reads_are_caller_owned(p: &dyn Subprocess) -> Outcome {
     let spec =
         SpawnSpec::new(argv(&["sh", "-c", "printf 0123456789"]), tmp()).with_stdout(collect());
     let proc = p.spawn(spec).await.unwrap();
@@ -182,9 +196,10 @@ pub async fn offset_reads_are_caller_owned(p: &dyn Subprocess) {
     let end = proc.read(StreamId::Stdout, 10, 100).unwrap();
     assert!(end.data.is_empty() && end.next_offset == 10 && end.sealed);
     assert!(proc.read(StreamId::Stderr, 0, 1).is_err(), "an uncollected stream is an error");
+    Ok(())
 }
 
-pub async fn stale_offset_read_is_lossy_tail(p: &dyn Subprocess) {
+pub async fn stale_offset_read_is_lossy_tail(p: &dyn Subprocess) -> Outcome {
     let spec = SpawnSpec::new(
         argv(&["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x; printf END"]),
         tmp(),
@@ -199,13 +214,14 @@ pub async fn stale_offset_read_is_lossy_tail(p: &dyn Subprocess) {
     assert!(r.data.ends_with(b"END"));
     let spill = r.spill.expect("a complete spill is published").path;
     assert_eq!(std::fs::metadata(spill).unwrap().len(), 100_003);
+    Ok(())
 }
 
 fn grandchild_pids(out: &str) -> Vec<i32> {
     out.split_whitespace().filter_map(|w| w.parse().ok()).collect()
 }
 
-pub async fn kill_terminates_group_when_children_ignore_sigterm(p: &dyn Subprocess) {
+pub async fn kill_terminates_group_when_children_ignore_sigterm(p: &dyn Subprocess) -> Outcome {
     let script = "trap '' TERM; (trap '' TERM; exec sleep 1000) & (trap '' TERM; while :; do sleep 1; done) & echo $!; echo ready; wait";
     let spec = SpawnSpec::new(argv(&["bash", "-c", script]), tmp())
         .with_stdout(collect())
@@ -241,9 +257,10 @@ pub async fn kill_terminates_group_when_children_ignore_sigterm(p: &dyn Subproce
         })
         .await;
     }
+    Ok(())
 }
 
-pub async fn cancel_token_kills_the_tree(p: &dyn Subprocess) {
+pub async fn cancel_token_kills_the_tree(p: &dyn Subprocess) -> Outcome {
     let cancel = CancellationToken::new();
     let spec = SpawnSpec::new(argv(&["sleep", "1000"]), tmp()).with_cancel(cancel.clone());
     let proc = p.spawn(spec).await.unwrap();
@@ -252,9 +269,10 @@ pub async fn cancel_token_kills_the_tree(p: &dyn Subprocess) {
         .await
         .expect("the provider keeps track of its process");
     assert_eq!(status.signal.as_deref(), Some("SIGTERM"));
+    Ok(())
 }
 
-pub async fn shutdown_reaps_everything_live(p: &dyn Subprocess) {
+pub async fn shutdown_reaps_everything_live(p: &dyn Subprocess) -> Outcome {
     let mut pids = Vec::new();
     let mut procs = Vec::new();
     for _ in 0..3 {
@@ -267,21 +285,23 @@ pub async fn shutdown_reaps_everything_live(p: &dyn Subprocess) {
         assert!(proc.try_status().is_some(), "process {pid} settled after shutdown");
         assert!(pid_gone(pid), "process {pid} is gone after shutdown");
     }
+    Ok(())
 }
 
-pub async fn which_resolves_on_path(p: &dyn Subprocess) {
+pub async fn which_resolves_on_path(p: &dyn Subprocess) -> Outcome {
     let sh = p.which("sh").await.expect("sh is on PATH");
     assert!(sh.is_absolute());
     assert!(p.which("conch-no-such-program-xyz").await.is_none());
+    Ok(())
 }
 
-pub async fn spawn_terminal_is_honest_about_support(p: &dyn Subprocess) {
+pub async fn spawn_terminal_is_honest_about_support(p: &dyn Subprocess) -> Outcome {
     if p.capabilities().terminals {
-        println!("SKIP spawn_terminal_is_honest_about_support: provider supports terminals");
-        return;
+        return skip("the provider supports terminals (the terminal-process suite covers them)");
     }
     let err = p.spawn_terminal(TerminalSpawnSpec::new(argv(&["bash"]), tmp())).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unsupported, "{err}");
+    Ok(())
 }
 
 /// Waits until `pid` is gone (or a zombie nobody reaps).
@@ -344,15 +364,12 @@ fn merged(script: &str) -> SpawnSpec {
         .with_grace(Duration::from_millis(500))
 }
 
-async fn has_setsid(p: &dyn Subprocess, case: &str) -> bool {
-    let found = p.which("setsid").await.is_some();
-    if !found {
-        println!("SKIP {case}: needs the setsid utility");
-    }
-    found
+/// Skips without the setsid utility on the provider's PATH.
+async fn has_setsid(p: &dyn Subprocess) -> Outcome {
+    if p.which("setsid").await.is_some() { Ok(()) } else { skip("needs the setsid utility") }
 }
 
-pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subprocess) {
+pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subprocess) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let go = dir.path().join("go");
     let script =
@@ -370,9 +387,12 @@ pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subpr
     let out = proc.collected(StreamId::Stdout).unwrap();
     assert_eq!(out.text, "early\nlate\n", "the descendant's output is part of the stream");
     assert!(proc.leftovers().is_empty(), "nothing was stopped: {:?}", proc.leftovers());
+    Ok(())
 }
 
-pub async fn stop_leftovers_stops_a_background_child_holding_the_output(p: &dyn Subprocess) {
+pub async fn stop_leftovers_stops_a_background_child_holding_the_output(
+    p: &dyn Subprocess,
+) -> Outcome {
     let proc =
         p.spawn(merged("sleep 1000 & echo $!").with_after_exit(stop_leftovers(100))).await.unwrap();
     let status = within("settlement despite the held pipe", proc.wait())
@@ -387,9 +407,12 @@ pub async fn stop_leftovers_stops_a_background_child_holding_the_output(p: &dyn 
     assert!(entry.held_output, "it held the output open: {entry:?}");
     assert_eq!(entry.name, "sleep");
     await_gone("the stopped leftover to be gone", pid).await;
+    Ok(())
 }
 
-pub async fn stop_leftovers_stops_group_members_that_redirected_output(p: &dyn Subprocess) {
+pub async fn stop_leftovers_stops_group_members_that_redirected_output(
+    p: &dyn Subprocess,
+) -> Outcome {
     let proc = p
         .spawn(merged("sleep 1000 >/dev/null 2>&1 & echo $!").with_after_exit(stop_leftovers(100)))
         .await
@@ -401,13 +424,11 @@ pub async fn stop_leftovers_stops_group_members_that_redirected_output(p: &dyn S
     let entry = entry.unwrap_or_else(|| panic!("sleep {pid} is reported: {left:?}"));
     assert!(!entry.held_output, "its output went to /dev/null: {entry:?}");
     await_gone("the group member to be gone", pid).await;
+    Ok(())
 }
 
-pub async fn stop_leftovers_reaches_a_pipe_holder_outside_the_group(p: &dyn Subprocess) {
-    let case = "stop_leftovers_reaches_a_pipe_holder_outside_the_group";
-    if !has_setsid(p, case).await {
-        return;
-    }
+pub async fn stop_leftovers_reaches_a_pipe_holder_outside_the_group(p: &dyn Subprocess) -> Outcome {
+    has_setsid(p).await?;
     let proc = p
         .spawn(merged("setsid sleep 1000 & echo $!").with_after_exit(stop_leftovers(100)))
         .await
@@ -420,9 +441,10 @@ pub async fn stop_leftovers_reaches_a_pipe_holder_outside_the_group(p: &dyn Subp
     for l in &left {
         await_gone("every reported leftover to be gone", l.pid as i32).await;
     }
+    Ok(())
 }
 
-pub async fn stop_leftovers_escalates_to_kill_for_term_trappers(p: &dyn Subprocess) {
+pub async fn stop_leftovers_escalates_to_kill_for_term_trappers(p: &dyn Subprocess) -> Outcome {
     let script = "(trap '' TERM; while :; do sleep 1; done) & echo $!";
     let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(100))).await.unwrap();
     within("settlement after KILL", proc.wait())
@@ -431,21 +453,22 @@ pub async fn stop_leftovers_escalates_to_kill_for_term_trappers(p: &dyn Subproce
     let pid = first_pid(&proc.collected(StreamId::Stdout).unwrap().text);
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the TERM-trapping leftover to be gone", pid).await;
+    Ok(())
 }
 
-pub async fn output_written_within_the_drain_is_kept(p: &dyn Subprocess) {
+pub async fn output_written_within_the_drain_is_kept(p: &dyn Subprocess) -> Outcome {
     let script = "(sleep 0.2; echo late) & echo early";
     let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(20_000))).await.unwrap();
     within("settlement", proc.wait()).await.expect("the provider keeps track of its process");
     assert_eq!(proc.collected(StreamId::Stdout).unwrap().text, "early\nlate\n");
     assert!(proc.leftovers().is_empty(), "it finished by itself: {:?}", proc.leftovers());
+    Ok(())
 }
 
-pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(p: &dyn Subprocess) {
-    let case = "kill_settles_even_when_an_escaped_process_holds_the_output";
-    if !has_setsid(p, case).await {
-        return;
-    }
+pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(
+    p: &dyn Subprocess,
+) -> Outcome {
+    has_setsid(p).await?;
     // Default after_exit (wait for EOF): a kill must still settle.
     let proc =
         p.spawn(merged("setsid sleep 1000 & echo $!; echo ready; sleep 1000")).await.unwrap();
@@ -460,15 +483,13 @@ pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(p: &dyn 
         .expect("the provider keeps track of its process");
     assert!(proc.leftovers().iter().any(|l| l.pid as i32 == pid), "{:?}", proc.leftovers());
     await_gone("the escaped holder to be gone", pid).await;
+    Ok(())
 }
 
 pub async fn stop_leftovers_stops_a_process_that_detached_and_closed_the_output(
     p: &dyn Subprocess,
-) {
-    let case = "stop_leftovers_stops_a_process_that_detached_and_closed_the_output";
-    if !has_setsid(p, case).await {
-        return;
-    }
+) -> Outcome {
+    has_setsid(p).await?;
     // Neither in the group nor holding the output: only its ancestry ties it to the call.
     let script = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!";
     let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(100))).await.unwrap();
@@ -479,13 +500,11 @@ pub async fn stop_leftovers_stops_a_process_that_detached_and_closed_the_output(
     let entry = entry.unwrap_or_else(|| panic!("the detached {pid} is reported: {left:?}"));
     assert!(!entry.held_output, "its output went to /dev/null: {entry:?}");
     await_gone("the detached leftover to be gone", pid).await;
+    Ok(())
 }
 
-pub async fn kill_stops_what_detached_from_the_group(p: &dyn Subprocess) {
-    let case = "kill_stops_what_detached_from_the_group";
-    if !has_setsid(p, case).await {
-        return;
-    }
+pub async fn kill_stops_what_detached_from_the_group(p: &dyn Subprocess) -> Outcome {
+    has_setsid(p).await?;
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     let script = format!("{} echo ready; exec sleep 1000", detach("setsid", &pidfile));
@@ -496,13 +515,11 @@ pub async fn kill_stops_what_detached_from_the_group(p: &dyn Subprocess) {
         .await
         .expect("the provider keeps track of its process");
     crate::await_gone("the detached process to be stopped with the tree", pid, start).await;
+    Ok(())
 }
 
-pub async fn shutdown_leaves_nothing_detached_behind(p: &dyn Subprocess) {
-    let case = "shutdown_leaves_nothing_detached_behind";
-    if !has_setsid(p, case).await {
-        return;
-    }
+pub async fn shutdown_leaves_nothing_detached_behind(p: &dyn Subprocess) -> Outcome {
+    has_setsid(p).await?;
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     // Waiting for EOF stops nothing: the detached process outlives its settled parent.
@@ -513,4 +530,5 @@ pub async fn shutdown_leaves_nothing_detached_behind(p: &dyn Subprocess) {
     assert!(!crate::gone(pid, start), "nothing stopped the detached {pid} yet");
     within("shutdown", p.shutdown()).await;
     crate::await_gone("the detached process to be stopped by shutdown", pid, start).await;
+    Ok(())
 }

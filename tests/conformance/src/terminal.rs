@@ -10,7 +10,7 @@ use conch_seams::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{pid_gone, within};
+use crate::{Outcome, skip, within};
 
 async fn open(p: &dyn TerminalBackend) -> Arc<dyn TerminalSession> {
     within("terminal open", p.open(TerminalOpenSpec::default())).await.expect("open a session")
@@ -39,19 +39,7 @@ async fn close(s: &dyn TerminalSession) {
     assert!(report.survivors.is_empty(), "{report:?}");
 }
 
-/// Pulls the last `KEY=<number>` out of output (the echoed command line has `KEY=$!`).
-fn number_after(out: &str, key: &str) -> i32 {
-    out.rsplit(key)
-        .next()
-        .filter(|_| out.contains(key))
-        .and_then(|rest| {
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no {key}<n> in {out:?}"))
-}
-
-pub async fn echo_returns_at_the_prompt_as_stdin_read(p: &dyn TerminalBackend) {
+pub async fn echo_returns_at_the_prompt_as_stdin_read(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     assert_eq!(s.status(), SessionStatus::Running);
     let r = send(s.as_ref(), "echo conch-$((40+2))").await;
@@ -59,9 +47,10 @@ pub async fn echo_returns_at_the_prompt_as_stdin_read(p: &dyn TerminalBackend) {
     assert!(r.delta.contains("conch-42"), "{r:?}");
     assert_eq!(r.session_status, SessionStatus::Running);
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn prompt_marker_never_reaches_output(p: &dyn TerminalBackend) {
+pub async fn prompt_marker_never_reaches_output(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     for cmd in ["true", "echo a; echo b", "PS1='custom> '", "echo after"] {
         let r = send(s.as_ref(), cmd).await;
@@ -71,9 +60,10 @@ pub async fn prompt_marker_never_reaches_output(p: &dyn TerminalBackend) {
     let page = s.read(0, 100);
     assert!(!page.text.contains('\u{1b}'), "{page:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn state_persists_across_sends(p: &dyn TerminalBackend) {
+pub async fn state_persists_across_sends(p: &dyn TerminalBackend) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let s = open(p).await;
     send(s.as_ref(), &format!("cd '{}'", dir.path().display())).await;
@@ -83,9 +73,10 @@ pub async fn state_persists_across_sends(p: &dyn TerminalBackend) {
     assert!(r.delta.contains(&*real.to_string_lossy()), "{r:?}");
     assert!(r.delta.contains("persisted"), "{r:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn open_honours_cwd_and_rejects_a_missing_one(p: &dyn TerminalBackend) {
+pub async fn open_honours_cwd_and_rejects_a_missing_one(p: &dyn TerminalBackend) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = TerminalOpenSpec::default();
     spec.cwd = Some(dir.path().to_path_buf());
@@ -102,9 +93,10 @@ pub async fn open_honours_cwd_and_rejects_a_missing_one(p: &dyn TerminalBackend)
         matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::SpawnFailed),
         "a missing cwd is refused, never replaced by $HOME: {e}"
     );
+    Ok(())
 }
 
-pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) {
+pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let r = send(s.as_ref(), "python3 -c 'print(\"ready\"); input()'").await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
@@ -117,9 +109,12 @@ pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) {
     let r = send(s.as_ref(), "echo \"got $n\"").await;
     assert!(r.delta.contains("got conch"), "{r:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn a_quick_send_never_returns_before_the_shell_read_it(p: &dyn TerminalBackend) {
+pub async fn a_quick_send_never_returns_before_the_shell_read_it(
+    p: &dyn TerminalBackend,
+) -> Outcome {
     // Sends return within milliseconds; each must still carry its own command's output, not
     // an early "stdin_read" seen while the shell had not yet picked the line up.
     for round in 0..3 {
@@ -131,9 +126,12 @@ pub async fn a_quick_send_never_returns_before_the_shell_read_it(p: &dyn Termina
         }
         close(s.as_ref()).await;
     }
+    Ok(())
 }
 
-pub async fn output_written_before_a_blocking_read_is_all_in_the_result(p: &dyn TerminalBackend) {
+pub async fn output_written_before_a_blocking_read_is_all_in_the_result(
+    p: &dyn TerminalBackend,
+) -> Outcome {
     let s = open(p).await;
     // The program blocks right after a burst of output: readiness must not beat the output.
     for _ in 0..5 {
@@ -147,9 +145,10 @@ pub async fn output_written_before_a_blocking_read_is_all_in_the_result(p: &dyn 
         send(s.as_ref(), "y").await;
     }
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn a_program_reading_dev_tty_is_stdin_read(p: &dyn TerminalBackend) {
+pub async fn a_program_reading_dev_tty_is_stdin_read(p: &dyn TerminalBackend) -> Outcome {
     // Stdin is /dev/null; the program asks the terminal itself, as less, ssh and sudo do.
     let s = open(p).await;
     let cmd = "bash -c 'exec 3</dev/tty; read -r -u 3 x; echo \"tty said $x\"' </dev/null";
@@ -159,9 +158,10 @@ pub async fn a_program_reading_dev_tty_is_stdin_read(p: &dyn TerminalBackend) {
     assert!(r.delta.contains("tty said hello"), "{r:?}");
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn a_silent_program_is_inferred_idle_not_stdin_read(p: &dyn TerminalBackend) {
+pub async fn a_silent_program_is_inferred_idle_not_stdin_read(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let r = send(s.as_ref(), "sleep 1000").await;
     assert_eq!(r.wait_reason, WaitReason::InferredIdle, "sleep never reads stdin: {r:?}");
@@ -171,9 +171,10 @@ pub async fn a_silent_program_is_inferred_idle_not_stdin_read(p: &dyn TerminalBa
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     assert!(r.delta.contains("usable"), "{r:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend) {
+pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
@@ -191,9 +192,12 @@ pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend)
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     assert!(r.delta.contains("back"), "{r:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(p: &dyn TerminalBackend) {
+pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(
+    p: &dyn TerminalBackend,
+) -> Outcome {
     let s = open(p).await;
     // The shell reports any SIGINT that reaches it, and renders its prompt slowly, so it owns
     // the foreground for a while after the command died and before its prompt is back.
@@ -220,34 +224,38 @@ pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(p: &dyn Termi
     let all = s.read(0, 1000).text;
     assert!(!all.contains("SHELL_GOT_1INT"), "only the command was interrupted: {all}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn close_works_while_the_shell_runs_a_loop(p: &dyn TerminalBackend) {
+pub async fn close_works_while_the_shell_runs_a_loop(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let r = send(s.as_ref(), "while true; do sleep 1; done").await;
     assert_eq!(r.wait_reason, WaitReason::InferredIdle, "{r:?}");
     close(s.as_ref()).await;
     assert!(matches!(s.status(), SessionStatus::Exited(_)), "{:?}", s.status());
+    Ok(())
 }
 
-pub async fn exit_is_session_exit_with_the_code(p: &dyn TerminalBackend) {
+pub async fn exit_is_session_exit_with_the_code(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let r = send(s.as_ref(), "exit 7").await;
     assert_eq!(r.wait_reason, WaitReason::SessionExit, "{r:?}");
     assert_eq!(r.session_status, SessionStatus::Exited(ExitStatus::code(7)));
     let report = within("close after exit", s.close()).await.unwrap();
     assert_eq!(report.root_exit, SessionStatus::Exited(ExitStatus::code(7)));
+    Ok(())
 }
 
-pub async fn sigkill_at_the_shell_is_rejected(p: &dyn TerminalBackend) {
+pub async fn sigkill_at_the_shell_is_rejected(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let e = s.signal(Signal::Kill).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     assert_eq!(send(s.as_ref(), "echo alive").await.wait_reason, WaitReason::StdinRead);
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn close_leaves_no_descendant_even_one_ignoring_term(p: &dyn TerminalBackend) {
+pub async fn close_leaves_no_descendant_even_one_ignoring_term(p: &dyn TerminalBackend) -> Outcome {
     let token = crate::mark_token();
     let s = open_marked(p, &token).await;
     send(s.as_ref(), "sleep 1000 & echo BG=$!").await;
@@ -263,9 +271,10 @@ pub async fn close_leaves_no_descendant_even_one_ignoring_term(p: &dyn TerminalB
         assert!(crate::gone(m.pid, m.start), "{} ({}) survived close", m.pid, m.comm);
     }
     assert!(matches!(s.status(), SessionStatus::Exited(_)), "{:?}", s.status());
+    Ok(())
 }
 
-pub async fn scrollback_pages_backward(p: &dyn TerminalBackend) {
+pub async fn scrollback_pages_backward(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     send(s.as_ref(), "for i in $(seq 1 60); do echo row$i; done").await;
     let newest = s.read(0, 10);
@@ -278,32 +287,36 @@ pub async fn scrollback_pages_backward(p: &dyn TerminalBackend) {
     let all = s.read(0, 10_000);
     assert!(all.text.contains("row1\n") && all.text.contains("row60"), "{all:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn utf8_output_arrives_intact(p: &dyn TerminalBackend) {
+pub async fn utf8_output_arrives_intact(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let r = send(s.as_ref(), "printf 'h\\303\\251llo w\\303\\266rld \\342\\234\\223\\n'").await;
     assert!(r.delta.contains("héllo wörld ✓\n"), "{r:?}");
     assert!(!r.delta.contains('\r'), "CRLF became one newline: {r:?}");
     close(s.as_ref()).await;
+    Ok(())
 }
 
-pub async fn a_cancelled_open_is_rolled_back(p: &dyn TerminalBackend) {
+pub async fn a_cancelled_open_is_rolled_back(p: &dyn TerminalBackend) -> Outcome {
     let mut spec = TerminalOpenSpec::default();
     spec.cancel = CancellationToken::new();
     spec.cancel.cancel();
     let e = within("cancelled open", p.open(spec)).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::Cancelled, "{e}");
+    Ok(())
 }
 
-pub async fn close_stops_processes_that_detached_with_setsid_and_nohup(p: &dyn TerminalBackend) {
+pub async fn close_stops_processes_that_detached_with_setsid_and_nohup(
+    p: &dyn TerminalBackend,
+) -> Outcome {
     let token = crate::mark_token();
     let s = open_marked(p, &token).await;
     let r = send(s.as_ref(), "command -v setsid >/dev/null || echo NO-SETSID").await;
     if r.delta.contains("\nNO-SETSID") {
-        println!("SKIP close_stops_processes_that_detached_with_setsid_and_nohup: no setsid");
         close(s.as_ref()).await;
-        return;
+        return skip("needs the setsid utility");
     }
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("setsid"), dir.path().join("nohup"));
@@ -317,4 +330,5 @@ pub async fn close_stops_processes_that_detached_with_setsid_and_nohup(p: &dyn T
     for m in detached.iter().filter(|m| m.comm == "sleep") {
         assert!(crate::gone(m.pid, m.start), "the detached {} survived close", m.pid);
     }
+    Ok(())
 }

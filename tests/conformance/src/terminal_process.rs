@@ -15,7 +15,7 @@ use conch_seams::{
     TerminalSize, TerminalSpawnSpec,
 };
 
-use crate::{PATIENCE, detach, pid_gone, pid_in, within};
+use crate::{Outcome, PATIENCE, detach, pid_gone, pid_in, skip, within};
 
 fn argv(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| (*s).to_owned()).collect()
@@ -25,22 +25,15 @@ fn tmp() -> std::path::PathBuf {
     std::env::temp_dir()
 }
 
-/// False (after printing why) when the provider has no terminals.
-fn terminals(p: &dyn Subprocess, case: &str) -> bool {
-    let ok = p.capabilities().terminals;
-    if !ok {
-        println!("SKIP {case}: requires terminals");
-    }
-    ok
+/// Skips when the provider has no terminals.
+fn terminals(p: &dyn Subprocess) -> Outcome {
+    if p.capabilities().terminals { Ok(()) } else { skip("the provider has no terminals") }
 }
 
-/// False (after printing why) when the provider has no terminals or no stdin probe.
-fn probing(p: &dyn Subprocess, case: &str) -> bool {
-    let ok = terminals(p, case) && p.capabilities().stdin_probe;
-    if p.capabilities().terminals && !ok {
-        println!("SKIP {case}: requires stdin_probe");
-    }
-    ok
+/// Skips when the provider has no terminals or no stdin probe.
+fn probing(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
+    if p.capabilities().stdin_probe { Ok(()) } else { skip("the provider has no stdin probe") }
 }
 
 async fn open(p: &dyn Subprocess, a: &[&str]) -> Arc<dyn TerminalProcess> {
@@ -144,10 +137,8 @@ async fn kill_and_reap(t: &dyn TerminalProcess) -> ExitStatus {
     wait(t).await
 }
 
-pub async fn output_then_eof_then_exit_code_without_zombie(p: &dyn Subprocess) {
-    if !terminals(p, "output_then_eof_then_exit_code_without_zombie") {
-        return;
-    }
+pub async fn output_then_eof_then_exit_code_without_zombie(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = open(p, &["/bin/sh", "-c", "echo hello; exit 3"]).await;
     let pid = pid_of(t.as_ref());
     let text = read_to_eof(t.as_ref()).await;
@@ -157,53 +148,48 @@ pub async fn output_then_eof_then_exit_code_without_zombie(p: &dyn Subprocess) {
     assert_eq!(t.try_status(), Some(status));
     assert!(not_a_zombie(pid), "the leader was reaped");
     assert_eq!(t.read_chunk().await.unwrap(), None, "after EOF every read is EOF");
+    Ok(())
 }
 
-pub async fn bad_cwd_is_spawn_failed(p: &dyn Subprocess) {
-    if !terminals(p, "bad_cwd_is_spawn_failed") {
-        return;
-    }
+pub async fn bad_cwd_is_spawn_failed(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let spec = TerminalSpawnSpec::new(argv(&["sh"]), "/nonexistent/conch-no-dir");
     let err = p.spawn_terminal(spec).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
     assert!(err.to_string().contains("/nonexistent/conch-no-dir"), "{err}");
+    Ok(())
 }
 
-pub async fn missing_program_is_spawn_failed(p: &dyn Subprocess) {
-    if !terminals(p, "missing_program_is_spawn_failed") {
-        return;
-    }
+pub async fn missing_program_is_spawn_failed(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     for prog in ["conch-no-such-program-xyz", "./conch-no-such-program-xyz"] {
         let err = p.spawn_terminal(TerminalSpawnSpec::new(argv(&[prog]), tmp())).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
         assert!(err.to_string().contains("conch-no-such-program-xyz"), "names it: {err}");
     }
+    Ok(())
 }
 
-pub async fn empty_argv_is_invalid_argument(p: &dyn Subprocess) {
-    if !terminals(p, "empty_argv_is_invalid_argument") {
-        return;
-    }
+pub async fn empty_argv_is_invalid_argument(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let err = p.spawn_terminal(TerminalSpawnSpec::new(Vec::new(), tmp())).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    Ok(())
 }
 
-pub async fn the_default_directory_is_used_without_a_cwd(p: &dyn Subprocess) {
-    if !terminals(p, "the_default_directory_is_used_without_a_cwd") {
-        return;
-    }
+pub async fn the_default_directory_is_used_without_a_cwd(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = within("spawn", p.spawn_terminal(TerminalSpawnSpec::in_default_dir(argv(&["pwd"]))))
         .await
         .expect("a terminal without a cwd starts in the provider's default directory");
     let text = read_to_eof(t.as_ref()).await;
     assert!(text.trim().starts_with('/'), "{text:?}");
     assert!(wait(t.as_ref()).await.success());
+    Ok(())
 }
 
-pub async fn overlay_is_applied_after_the_scrub(p: &dyn Subprocess) {
-    if !terminals(p, "overlay_is_applied_after_the_scrub") {
-        return;
-    }
+pub async fn overlay_is_applied_after_the_scrub(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let mut spec = TerminalSpawnSpec::new(argv(&["sh", "-c", "echo \"foo=[$FOO]\""]), tmp());
     spec.env.insert("FOO".into(), Some("bar baz".into()));
     let t = p.spawn_terminal(spec).await.unwrap();
@@ -217,12 +203,11 @@ pub async fn overlay_is_applied_after_the_scrub(p: &dyn Subprocess) {
     let text = read_to_eof(t.as_ref()).await;
     assert!(text.contains("tok=[t0k]"), "{text:?}");
     wait(t.as_ref()).await;
+    Ok(())
 }
 
-pub async fn child_env_is_exactly_the_scrubbed_map(p: &dyn Subprocess) {
-    if !terminals(p, "child_env_is_exactly_the_scrubbed_map") {
-        return;
-    }
+pub async fn child_env_is_exactly_the_scrubbed_map(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = open(p, &["env", "-0"]).await;
     let text = read_to_eof(t.as_ref()).await;
     assert!(wait(t.as_ref()).await.success());
@@ -247,24 +232,22 @@ pub async fn child_env_is_exactly_the_scrubbed_map(p: &dyn Subprocess) {
     for name in expected.keys() {
         assert!(names.contains(&name.as_str()), "{name} missing from the child env");
     }
+    Ok(())
 }
 
-pub async fn cwd_is_honoured(p: &dyn Subprocess) {
-    if !terminals(p, "cwd_is_honoured") {
-        return;
-    }
+pub async fn cwd_is_honoured(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let dir = tempfile::tempdir().unwrap();
     let real = dir.path().canonicalize().unwrap();
     let t = p.spawn_terminal(TerminalSpawnSpec::new(argv(&["pwd"]), &real)).await.unwrap();
     let text = read_to_eof(t.as_ref()).await;
     assert!(text.contains(real.to_str().unwrap()), "{text:?}");
     wait(t.as_ref()).await;
+    Ok(())
 }
 
-pub async fn initial_size_and_resize_reach_the_tty(p: &dyn Subprocess) {
-    if !terminals(p, "initial_size_and_resize_reach_the_tty") {
-        return;
-    }
+pub async fn initial_size_and_resize_reach_the_tty(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let mut spec = TerminalSpawnSpec::new(
         argv(&["sh", "-c", "stty size; echo ready; read x; stty size"]),
         tmp(),
@@ -278,12 +261,11 @@ pub async fn initial_size_and_resize_reach_the_tty(p: &dyn Subprocess) {
     let (text, _) = read_until(t.as_ref(), |s| s.contains("40 100")).await;
     assert!(text.contains("40 100"), "{text:?}");
     assert!(wait(t.as_ref()).await.success());
+    Ok(())
 }
 
-pub async fn write_then_read_roundtrip_with_cat(p: &dyn Subprocess) {
-    if !terminals(p, "write_then_read_roundtrip_with_cat") {
-        return;
-    }
+pub async fn write_then_read_roundtrip_with_cat(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = open(p, &["cat"]).await;
     t.write(b"abc\n").await.unwrap();
     // The line discipline echoes the input and cat prints it back: "abc" twice.
@@ -293,13 +275,12 @@ pub async fn write_then_read_roundtrip_with_cat(p: &dyn Subprocess) {
     t.write(&[4]).await.unwrap();
     read_to_eof(t.as_ref()).await;
     assert!(wait(t.as_ref()).await.success());
+    Ok(())
 }
 
 /// Spawns `a`, waits until the foreground group's stdin wait is seen, then kills it.
-async fn assert_probe_sees_wait(p: &dyn Subprocess, case: &str, a: &[&str]) {
-    if !probing(p, case) {
-        return;
-    }
+async fn assert_probe_sees_wait(p: &dyn Subprocess, a: &[&str]) -> Outcome {
+    probing(p)?;
     let t = open(p, a).await;
     let pid = pid_of(t.as_ref());
     let seen = eventually(|| async { stdin(t.as_ref()).await == StdinWait::Waiting }).await;
@@ -310,56 +291,54 @@ async fn assert_probe_sees_wait(p: &dyn Subprocess, case: &str, a: &[&str]) {
     let status = kill_and_reap(t.as_ref()).await;
     assert_eq!(status.signal.as_deref(), Some("SIGKILL"));
     p.shutdown().await;
+    Ok(())
 }
 
-pub async fn probe_sees_python_input_read(p: &dyn Subprocess) {
+pub async fn probe_sees_python_input_read(p: &dyn Subprocess) -> Outcome {
     let a = ["python3", "-c", "input()"];
-    assert_probe_sees_wait(p, "probe_sees_python_input_read", &a).await;
+    assert_probe_sees_wait(p, &a).await
 }
 
-pub async fn probe_sees_python_select(p: &dyn Subprocess) {
+pub async fn probe_sees_python_select(p: &dyn Subprocess) -> Outcome {
     let a = ["python3", "-c", "import select,sys; select.select([sys.stdin],[],[])"];
-    assert_probe_sees_wait(p, "probe_sees_python_select", &a).await;
+    assert_probe_sees_wait(p, &a).await
 }
 
-pub async fn probe_sees_python_poll(p: &dyn Subprocess) {
+pub async fn probe_sees_python_poll(p: &dyn Subprocess) -> Outcome {
     let code = "import select; p=select.poll(); p.register(0, select.POLLIN); p.poll()";
-    assert_probe_sees_wait(p, "probe_sees_python_poll", &["python3", "-c", code]).await;
+    assert_probe_sees_wait(p, &["python3", "-c", code]).await
 }
 
-pub async fn probe_sees_python_epoll(p: &dyn Subprocess) {
+pub async fn probe_sees_python_epoll(p: &dyn Subprocess) -> Outcome {
     let code = "import select; e=select.epoll(); e.register(0, select.EPOLLIN); e.poll()";
-    assert_probe_sees_wait(p, "probe_sees_python_epoll", &["python3", "-c", code]).await;
+    assert_probe_sees_wait(p, &["python3", "-c", code]).await
 }
 
-pub async fn probe_sees_a_worker_thread_reading(p: &dyn Subprocess) {
+pub async fn probe_sees_a_worker_thread_reading(p: &dyn Subprocess) -> Outcome {
     // The main thread parks in futex; only the worker task is in read(0).
     let code =
         "import threading,sys; t=threading.Thread(target=sys.stdin.readline); t.start(); t.join()";
-    assert_probe_sees_wait(p, "probe_sees_a_worker_thread_reading", &["python3", "-c", code]).await;
+    assert_probe_sees_wait(p, &["python3", "-c", code]).await
 }
 
-pub async fn probe_sees_interactive_bash_prompt(p: &dyn Subprocess) {
+pub async fn probe_sees_interactive_bash_prompt(p: &dyn Subprocess) -> Outcome {
     let a = ["bash", "--norc", "--noprofile", "-i"];
-    assert_probe_sees_wait(p, "probe_sees_interactive_bash_prompt", &a).await;
+    assert_probe_sees_wait(p, &a).await
 }
 
-pub async fn a_foreground_only_sample_does_not_probe(p: &dyn Subprocess) {
-    if !terminals(p, "a_foreground_only_sample_does_not_probe") {
-        return;
-    }
+pub async fn a_foreground_only_sample_does_not_probe(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = open(p, &["cat"]).await;
     let obs = t.observe(Probe::Foreground).await.unwrap();
     assert_eq!(obs.stdin, StdinWait::NotProbed, "{obs:?}");
     assert_eq!(obs.foreground, Some(pid_of(t.as_ref())));
     assert!(obs.leader_owns_foreground);
     kill_and_reap(t.as_ref()).await;
+    Ok(())
 }
 
-pub async fn probe_follows_the_foreground_job(p: &dyn Subprocess) {
-    if !probing(p, "probe_follows_the_foreground_job") {
-        return;
-    }
+pub async fn probe_follows_the_foreground_job(p: &dyn Subprocess) -> Outcome {
+    probing(p)?;
     // Bash at its prompt waits on the tty; once `sleep` owns the foreground, nothing in the
     // foreground group reads it.
     let t = open(p, &["bash", "--norc", "--noprofile", "-i"]).await;
@@ -380,12 +359,11 @@ pub async fn probe_follows_the_foreground_job(p: &dyn Subprocess) {
     }
     p.shutdown().await;
     assert!(t.try_status().is_some(), "shutdown reaped bash");
+    Ok(())
 }
 
-pub async fn probe_is_false_for_sleep_and_a_kill_reports_the_signal(p: &dyn Subprocess) {
-    if !probing(p, "probe_is_false_for_sleep_and_a_kill_reports_the_signal") {
-        return;
-    }
+pub async fn probe_is_false_for_sleep_and_a_kill_reports_the_signal(p: &dyn Subprocess) -> Outcome {
+    probing(p)?;
     let t = open(p, &["sh", "-c", "echo started; exec sleep 30"]).await;
     let pid = pid_of(t.as_ref());
     read_until(t.as_ref(), |s| s.contains("started")).await;
@@ -401,12 +379,11 @@ pub async fn probe_is_false_for_sleep_and_a_kill_reports_the_signal(p: &dyn Subp
     let status = kill_and_reap(t.as_ref()).await;
     assert_eq!(status, ExitStatus::signal("SIGKILL"));
     assert!(not_a_zombie(pid));
+    Ok(())
 }
 
-pub async fn a_signal_reaches_the_foreground_group_not_the_leader(p: &dyn Subprocess) {
-    if !terminals(p, "a_signal_reaches_the_foreground_group_not_the_leader") {
-        return;
-    }
+pub async fn a_signal_reaches_the_foreground_group_not_the_leader(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = open(p, &["bash", "--norc", "--noprofile", "-i"]).await;
     let bash = pid_of(t.as_ref());
     // At the prompt the leader owns the foreground, so NotLeader sends nothing.
@@ -432,12 +409,11 @@ pub async fn a_signal_reaches_the_foreground_group_not_the_leader(p: &dyn Subpro
     assert!(text.contains("after=130"), "sleep died of SIGINT (128 + 2): {text:?}");
     let report = within("terminate", t.terminate(Duration::from_secs(2))).await.unwrap();
     assert!(report.survivors.is_empty(), "{report:?}");
+    Ok(())
 }
 
-pub async fn terminate_stops_descendants_then_the_leader(p: &dyn Subprocess) {
-    if !terminals(p, "terminate_stops_descendants_then_the_leader") {
-        return;
-    }
+pub async fn terminate_stops_descendants_then_the_leader(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     // A TERM trapper, a setsid'd process and a grandchild: all descendants of the leader.
     let script = "trap '' TERM HUP; \
         bash -c 'trap \"\" TERM; exec sleep 1000' & echo TRAP=$!; \
@@ -463,12 +439,11 @@ pub async fn terminate_stops_descendants_then_the_leader(p: &dyn Subprocess) {
     }
     assert!(not_a_zombie(leader), "the leader was reaped");
     assert!(t.try_status().is_some());
+    Ok(())
 }
 
-pub async fn terminate_stops_a_leader_that_keeps_forking(p: &dyn Subprocess) {
-    if !terminals(p, "terminate_stops_a_leader_that_keeps_forking") {
-        return;
-    }
+pub async fn terminate_stops_a_leader_that_keeps_forking(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     // Every child stopped is replaced at once: teardown must not chase them forever.
     let t =
         open(p, &["bash", "--norc", "--noprofile", "-c", "echo ready; while :; do sleep 1; done"])
@@ -477,36 +452,33 @@ pub async fn terminate_stops_a_leader_that_keeps_forking(p: &dyn Subprocess) {
     let report = within("terminate", t.terminate(Duration::from_millis(500))).await.unwrap();
     assert!(report.survivors.is_empty(), "{report:?}");
     assert!(report.leader.is_some(), "{report:?}");
+    Ok(())
 }
 
-pub async fn terminate_after_the_leader_exited_reports_its_status(p: &dyn Subprocess) {
-    if !terminals(p, "terminate_after_the_leader_exited_reports_its_status") {
-        return;
-    }
+pub async fn terminate_after_the_leader_exited_reports_its_status(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = open(p, &["sh", "-c", "exit 4"]).await;
     read_to_eof(t.as_ref()).await;
     assert_eq!(wait(t.as_ref()).await, ExitStatus::code(4));
     let report = within("terminate", t.terminate(Duration::from_millis(200))).await.unwrap();
     assert_eq!(report.leader, Some(ExitStatus::code(4)));
     assert!(report.survivors.is_empty());
+    Ok(())
 }
 
-pub async fn shutdown_kills_live_terminals(p: &dyn Subprocess) {
-    if !terminals(p, "shutdown_kills_live_terminals") {
-        return;
-    }
+pub async fn shutdown_kills_live_terminals(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     let t = open(p, &["sleep", "1000"]).await;
     let pid = pid_of(t.as_ref());
     within("shutdown", p.shutdown()).await;
     let status = wait(t.as_ref()).await;
     assert!(status.signal.is_some(), "{status:?}");
     assert!(not_a_zombie(pid));
+    Ok(())
 }
 
-pub async fn shutdown_kills_dropped_terminals_and_their_jobs(p: &dyn Subprocess) {
-    if !terminals(p, "shutdown_kills_dropped_terminals_and_their_jobs") {
-        return;
-    }
+pub async fn shutdown_kills_dropped_terminals_and_their_jobs(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
     // A background job in another group of the same session, and a leader that ignores HUP.
     let script = "set -m; sleep 1000 & echo job=$!; trap '' HUP; wait";
     let t = open(p, &["bash", "--norc", "--noprofile", "-c", script]).await;
@@ -518,6 +490,7 @@ pub async fn shutdown_kills_dropped_terminals_and_their_jobs(p: &dyn Subprocess)
     within("shutdown", p.shutdown()).await;
     assert!(not_a_zombie(leader), "leader reaped");
     await_gone("the background job", job).await;
+    Ok(())
 }
 
 /// Spawns `a`, waits until its leader is parked in syscall `nr`, then checks that the probe
@@ -537,13 +510,10 @@ async fn assert_probe_misses(p: &dyn Subprocess, a: &[&str], nr: &str) {
     kill_and_reap(t.as_ref()).await;
 }
 
-pub async fn probe_misses_waits_on_other_fds(p: &dyn Subprocess) {
-    if !probing(p, "probe_misses_waits_on_other_fds") {
-        return;
-    }
+pub async fn probe_misses_waits_on_other_fds(p: &dyn Subprocess) -> Outcome {
+    probing(p)?;
     if !cfg!(target_arch = "x86_64") {
-        println!("SKIP probe_misses_waits_on_other_fds: the oracle knows x86_64 syscall numbers");
-        return;
+        return skip("the oracle knows x86_64 syscall numbers only");
     }
     let pre = "import os,select; r,w=os.pipe(); print('ready', flush=True); ";
     let cases = [
@@ -557,25 +527,17 @@ pub async fn probe_misses_waits_on_other_fds(p: &dyn Subprocess) {
     for (code, nr) in &cases {
         assert_probe_misses(p, &["python3", "-c", code], nr).await;
     }
+    Ok(())
 }
 
-/// False (after printing why) without terminals or without the setsid utility.
-async fn terminals_and_setsid(p: &dyn Subprocess, case: &str) -> bool {
-    if !terminals(p, case) {
-        return false;
-    }
-    let found = p.which("setsid").await.is_some();
-    if !found {
-        println!("SKIP {case}: needs the setsid utility");
-    }
-    found
+/// Skips without terminals or without the setsid utility.
+async fn terminals_and_setsid(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
+    if p.which("setsid").await.is_some() { Ok(()) } else { skip("needs the setsid utility") }
 }
 
-pub async fn terminate_stops_what_detached_while_the_leader_runs(p: &dyn Subprocess) {
-    let case = "terminate_stops_what_detached_while_the_leader_runs";
-    if !terminals_and_setsid(p, case).await {
-        return;
-    }
+pub async fn terminate_stops_what_detached_while_the_leader_runs(p: &dyn Subprocess) -> Outcome {
+    terminals_and_setsid(p).await?;
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("setsid"), dir.path().join("nohup"));
     // Double forks: the subshells exit at once, so neither process is a descendant of the
@@ -594,13 +556,13 @@ pub async fn terminate_stops_what_detached_while_the_leader_runs(p: &dyn Subproc
     for (pid, start) in detached {
         assert!(crate::gone(pid, start), "the detached {pid} survived terminate");
     }
+    Ok(())
 }
 
-pub async fn terminate_after_the_leader_exited_stops_what_it_left_detached(p: &dyn Subprocess) {
-    let case = "terminate_after_the_leader_exited_stops_what_it_left_detached";
-    if !terminals_and_setsid(p, case).await {
-        return;
-    }
+pub async fn terminate_after_the_leader_exited_stops_what_it_left_detached(
+    p: &dyn Subprocess,
+) -> Outcome {
+    terminals_and_setsid(p).await?;
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     // The leader waits for the pid: a session leader's exit hangs up its foreground group,
@@ -618,13 +580,11 @@ pub async fn terminate_after_the_leader_exited_stops_what_it_left_detached(p: &d
     assert_eq!(report.leader, Some(ExitStatus::code(3)));
     assert!(report.survivors.is_empty(), "{report:?}");
     assert!(crate::gone(pid, start), "the detached {pid} survived terminate");
+    Ok(())
 }
 
-pub async fn shutdown_stops_what_dropped_terminals_left_detached(p: &dyn Subprocess) {
-    let case = "shutdown_stops_what_dropped_terminals_left_detached";
-    if !terminals_and_setsid(p, case).await {
-        return;
-    }
+pub async fn shutdown_stops_what_dropped_terminals_left_detached(p: &dyn Subprocess) -> Outcome {
+    terminals_and_setsid(p).await?;
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     let script = format!("({}) ; echo ready; exec sleep 1000", detach("setsid", &pidfile));
@@ -634,4 +594,5 @@ pub async fn shutdown_stops_what_dropped_terminals_left_detached(p: &dyn Subproc
     drop(t);
     within("shutdown", p.shutdown()).await;
     crate::await_gone("the detached process to be stopped by shutdown", pid, start).await;
+    Ok(())
 }

@@ -38,6 +38,7 @@ use reqwest::Method;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub use process::RemoteProcess;
 pub use terminal::RemoteTerminal;
@@ -376,6 +377,65 @@ impl Subprocess for RemoteSubprocess {
     }
 
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
+        // The program's name only: the rest of argv and the environment can hold secrets.
+        let span = tracing::debug_span!(
+            "spawn",
+            program = program_name(&spec.argv),
+            remote = true,
+            pid = tracing::field::Empty
+        );
+        let p = self.spawn_process(spec).instrument(span.clone()).await?;
+        if let Some(pid) = p.pid() {
+            span.record("pid", pid);
+        }
+        Ok(p)
+    }
+
+    async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
+        let span = tracing::debug_span!(
+            "spawn_terminal",
+            program = program_name(&spec.argv),
+            remote = true,
+            pid = tracing::field::Empty
+        );
+        let t = self.spawn_term(spec).instrument(span.clone()).await?;
+        if let Some(pid) = t.pid() {
+            span.record("pid", pid);
+        }
+        Ok(t)
+    }
+
+    async fn shutdown(&self) {
+        let shared = &self.shared;
+        if shared.stop.is_cancelled() {
+            return;
+        }
+        // The daemon stops and reaps everything this client holds before it answers; the
+        // settlements it streams meanwhile reach the replicas.
+        let left: Result<serde_json::Value> =
+            shared.http.call(Method::POST, "/v1/leave", None::<&()>, Duration::from_secs(30)).await;
+        if let Err(e) = &left {
+            tracing::warn!(error = %e, "the sandbox daemon did not confirm the teardown");
+        }
+        let pending: Vec<Arc<Mirror>> =
+            conn::lock(&shared.mirrors).values().filter_map(std::sync::Weak::upgrade).collect();
+        let all_done = futures::future::join_all(
+            pending.iter().map(|m| m.until(|m, f| m.finished_in(f).then_some(()))),
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(2), all_done).await;
+        shared.stop.cancel();
+        let e = Error::new(ErrorCode::Disposing, "the remote-sandbox provider was shut down")
+            .with_provider(NAME);
+        for m in pending {
+            if !m.finished() {
+                m.fail(&e);
+            }
+        }
+    }
+}
+
+impl RemoteSubprocess {
+    async fn spawn_process(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
         self.shared.check_alive()?;
         if spec.argv.is_empty() {
             return Err(Error::invalid("argv is empty").with_provider(NAME));
@@ -420,7 +480,7 @@ impl Subprocess for RemoteSubprocess {
         }))
     }
 
-    async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
+    async fn spawn_term(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
         self.shared.check_alive()?;
         if !self.capabilities().terminals {
             return Err(Error::new(
@@ -447,34 +507,13 @@ impl Subprocess for RemoteSubprocess {
             ops: AtomicU64::new(0),
         }))
     }
+}
 
-    async fn shutdown(&self) {
-        let shared = &self.shared;
-        if shared.stop.is_cancelled() {
-            return;
-        }
-        // The daemon stops and reaps everything this client holds before it answers; the
-        // settlements it streams meanwhile reach the replicas.
-        let left: Result<serde_json::Value> =
-            shared.http.call(Method::POST, "/v1/leave", None::<&()>, Duration::from_secs(30)).await;
-        if let Err(e) = &left {
-            tracing::warn!(error = %e, "the sandbox daemon did not confirm the teardown");
-        }
-        let pending: Vec<Arc<Mirror>> =
-            conn::lock(&shared.mirrors).values().filter_map(std::sync::Weak::upgrade).collect();
-        let all_done = futures::future::join_all(
-            pending.iter().map(|m| m.until(|m, f| m.finished_in(f).then_some(()))),
-        );
-        let _ = tokio::time::timeout(Duration::from_secs(2), all_done).await;
-        shared.stop.cancel();
-        let e = Error::new(ErrorCode::Disposing, "the remote-sandbox provider was shut down")
-            .with_provider(NAME);
-        for m in pending {
-            if !m.finished() {
-                m.fail(&e);
-            }
-        }
-    }
+/// The file name of argv's program, for logs.
+fn program_name(argv: &[String]) -> &str {
+    argv.first()
+        .map(|p| std::path::Path::new(p).file_name().and_then(|n| n.to_str()).unwrap_or(p))
+        .unwrap_or("")
 }
 
 impl Drop for RemoteSubprocess {

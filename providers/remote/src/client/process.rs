@@ -121,6 +121,8 @@ impl Process for RemoteProcess {
     }
 
     fn kill(&self) {
+        // The daemon does the kill (and logs it); this only asks.
+        let _span = tracing::debug_span!("kill", pid = self.pid, remote = true).entered();
         self.fire("kill");
     }
 

@@ -37,19 +37,6 @@ pub struct Args {
     pub heartbeat_ms: u64,
 }
 
-fn init_logging() {
-    let filter = std::env::var("CONCH_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
-}
-
 fn read_token(path: &PathBuf) -> anyhow::Result<String> {
     let token = std::fs::read_to_string(path)
         .with_context(|| format!("reading --token-file {}", path.display()))?;
@@ -85,8 +72,7 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
              --insecure-no-auth on a loopback address"
         ),
     };
-    init_logging();
-    let runtime = conch::build_runtime(composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runtime = crate::build_runtime(composition).map_err(|e| anyhow::anyhow!("{e}"))?;
     let Some(sub) = runtime.seams().subprocess.clone() else {
         bail!("composition {composition} binds no subprocess provider for the daemon to host");
     };

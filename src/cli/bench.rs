@@ -97,8 +97,8 @@ fn row(s: &mut String, name: &str, st: &Stats) -> std::fmt::Result {
 /// When a runtime cannot be built or a measured call fails.
 pub(crate) async fn run_terminal(iterations: usize) -> anyhow::Result<String> {
     use conch_seams::TerminalSpawnSpec;
-    let terminal = conch::build_runtime("terminal").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let minimal = conch::build_runtime("minimal").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let terminal = crate::build_runtime("terminal").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let minimal = crate::build_runtime("minimal").map_err(|e| anyhow::anyhow!("{e}"))?;
     let owner = Owner::new("bench", Arc::new(CollectingSink::default()) as Arc<dyn NoticeSink>);
 
     // Raw PTY: `cat` on a PTY through the subprocess seam; write a line, wait for it back.

@@ -1,8 +1,12 @@
 //! The `conch` command line: list and call tools, run JSON-lines batches, check compositions,
-//! and benchmark the one-shot path.
+//! run the conformance suites, serve a remote sandbox, and benchmark. It lives in the
+//! library so that a binary linking more plugins (a provider's own, or a test's) is the same
+//! CLI: `fn main() -> ExitCode { my_provider::register(); conch::cli::main() }`.
 
 mod bench;
+mod conformance;
 mod floors;
+pub mod logging;
 mod remote_bench;
 mod sandbox_bench;
 mod sandboxd;
@@ -19,8 +23,12 @@ use conch_seams::{CollectingSink, Error, ErrorCode, NoticeRoute, Owner, ToolOutp
 #[command(name = "conch", version, about = "execution framework for AI-agent harnesses")]
 struct Cli {
     /// Composition: an embedded name (standard) or a YAML file path.
-    #[arg(long, global = true, default_value = conch::DEFAULT_COMPOSITION)]
+    #[arg(long, global = true, default_value = crate::DEFAULT_COMPOSITION)]
     composition: String,
+    /// Log lines on stderr as `text` or `json` (which events: the CONCH_LOG filter, default
+    /// `warn`).
+    #[arg(long, global = true, value_enum, default_value_t)]
+    log_format: logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -62,6 +70,10 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run the conformance suites against the providers the composition binds and print
+    /// one row per case (PASS, FAIL or SKIP, milliseconds, the failure message); exit 1 if
+    /// any case failed.
+    Conformance(conformance::Args),
     /// Serve this composition's subprocess provider to `remote-sandbox` clients over RXP/1
     /// (HTTP + WebSocket) until SIGTERM/SIGINT.
     Sandboxd(sandboxd::Args),
@@ -83,7 +95,8 @@ enum Command {
     },
 }
 
-fn main() -> ExitCode {
+/// Runs the `conch` command line on this process's arguments and returns its exit code.
+pub fn main() -> ExitCode {
     // `conch sandbox-exec --policy <json> [--runner R] -- argv...` is the sandbox runners'
     // re-exec helper. It must stay a single-threaded process until it execs the command
     // (Landlock and seccomp apply to the calling thread, and `close_range` must not pull a
@@ -95,13 +108,18 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let cli = Cli::parse();
+    // A daemon reports its lifecycle; one-shot commands only what went wrong.
+    let default_level = if matches!(cli.command, Command::Sandboxd(_)) { "info" } else { "warn" };
+    logging::init(cli.log_format, default_level);
     // One call, one check or one listing is a single task with a few helpers: a
     // current-thread runtime starts in a fraction of the time (no worker threads, no CPU
     // quota probe). Batches and benchmarks run many calls and keep the worker pool.
     let builder = match cli.command {
-        Command::Batch | Command::Bench { .. } | Command::Sandboxd(_) | Command::Mcp => {
-            tokio::runtime::Builder::new_multi_thread()
-        }
+        Command::Batch
+        | Command::Bench { .. }
+        | Command::Sandboxd(_)
+        | Command::Mcp
+        | Command::Conformance(_) => tokio::runtime::Builder::new_multi_thread(),
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let rt = match { builder }.enable_all().build() {
@@ -140,7 +158,7 @@ fn result_json(r: &Result<ToolOutput, Error>) -> serde_json::Value {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Check { file } => match conch::build_runtime(&file) {
+        Command::Check { file } => match crate::build_runtime(&file) {
             Ok(runtime) => {
                 let names: Vec<&str> = runtime.tools().iter().map(|t| t.name()).collect();
                 println!("ok: {} (tools: {})", runtime.source_name(), names.join(", "));
@@ -159,8 +177,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(2))
         }
         Command::Plugins => {
-            conch::link_all();
-            for p in conch::plugins()? {
+            crate::link_all();
+            for p in crate::plugins()? {
                 let provides = p.provides.map(|s| s.as_str()).unwrap_or("-");
                 let requires: Vec<&str> = p.requires.iter().map(|s| s.as_str()).collect();
                 println!(
@@ -177,6 +195,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp => mcp(&cli.composition).await,
+        Command::Conformance(args) => conformance::run(args, &cli.composition).await,
         Command::Bench { suite, iterations, json } => {
             let report = if suite == "remote" {
                 remote_bench::run(iterations, json).await
@@ -188,7 +207,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 bench::run_terminal(iterations.max(1)).await
             } else {
                 let runtime =
-                    conch::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    crate::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
                 let report = bench::run(&runtime, iterations.max(1)).await;
                 runtime.shutdown().await;
                 report
@@ -199,7 +218,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         command => {
             // A runtime that cannot be built (a daemon that refuses the token, a bad
             // composition) is reported with its typed code, as `check` does.
-            let runtime = match conch::build_runtime(&cli.composition) {
+            let runtime = match crate::build_runtime(&cli.composition) {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("error[{}]: {e}", e.code());
@@ -262,7 +281,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 | Command::SandboxExec { .. }
                 | Command::Bench { .. }
                 | Command::Sandboxd(_)
-                | Command::Mcp => ExitCode::SUCCESS,
+                | Command::Mcp
+                | Command::Conformance(_) => ExitCode::SUCCESS,
             };
             // Owner disposal cancels and awaits its jobs before the providers shut down.
             owner.dispose().await;
@@ -275,7 +295,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// `conch mcp`: one MCP session over stdio; the session's owner is disposed (every job and
 /// terminal stopped and awaited) before the providers shut down.
 async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
-    let runtime = match conch::build_runtime(composition) {
+    let runtime = match crate::build_runtime(composition) {
         Ok(r) => Arc::new(r),
         Err(e) => {
             eprintln!("error[{}]: {e}", e.code());
