@@ -386,9 +386,7 @@ mod private_tmpdirs_are_released {
 
     use conch_provider_bash::{BashLocal, BashLocalConfig};
     use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
-    use conch_seams::{
-        ShellExecRequest, ShellExecutor, TerminalBackend, TerminalOpenSpec, TerminalSession,
-    };
+    use conch_seams::{ShellExecRequest, ShellExecutor, TerminalBackend, TerminalOpenSpec};
     use tokio_util::sync::CancellationToken;
 
     use super::*;
