@@ -5,6 +5,7 @@
 
 mod compositions;
 mod conformance;
+mod pwsh;
 mod reaper;
 mod sandbox;
 mod sandbox_terminals;

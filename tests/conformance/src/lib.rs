@@ -85,6 +85,41 @@ pub fn detach(how: &str, pidfile: &std::path::Path) -> String {
     )
 }
 
+/// Writes one line to the process's real stderr, past the test harness's output capture, so
+/// it shows in every `cargo test` run (a skipped suite must never pass unseen).
+pub fn visible_line(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+    let _ = err.flush();
+}
+
+/// A gate for suites that need a program: `Ok` when `program` is an executable file on this
+/// process's PATH, else why not. Looks only: it never runs the program.
+pub fn on_path(program: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let found = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    });
+    if found { Ok(()) } else { Err(format!("{program} not found on PATH")) }
+}
+
+/// The gate of PowerShell suites: `pwsh` on PATH.
+pub fn pwsh_on_path() -> Result<(), String> {
+    on_path("pwsh")
+}
+
+/// A gated suite's report: when the gate is closed, the one visible line that says how many
+/// of its cases did not run, and why (`skipped: pwsh not found on PATH (25 cases)`).
+pub fn report_gate(gate: Result<(), String>, cases: usize) {
+    if let Err(why) = gate {
+        visible_line(&format!("skipped: {why} ({cases} cases)"));
+    }
+}
+
 /// Instantiates the subprocess suite: `subprocess_suite!(|| Arc<dyn Subprocess>)`.
 #[macro_export]
 macro_rules! subprocess_suite {
@@ -134,11 +169,19 @@ macro_rules! subprocess_suite {
     };
 }
 
-/// Instantiates the shell suite: `shell_suite!(|| Arc<dyn ShellExecutor>)`.
+/// Instantiates the shell suite: `shell_suite!(|| Arc<dyn ShellExecutor>)`. With
+/// `gate: fn() -> Result<(), String>` first, every case returns at once while the gate is
+/// closed, and one more test prints the suite's single `skipped: <why> (N cases)` line.
 #[macro_export]
 macro_rules! shell_suite {
+    (gate: $gate:expr, $make:expr) => {
+        $crate::shell_suite!(@list [$gate] $make);
+    };
     ($make:expr) => {
-        $crate::shell_suite!(@cases $make;
+        $crate::shell_suite!(@list [] $make);
+    };
+    (@list [$($gate:expr)?] $make:expr) => {
+        $crate::shell_suite!(@run [$($gate)?] $make;
             run_returns_output_and_zero_exit,
             nonzero_exit_is_a_result,
             terminal_overrides_are_applied,
@@ -167,9 +210,30 @@ macro_rules! shell_suite {
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $crate::shell_suite!(@run [] $make; $($case),*);
+    };
+    (@run [$($gate:expr)?] $make:expr; $($case:ident),* $(,)?) => {
+        /// The suite's gate: open unless one was given and it is closed.
+        fn gate() -> Result<(), String> {
+            let gates: &[fn() -> Result<(), String>] = &[$($gate)?];
+            gates.iter().map(|g| g()).find(Result::is_err).unwrap_or(Ok(()))
+        }
+        /// How many cases the suite has.
+        #[allow(dead_code)]
+        const CASES: usize = [$(stringify!($case)),*].len();
+        $(
+            #[test]
+            fn skipped_cases_are_reported() {
+                let _: fn() -> Result<(), String> = $gate;
+                $crate::report_gate(gate(), CASES);
+            }
+        )?
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
+                if gate().is_err() {
+                    return;
+                }
                 let provider = ($make)();
                 $crate::shell::$case(provider.as_ref()).await;
             }
@@ -226,11 +290,18 @@ macro_rules! terminal_process_suite {
 }
 
 /// Instantiates the terminal backend suite: `terminal_suite!(|| Arc<dyn TerminalBackend>)`.
-/// The factory's backend should use an idle window of at most a few seconds.
+/// The factory's backend should use an idle window of at most a few seconds. A `gate:` first
+/// works as in [`shell_suite!`].
 #[macro_export]
 macro_rules! terminal_suite {
+    (gate: $gate:expr, $make:expr) => {
+        $crate::terminal_suite!(@list [$gate] $make);
+    };
     ($make:expr) => {
-        $crate::terminal_suite!(@cases $make;
+        $crate::terminal_suite!(@list [] $make);
+    };
+    (@list [$($gate:expr)?] $make:expr) => {
+        $crate::terminal_suite!(@run [$($gate)?] $make;
             echo_returns_at_the_prompt_as_stdin_read,
             prompt_marker_never_reaches_output,
             state_persists_across_sends,
@@ -253,9 +324,30 @@ macro_rules! terminal_suite {
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $crate::terminal_suite!(@run [] $make; $($case),*);
+    };
+    (@run [$($gate:expr)?] $make:expr; $($case:ident),* $(,)?) => {
+        /// The suite's gate: open unless one was given and it is closed.
+        fn gate() -> Result<(), String> {
+            let gates: &[fn() -> Result<(), String>] = &[$($gate)?];
+            gates.iter().map(|g| g()).find(Result::is_err).unwrap_or(Ok(()))
+        }
+        /// How many cases the suite has.
+        #[allow(dead_code)]
+        const CASES: usize = [$(stringify!($case)),*].len();
+        $(
+            #[test]
+            fn skipped_cases_are_reported() {
+                let _: fn() -> Result<(), String> = $gate;
+                $crate::report_gate(gate(), CASES);
+            }
+        )?
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
+                if gate().is_err() {
+                    return;
+                }
                 let backend = ($make)();
                 $crate::terminal::$case(backend.as_ref()).await;
             }
