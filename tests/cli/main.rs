@@ -188,6 +188,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
         ("bad.yaml", "plugins: { subprocess-local: {}, bash-local: { timeout_ms: soon } }\n"),
         ("typo.yaml", "plugins: { subprocess-local: {}, bash-locl: {} }\n"),
         ("alone.yaml", "plugins: { bash-local: {} }\n"),
+        ("two.yaml", "plugins: { subprocess-local: {}, bash-local: {}, pwsh-local: {} }\n"),
     ];
     for (name, yaml) in files {
         assert!(readme.contains(&format!("`{}`", yaml.trim())), "README shows {name}");
@@ -212,7 +213,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
         assert_eq!(got.trim_end(), *want, "README example `{cmd}`");
         checked += 1;
     }
-    assert!(checked >= 4, "{checked} examples");
+    assert!(checked >= 5, "{checked} examples");
 }
 
 #[test]

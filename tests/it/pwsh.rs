@@ -345,6 +345,35 @@ pwsh_cases! {
         rt.shutdown().await;
     }
 
+    /// pwsh-sandbox confines pwsh as bash-sandbox confines bash, and marks its denials.
+    async fn pwsh_sandbox_confines_pwsh_under_landlock() {
+        use conch_provider_sandbox::LandlockSandbox;
+        use conch_seams::Sandbox;
+        let sandbox = LandlockSandbox::new(env!("CARGO_BIN_EXE_conch-sandbox-exec-test").into());
+        if !sandbox.capabilities().modes.contains(&SandboxMode::WorkspaceWrite) {
+            println!("SKIP pwsh_sandbox_confines_pwsh_under_landlock: no Landlock here");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, root.path());
+        let exec =
+            PwshLocal::sandboxed(PwshLocalConfig::default(), local(), Arc::new(sandbox), policy)
+                .unwrap();
+        let inside = root.path().join("ok.txt");
+        let cmd = format!("Set-Content -LiteralPath '{}' -Value ok; 'wrote'", inside.display());
+        let req = ShellExecRequest::new(cmd).with_workdir(root.path());
+        let r = exec.run(exec.resolve(req).unwrap()).await.unwrap();
+        assert_eq!((r.status.code, r.output.text.as_str()), (Some(0), "wrote\n"), "{r:?}");
+        assert_eq!(std::fs::read_to_string(&inside).unwrap(), "ok\n");
+        let req = ShellExecRequest::new("Set-Content -LiteralPath /etc/conch-pwsh-x -Value x")
+            .with_workdir(root.path());
+        let r = exec.run(exec.resolve(req).unwrap()).await.unwrap();
+        assert_eq!(r.status.code, Some(1), "{r:?}");
+        let info = r.sandbox.clone().expect("sandbox facts");
+        assert!(info.denied, "the denial is marked: {r:?}");
+        assert!(!std::path::Path::new("/etc/conch-pwsh-x").exists());
+    }
+
     /// Read-Host in a pwsh terminal is a stdin wait, and the answer reaches it.
     async fn read_host_is_stdin_read_in_a_pwsh_terminal() {
         let rt = runtime(

@@ -232,7 +232,7 @@ impl ShellDialect {
     /// PowerShell 7 (`pwsh`).
     pub const PWSH: ShellDialect = ShellDialect {
         name: "pwsh",
-        one_shot: "pwsh -Command",
+        one_shot: "pwsh -NonInteractive",
         display: "PowerShell 7 (pwsh)",
         change_directory: "Set-Location",
         background: "with Start-Process, a `&` job or Start-Job, even detached with setsid or nohup",

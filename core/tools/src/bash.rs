@@ -121,8 +121,8 @@ impl BashTool {
         let dialect = shell.dialect();
         let confining = shell.sandbox_mode().filter(|m| m.confines());
         let mut description = format!(
-            "Run a command with {one_shot} in a fresh {display} process. No state (location, \
-             variables, functions) persists between calls: pass workdir instead of {cd}. A \
+            "Run a command with {one_shot} in a fresh {display} process. No state (working \
+             directory, variables, functions) persists between calls: pass workdir instead of {cd}. A \
              non-zero exit is shown as [exit code: N].{exit} Long output keeps its tail and \
              names the file holding the full output. The call ends with its shell: processes \
              it left running ({background}) are stopped and listed. run_in_background: true \
