@@ -142,7 +142,9 @@ mod terminal_pwsh {
         let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
         let config = TerminalBashConfig {
             shell_dialect: "pwsh".into(),
-            idle_silence_ms: 1500,
+            // pwsh compiles its first commands silently for a while: a window bash's 1 s
+            // would mistake for idleness.
+            idle_silence_ms: 4000,
             dispose_grace_ms: 500,
             ..TerminalBashConfig::default()
         };

@@ -69,8 +69,8 @@ pub const PREAMBLE: &str = concat!(
 pub const STATUS: &str = concat!(
     "$global:__conch_ok = $?\n",
     "if ($global:__conch_ok) { $global:__conch_rc = 0 } else { $global:__conch_rc = 1; ",
-    "$__conch_n = Get-Variable -Name LASTEXITCODE -Scope Global -ValueOnly -ErrorAction Ignore; ",
-    "if ($__conch_n -is [int] -and $__conch_n -ne 0) { $global:__conch_rc = $__conch_n } }\n",
+    "$__conch_lec = Get-Variable -Name LASTEXITCODE -Scope Global -ValueOnly -ErrorAction Ignore; ",
+    "if ($__conch_lec -is [int] -and $__conch_lec -ne 0) { $global:__conch_rc = $__conch_lec } }\n",
 );
 
 /// Standard base64 (with padding) of `bytes`.
