@@ -35,7 +35,7 @@ pub const MAX_COMMAND_BYTES_LIMIT: usize = 1536 * 1024;
 /// (a command too long for one argv string travels in them).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Invocation {
-    /// argv[0] is the shell.
+    /// The first element is the shell.
     pub argv: Vec<String>,
     /// Set last, after the caller's environment and the managed snapshot.
     pub env: Vec<(String, String)>,

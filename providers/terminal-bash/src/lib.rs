@@ -4,7 +4,7 @@
 //! (inferred_idle), deadline (timeout), or shell exit (session_exit).
 //!
 //! The shell is bash by default; `shell_dialect: pwsh` starts PowerShell 7 instead
-//! (`pwsh -NoLogo -NoProfile -NoExit`, with the startup script of [`framing::pwsh_init`]),
+//! (`pwsh -NoLogo -NoProfile -NoExit`, with the startup script of `framing::pwsh_init`),
 //! whose sessions also answer cursor position requests, since .NET asks for the cursor
 //! before every prompt and would otherwise wait up to a second (ten the first time) for a
 //! terminal that never answers.

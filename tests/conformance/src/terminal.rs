@@ -3,7 +3,7 @@
 //! so readiness tiers can be told apart without slowing the suite down.
 //!
 //! Each case types its commands in the backend's dialect: bash, or the PowerShell 7 text
-//! that means the same ([`script`]).
+//! that means the same (`script`).
 
 use std::sync::Arc;
 
