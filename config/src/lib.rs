@@ -24,6 +24,8 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("sandbox", include_str!("../../compositions/sandbox.yaml")),
     ("sandbox-bwrap", include_str!("../../compositions/sandbox-bwrap.yaml")),
     ("sandbox-terminal", include_str!("../../compositions/sandbox-terminal.yaml")),
+    ("pwsh", include_str!("../../compositions/pwsh.yaml")),
+    ("pwsh-minimal", include_str!("../../compositions/pwsh-minimal.yaml")),
 ];
 
 /// The composition used when none is named.

@@ -188,6 +188,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
         ("bad.yaml", "plugins: { subprocess-local: {}, bash-local: { timeout_ms: soon } }\n"),
         ("typo.yaml", "plugins: { subprocess-local: {}, bash-locl: {} }\n"),
         ("alone.yaml", "plugins: { bash-local: {} }\n"),
+        ("two.yaml", "plugins: { subprocess-local: {}, bash-local: {}, pwsh-local: {} }\n"),
     ];
     for (name, yaml) in files {
         assert!(readme.contains(&format!("`{}`", yaml.trim())), "README shows {name}");
@@ -212,7 +213,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
         assert_eq!(got.trim_end(), *want, "README example `{cmd}`");
         checked += 1;
     }
-    assert!(checked >= 4, "{checked} examples");
+    assert!(checked >= 5, "{checked} examples");
 }
 
 #[test]
@@ -464,4 +465,40 @@ fn sandbox_exec_confines_then_execs() {
     assert!(!outside.path().join("out").exists(), "wrote outside the root");
     let bad = conch().args(["sandbox-exec", "--policy", "{", "--", "true"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(125), "{}", String::from_utf8_lossy(&bad.stderr));
+}
+
+#[test]
+fn check_accepts_both_pwsh_compositions_on_a_machine_without_pwsh() {
+    let empty = tempfile::tempdir().unwrap();
+    for (name, tools) in
+        [("pwsh", "job_output, job_list, job_kill, pwsh"), ("pwsh-minimal", "pwsh")]
+    {
+        // Checking builds the composition; nothing in it starts pwsh.
+        let out = conch().env("PATH", empty.path()).args(["check", name]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(text(&out), format!("ok: embedded:{name} (tools: {tools})\n"));
+        let file = format!("{}/compositions/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+        let out = conch().args(["check", &file]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn calling_pwsh_where_there_is_none_is_a_clear_spawn_failed() {
+    // An empty PATH for everything conch starts: no pwsh, whatever this machine has.
+    let empty = tempfile::tempdir().unwrap();
+    for composition in ["pwsh", "pwsh-minimal"] {
+        let out = conch()
+            .env("PATH", empty.path())
+            .args(["--composition", composition, "call", "pwsh", r#"{"command":"'hi'"}"#])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{composition}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with("error[spawn_failed]: PowerShell 7 (`pwsh`) was not found on PATH"),
+            "{composition}: {err}"
+        );
+        assert_eq!(text(&out), "", "nothing ran: {composition}");
+    }
 }

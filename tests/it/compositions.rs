@@ -28,6 +28,8 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "bash-local",
             "bash-sandbox",
             "jobs",
+            "pwsh-local",
+            "pwsh-sandbox",
             "remote-sandbox",
             "sandbox-bwrap",
             "sandbox-landlock",
@@ -40,6 +42,8 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "tool-bash",
             "tool-bash-persistent",
             "tool-jobs",
+            "tool-pwsh",
+            "tool-pwsh-persistent",
             "tool-terminal"
         ]
     );
@@ -130,6 +134,61 @@ fn two_providers_of_one_seam_are_both_named() {
         "{msg}"
     );
     assert!(msg.contains("subprocess seam"), "{msg}");
+}
+
+#[test]
+fn bash_and_pwsh_executors_together_are_a_duplicate_shell_naming_both() {
+    for yaml in [
+        "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  pwsh-local: {}\n",
+        "plugins:\n  subprocess-local: {}\n  pwsh-local: {}\n  bash-local: {}\n  tool-bash: {}\n",
+    ] {
+        let e = err(yaml);
+        assert_eq!(e.code(), ErrorCode::DuplicateProvider, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("`bash-local`") && msg.contains("`pwsh-local`"), "{msg}");
+        assert!(msg.contains("shell seam") && msg.contains("keep exactly one"), "{msg}");
+    }
+}
+
+#[test]
+fn a_shell_tool_refuses_an_executor_of_the_other_dialect() {
+    let e = err("plugins:\n  subprocess-local: {}\n  bash-local: {}\n  tool-pwsh: {}\n");
+    assert_eq!(e.code(), ErrorCode::InvalidComposition, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("`tool-pwsh` runs pwsh commands"), "{msg}");
+    assert!(msg.contains("`bash-local` speaks bash") && msg.contains("use tool-bash"), "{msg}");
+    let e = err("plugins:\n  subprocess-local: {}\n  pwsh-local: {}\n  tool-bash: {}\n");
+    assert!(e.to_string().contains("use tool-pwsh"), "{e}");
+    let e = err(
+        "plugins:\n  subprocess-local: {}\n  terminal-bash: {}\n  terminals: {}\n  tool-pwsh-persistent: {}\n",
+    );
+    assert_eq!(e.code(), ErrorCode::InvalidComposition, "{e}");
+    assert!(e.to_string().contains("`shell_dialect: pwsh`"), "{e}");
+    let e = err(
+        "plugins:\n  subprocess-local: {}\n  terminal-bash: { shell_dialect: zsh }\n  terminals: {}\n",
+    );
+    assert_eq!(e.code(), ErrorCode::InvalidComposition, "{e}");
+    assert!(e.to_string().contains("plugins.terminal-bash.shell_dialect"), "{e}");
+}
+
+#[tokio::test]
+async fn the_pwsh_compositions_build_without_pwsh_and_speak_pwsh() {
+    for (name, tools) in [
+        ("pwsh", &["job_output", "job_list", "job_kill", "pwsh"][..]),
+        ("pwsh-minimal", &["pwsh"][..]),
+    ] {
+        let yaml = conch::EMBEDDED.iter().find(|(n, _)| *n == name).unwrap().1;
+        let rt = build(yaml).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let names: Vec<&str> = rt.tools().iter().map(|t| t.name()).collect();
+        assert_eq!(names, tools, "{name}");
+        let pwsh = rt.tool("pwsh").unwrap();
+        let description = pwsh.description();
+        assert!(description.contains("PowerShell 7 (pwsh)"), "{description}");
+        assert!(!description.contains("bash"), "pwsh wording only: {description}");
+        let schema = pwsh.input_schema().to_string();
+        assert!(!schema.contains("bash"), "{schema}");
+        rt.shutdown().await;
+    }
 }
 
 #[test]

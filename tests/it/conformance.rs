@@ -131,3 +131,42 @@ mod terminal_bash {
 
     conch_conformance::terminal_suite!(make);
 }
+
+// The same suites for PowerShell 7. They need a real `pwsh` on PATH (never a stand-in);
+// without one each suite prints one `skipped: pwsh not found on PATH (N cases)` line.
+
+mod pwsh_local {
+    use std::sync::Arc;
+
+    use conch_provider_bash::{PwshLocal, PwshLocalConfig};
+    use conch_provider_local::{LocalConfig, LocalSubprocess};
+
+    fn make() -> Arc<PwshLocal> {
+        let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
+        Arc::new(PwshLocal::new(PwshLocalConfig::default(), sub).unwrap())
+    }
+
+    conch_conformance::shell_suite!(gate: conch_conformance::pwsh_on_path, make);
+}
+
+mod terminal_pwsh {
+    use std::sync::Arc;
+
+    use conch_provider_local::{LocalConfig, LocalSubprocess};
+    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+
+    fn make() -> Arc<TerminalBash> {
+        let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
+        let config = TerminalBashConfig {
+            shell_dialect: "pwsh".into(),
+            // pwsh compiles its first commands silently for a while: a window bash's 1 s
+            // would mistake for idleness.
+            idle_silence_ms: 4000,
+            dispose_grace_ms: 500,
+            ..TerminalBashConfig::default()
+        };
+        Arc::new(TerminalBash::new(config, sub).unwrap())
+    }
+
+    conch_conformance::terminal_suite!(gate: conch_conformance::pwsh_on_path, make);
+}

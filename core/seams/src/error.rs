@@ -185,6 +185,9 @@ pub enum ErrorReason {
     /// A spawn's working directory does not exist: the caller's mistake, not the runner's
     /// (a sandboxed executor keeps it a `spawn_failed`, not `sandbox_unavailable`).
     MissingWorkdir,
+    /// A spawn's program was not found (not on the PATH it was looked up on, or no such
+    /// file), so an executor can say which program its user has to install.
+    MissingProgram,
 }
 
 impl ErrorReason {
@@ -201,6 +204,7 @@ impl ErrorReason {
         ErrorReason::SessionExited,
         ErrorReason::BootChanged,
         ErrorReason::MissingWorkdir,
+        ErrorReason::MissingProgram,
     ];
 
     /// The stable upper-case spelling.
@@ -217,6 +221,7 @@ impl ErrorReason {
             ErrorReason::SessionExited => "SESSION_EXITED",
             ErrorReason::BootChanged => "BOOT_CHANGED",
             ErrorReason::MissingWorkdir => "MISSING_WORKDIR",
+            ErrorReason::MissingProgram => "MISSING_PROGRAM",
         }
     }
 }
@@ -522,7 +527,8 @@ mod tests {
                 "BAD_NAME",
                 "SESSION_EXITED",
                 "BOOT_CHANGED",
-                "MISSING_WORKDIR"
+                "MISSING_WORKDIR",
+                "MISSING_PROGRAM"
             ]
         );
         for r in ErrorReason::ALL {

@@ -196,18 +196,60 @@ pub trait ShellProcess: Send + Sync + fmt::Debug {
 }
 
 /// The words a shell dialect gives the tools built on it: their names and how they tell a
-/// model what runs its command.
+/// model what runs its command. Executors and terminal backends say which dialect they
+/// speak; tools take every dialect-specific word from here and hold no shell syntax.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShellDialect {
     /// The shell's name, which is also the name of the tools that run it (`bash`, `pwsh`).
     pub name: &'static str,
     /// How one command is run in a fresh process, as a model would write it (`bash -c`).
     pub one_shot: &'static str,
+    /// The shell as a reader knows it (`bash`, `PowerShell 7 (pwsh)`).
+    pub display: &'static str,
+    /// The command a model would use to change directory (`cd`, `Set-Location`).
+    pub change_directory: &'static str,
+    /// How a command leaves processes running after it, as examples (`` `&` ``).
+    pub background: &'static str,
+    /// The state a persistent shell keeps between calls, as a model thinks of it.
+    pub persistent_state: &'static str,
+    /// How the shell decides a command's exit code, for tool descriptions (empty when it
+    /// is the usual one: the last command's).
+    pub exit_status: &'static str,
 }
 
 impl ShellDialect {
     /// GNU bash.
-    pub const BASH: ShellDialect = ShellDialect { name: "bash", one_shot: "bash -c" };
+    pub const BASH: ShellDialect = ShellDialect {
+        name: "bash",
+        one_shot: "bash -c",
+        display: "bash",
+        change_directory: "cd",
+        background: "with `&`, even detached with setsid or nohup",
+        persistent_state: "cwd, exported variables and functions",
+        exit_status: "",
+    };
+
+    /// PowerShell 7 (`pwsh`).
+    pub const PWSH: ShellDialect = ShellDialect {
+        name: "pwsh",
+        one_shot: "pwsh -NonInteractive",
+        display: "PowerShell 7 (pwsh)",
+        change_directory: "Set-Location",
+        background: "with Start-Process, a `&` job or Start-Job, even detached with setsid or nohup",
+        persistent_state: "the location, variables (and $env: variables), functions and aliases",
+        exit_status: "The exit code is N for `exit N`; otherwise 0 when the last statement \
+                      succeeded, else $LASTEXITCODE when a native command set a non-zero one, \
+                      else 1; a terminating error (throw, -ErrorAction Stop) exits 1 with its \
+                      message.",
+    };
+
+    /// Every dialect, for configuration and messages.
+    pub const ALL: &'static [ShellDialect] = &[ShellDialect::BASH, ShellDialect::PWSH];
+
+    /// The dialect named `name` (`bash`, `pwsh`).
+    pub fn by_name(name: &str) -> Option<ShellDialect> {
+        Self::ALL.iter().copied().find(|d| d.name == name)
+    }
 }
 
 /// What an executor supports.

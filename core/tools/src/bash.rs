@@ -1,4 +1,5 @@
-//! The one-shot `bash` tool: a fresh shell per call, optional background job.
+//! The one-shot shell tools, `bash` (`tool-bash`) and `pwsh` (`tool-pwsh`): one contract, a
+//! fresh shell per call and an optional background job, worded in the executor's dialect.
 //!
 //! Under an executor that confines (its sandbox mode is read-only or workspace-write) the
 //! tool also renders sandbox denials and offers escalation: a call with
@@ -83,7 +84,7 @@ impl Default for BashToolConfig {
 
 impl conch_seams::PluginConfig for BashToolConfig {}
 
-/// The one-shot shell tool, named after the executor's dialect (`bash`).
+/// The one-shot shell tool, named after the executor's dialect (`bash`, `pwsh`).
 #[derive(Debug)]
 pub struct BashTool {
     shell: Arc<dyn ShellExecutor>,
@@ -120,14 +121,21 @@ impl BashTool {
         let dialect = shell.dialect();
         let confining = shell.sandbox_mode().filter(|m| m.confines());
         let mut description = format!(
-            "Run a command with {} in a fresh shell. No state (cwd, variables, functions) \
-             persists between calls: pass workdir instead of cd. A non-zero exit is shown as \
-             [exit code: N]. Long output keeps its tail and names the file holding the full \
-             output. The call ends with its shell: processes it left running (with `&`, even \
-             detached with setsid or nohup) are stopped and listed. run_in_background: true \
-             returns a job id at once; read it with \
-             job_output and stop it with job_kill.",
-            dialect.one_shot
+            "Run a command with {one_shot} in a fresh {display} process. No state (working \
+             directory, variables, functions) persists between calls: pass workdir instead of {cd}. A \
+             non-zero exit is shown as [exit code: N].{exit} Long output keeps its tail and \
+             names the file holding the full output. The call ends with its shell: processes \
+             it left running ({background}) are stopped and listed. run_in_background: true \
+             returns a job id at once; read it with job_output and stop it with job_kill.",
+            one_shot = dialect.one_shot,
+            display = dialect.display,
+            cd = dialect.change_directory,
+            exit = if dialect.exit_status.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", dialect.exit_status)
+            },
+            background = dialect.background,
         );
         if let Some(mode) = confining {
             description.push_str(&format!(
@@ -140,7 +148,16 @@ impl BashTool {
         }
         // Built once: the arguments offered depend on the composition, not on the call.
         let mut schema = schema_of::<BashArgs>();
+        // The type's name is the bash tool's; every shell tool's schema is titled by its own.
+        schema["title"] = format!("{} arguments", dialect.name).into();
+        schema["description"] = format!("Arguments of `{}`.", dialect.name).into();
         if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+            if let Some(command) = props.get_mut("command").and_then(|c| c.as_object_mut()) {
+                command.insert(
+                    "description".into(),
+                    format!("The command line to run with {}.", dialect.one_shot).into(),
+                );
+            }
             if !config.enable_run_in_background || jobs.is_none() {
                 props.remove("run_in_background");
             }
@@ -288,12 +305,8 @@ pub fn render_run(r: &ShellRunResult) -> String {
             leftover_list(&r.leftovers)
         ));
     }
-    if let Some(sig) = &r.status.signal {
-        markers.push(format!("[killed by signal: {sig}]"));
-    } else if let Some(code) = r.status.code
-        && code != 0
-    {
-        markers.push(format!("[exit code: {code}]"));
+    if let Some(marker) = crate::render::status_marker(&r.status) {
+        markers.push(marker);
     }
     if !markers.is_empty() {
         if !out.is_empty() && !out.ends_with('\n') {
@@ -511,16 +524,45 @@ impl Tool for BashTool {
     }
 }
 
-fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+/// The shell seam's executor, when it speaks `dialect` (the tool named after it).
+pub(crate) fn shell_speaking(
+    ctx: &BuildContext<'_>,
+    plugin: &str,
+    dialect: ShellDialect,
+) -> Result<Arc<dyn ShellExecutor>> {
+    let shell = ctx.shell()?;
+    let speaks = shell.dialect();
+    if speaks != dialect {
+        return Err(ctx.locate(Error::new(
+            ErrorCode::InvalidComposition,
+            format!(
+                "plugin `{plugin}` runs {} commands, but the shell provider `{}` speaks {}; \
+                 use tool-{} with it, or a {} executor",
+                dialect.name,
+                shell.provider_name(),
+                speaks.name,
+                speaks.name,
+                dialect.name
+            ),
+        )));
+    }
+    Ok(shell)
+}
+
+fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: ShellDialect) -> Result<PluginOutput> {
     let config: BashToolConfig = ctx.config()?;
     let tool = BashTool::with_approval(
-        ctx.shell()?,
+        shell_speaking(ctx, plugin, dialect)?,
         ctx.jobs().ok(),
         ctx.approval(),
         ctx.shell_env(),
         config,
     );
     Ok(PluginOutput::tools(vec![Arc::new(tool)]))
+}
+
+fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    build_for(ctx, "tool-bash", ShellDialect::BASH)
 }
 
 register_plugin!(PluginEntry {
@@ -531,9 +573,21 @@ register_plugin!(PluginEntry {
     build,
 });
 
+fn build_pwsh(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    build_for(ctx, "tool-pwsh", ShellDialect::PWSH)
+}
+
+register_plugin!(PluginEntry {
+    name: "tool-pwsh",
+    provides: None,
+    requires: &[SeamId::Shell],
+    description: "the one-shot pwsh tool (fresh PowerShell 7 per call, optional background job)",
+    build: build_pwsh,
+});
+
 #[cfg(test)]
 mod tests {
-    use conch_seams::{CollectedOutput, ExitStatus, SpillRef};
+    use conch_seams::{CollectedOutput, ExitStatus, Leftover, SpillRef};
 
     use super::*;
 
@@ -569,6 +623,38 @@ mod tests {
         );
         let capped = render_run(&result(out(None, false)));
         assert!(capped.contains("exceeded the spill cap"), "{capped}");
+    }
+
+    #[test]
+    fn every_one_shot_ending_renders_a_status_parse_exit_status_recovers() {
+        use crate::render::{RenderedExit, parse_exit_status};
+        let with = |text: &str, status: ExitStatus, timed_out: bool| {
+            let mut r = result(CollectedOutput { text: text.into(), ..CollectedOutput::default() });
+            r.status = status;
+            r.timed_out = timed_out;
+            r
+        };
+        let killed = ExitStatus { code: None, signal: Some("SIGTERM".into()) };
+        let mut denied = with("touch: denied\n", ExitStatus::code(1), false);
+        let mut info = SandboxInfo::new(SandboxMode::ReadOnly);
+        info.denied = true;
+        denied.sandbox = Some(info);
+        let mut left = with("started", ExitStatus::code(0), false);
+        left.leftovers = vec![Leftover { pid: 42, name: "sleep".into(), held_output: true }];
+        let cases = [
+            (with("ok\n", ExitStatus::code(0), false), RenderedExit::Code(0)),
+            (with("", ExitStatus::code(0), false), RenderedExit::Code(0)),
+            (with("partial", ExitStatus::code(7), false), RenderedExit::Code(7)),
+            (with("started\n", killed.clone(), true), RenderedExit::Signal("SIGTERM".into())),
+            (denied, RenderedExit::Code(1)),
+            (left, RenderedExit::Code(0)),
+            // The command printed a marker-like line, then a newline: output, exit 0.
+            (with("[exit code: 5]\n", ExitStatus::code(0), false), RenderedExit::Code(0)),
+        ];
+        for (r, want) in cases {
+            let text = render_run(&r);
+            assert_eq!(parse_exit_status(&text), Some(want), "{text:?}");
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The persistent shell tool (`bash`): one PTY session per owner, calls serialised, each
+//! The persistent shell tools (`bash` from `tool-bash-persistent`, `pwsh` from
+//! `tool-pwsh-persistent`): one PTY session per owner, calls serialised, each
 //! command run through the backend's framing so only its own output and exit status come
 //! back. The tool holds no shell syntax: the terminal backend's dialect frames the command
 //! and names the tool.
@@ -10,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    CommandEnd, ConfigIssue, Error, ErrorCode, OpenRequest, Owner, PluginConfig, Result,
-    ShellDialect, Terminals, Tool, ToolContext, ToolOutput,
+    CommandEnd, CommandOutcome, ConfigIssue, Error, ErrorCode, OpenRequest, Owner, PluginConfig,
+    Result, ShellDialect, Terminals, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -67,6 +68,7 @@ pub struct PersistentBashTool {
     sessions: Arc<Mutex<HashMap<u64, Slot>>>,
     dialect: ShellDialect,
     description: String,
+    schema: serde_json::Value,
 }
 
 /// `text`, then `note` on a line of its own.
@@ -84,13 +86,33 @@ impl PersistentBashTool {
     ) -> Self {
         let dialect = terminals.dialect();
         let description = format!(
-            "Run a command in your persistent {} shell: cwd, exported variables and functions \
-             persist between calls; calls run one at a time. A non-zero exit is shown as [exit \
-             code: N]. On timeout or interruption the shell is reset and the next call starts \
-             fresh. Interactive programs that wait for input return their partial output and \
-             reset the shell.",
-            dialect.name
+            "Run a command in your persistent {display} shell: {state} persist between calls; \
+             calls run one at a time. A non-zero exit is shown as [exit code: N].{exit} On \
+             timeout or interruption the shell is reset and the next call starts fresh; so \
+             does the next call after the shell exits. Interactive programs that wait for \
+             input return their partial output and reset the shell.",
+            display = dialect.display,
+            state = dialect.persistent_state,
+            exit = if dialect.exit_status.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", dialect.exit_status)
+            },
         );
+        let mut schema = schema_of::<PersistentBashArgs>();
+        schema["title"] = format!("persistent {} arguments", dialect.name).into();
+        schema["description"] = format!("Arguments of the persistent `{}`.", dialect.name).into();
+        if let Some(command) = schema
+            .get_mut("properties")
+            .and_then(|p| p.get_mut("command"))
+            .and_then(|c| c.as_object_mut())
+        {
+            command.insert(
+                "description".into(),
+                format!("The command; {} persist to the next call.", dialect.persistent_state)
+                    .into(),
+            );
+        }
         Self {
             terminals,
             shell_env,
@@ -98,6 +120,7 @@ impl PersistentBashTool {
             sessions: Arc::new(Mutex::new(HashMap::new())),
             dialect,
             description,
+            schema,
         }
     }
 
@@ -142,7 +165,7 @@ impl Tool for PersistentBashTool {
     }
 
     fn input_schema(&self) -> serde_json::Value {
-        schema_of::<PersistentBashArgs>()
+        self.schema.clone()
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
@@ -187,68 +210,98 @@ impl Tool for PersistentBashTool {
                 return Err(e);
             }
         };
-        let cap = self.config.max_output_bytes;
-        let mut out = outcome.output;
-        if out.len() > cap || outcome.omitted_bytes > 0 {
-            // The backend's own tail may already start mid-line: say so, or start at a line.
-            let dropped_before = outcome.omitted_bytes > 0;
-            let (tail, mid_line) = if dropped_before && !out.contains('\n') {
-                (conch_output::tail_utf8(&out, cap), true)
-            } else if dropped_before && out.len() <= cap {
-                match out.find('\n') {
-                    Some(i) if i + 1 < out.len() => (&out[i + 1..], false),
-                    _ => (out.as_str(), true),
-                }
-            } else {
-                conch_output::tail_lines_utf8(&out, cap)
-            };
-            let mid = if mid_line { ", starting mid-line" } else { "" };
-            out = format!("[output truncated to its last {} bytes{mid}]\n{tail}", tail.len());
+        if outcome.end == CommandEnd::Cancelled {
+            self.reset(&ctx.owner, &mut session).await;
+            return Err(Error::new(
+                ErrorCode::Cancelled,
+                format!("the {} tool call was aborted", self.dialect.name),
+            ));
         }
-        let note = match outcome.end {
-            CommandEnd::Exited(0) => return Ok(ToolOutput::text(out)),
-            CommandEnd::Exited(code) => {
-                return Ok(ToolOutput::text(with_note(&out, &format!("[exit code: {code}]"))));
-            }
-            CommandEnd::Cancelled => {
-                self.reset(&ctx.owner, &mut session).await;
-                return Err(Error::new(
-                    ErrorCode::Cancelled,
-                    format!("the {} tool call was aborted", self.dialect.name),
-                ));
-            }
-            CommandEnd::TimedOut => {
-                format!("[timed out after {timeout_ms}ms; the shell was reset]")
-            }
-            CommandEnd::SessionExited => match &outcome.session_status {
-                conch_seams::SessionStatus::Exited(e) => match (e.code, &e.signal) {
-                    (Some(c), _) => format!(
-                        "[exit code: {c}]\n[the shell exited; the next call starts a fresh shell]"
-                    ),
-                    (None, Some(sig)) => format!(
-                        "[killed by signal: {sig}]\n[the shell exited; the next call starts a fresh shell]"
-                    ),
-                    (None, None) => {
-                        "[the shell exited; the next call starts a fresh shell]".to_string()
-                    }
-                },
-                conch_seams::SessionStatus::Running => {
-                    "[the shell exited; the next call starts a fresh shell]".to_string()
-                }
-            },
-            CommandEnd::WaitingForInput => "[command is waiting for input; the shell was reset — \
-                 use the terminal tools for interactive programs]"
-                .to_string(),
-        };
-        self.reset(&ctx.owner, &mut session).await;
-        Ok(ToolOutput::text(with_note(&out, &note)))
+        let (text, reset) = render_outcome(outcome, timeout_ms, self.config.max_output_bytes);
+        if reset {
+            self.reset(&ctx.owner, &mut session).await;
+        }
+        Ok(ToolOutput::text(text))
     }
 }
 
-fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+/// A finished framed command as the model sees it: its output (the tail of at most `cap`
+/// bytes, saying what was cut) and the markers of how it ended; and whether the shell must
+/// be reset (it did not come back to its prompt by itself). Not for `Cancelled`, which is
+/// an error.
+pub(crate) fn render_outcome(
+    outcome: CommandOutcome,
+    timeout_ms: u64,
+    cap: usize,
+) -> (String, bool) {
+    let mut out = outcome.output;
+    if out.len() > cap || outcome.omitted_bytes > 0 {
+        // The backend's own tail may already start mid-line: say so, or start at a line.
+        let dropped_before = outcome.omitted_bytes > 0;
+        let (tail, mid_line) = if dropped_before && !out.contains('\n') {
+            (conch_output::tail_utf8(&out, cap), true)
+        } else if dropped_before && out.len() <= cap {
+            match out.find('\n') {
+                Some(i) if i + 1 < out.len() => (&out[i + 1..], false),
+                _ => (out.as_str(), true),
+            }
+        } else {
+            conch_output::tail_lines_utf8(&out, cap)
+        };
+        let mid = if mid_line { ", starting mid-line" } else { "" };
+        out = format!("[output truncated to its last {} bytes{mid}]\n{tail}", tail.len());
+    }
+    let exited = "[the shell exited; the next call starts a fresh shell]";
+    let note = match outcome.end {
+        CommandEnd::Exited(0) => return (out, false),
+        CommandEnd::Exited(code) => {
+            return (with_note(&out, &crate::render::exit_code_marker(code)), false);
+        }
+        CommandEnd::TimedOut | CommandEnd::Cancelled => {
+            format!("[timed out after {timeout_ms}ms; the shell was reset]")
+        }
+        CommandEnd::SessionExited => match &outcome.session_status {
+            conch_seams::SessionStatus::Exited(e) => {
+                // Even `exit 0` is shown: the shell is gone, which the next call must know.
+                let status = match (e.code, &e.signal) {
+                    (_, Some(sig)) => Some(crate::render::signal_marker(sig)),
+                    (Some(c), None) => Some(crate::render::exit_code_marker(c)),
+                    (None, None) => None,
+                };
+                match status {
+                    Some(s) => format!("{s}\n{exited}"),
+                    None => exited.to_string(),
+                }
+            }
+            conch_seams::SessionStatus::Running => exited.to_string(),
+        },
+        CommandEnd::WaitingForInput => "[command is waiting for input; the shell was reset — \
+             use the terminal tools for interactive programs]"
+            .to_string(),
+    };
+    (with_note(&out, &note), true)
+}
+
+fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: ShellDialect) -> Result<PluginOutput> {
     let config: PersistentBashConfig = ctx.config()?;
-    let tool = PersistentBashTool::new(ctx.terminals()?, ctx.shell_env(), config);
+    let terminals = ctx.terminals()?;
+    let speaks = terminals.dialect();
+    if speaks != dialect {
+        return Err(ctx.locate(Error::new(
+            ErrorCode::InvalidComposition,
+            format!(
+                "plugin `{plugin}` runs a persistent {} shell, but the terminal backend speaks \
+                 {}; use tool-{}-persistent with it, or set the backend's `shell_dialect: {}`",
+                dialect.name, speaks.name, speaks.name, dialect.name
+            ),
+        )));
+    }
+    let tool = PersistentBashTool::new(terminals, ctx.shell_env(), config);
     Ok(PluginOutput::tools(vec![Arc::new(tool)]))
+}
+
+fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    build_for(ctx, "tool-bash-persistent", ShellDialect::BASH)
 }
 
 register_plugin!(PluginEntry {
@@ -259,9 +312,76 @@ register_plugin!(PluginEntry {
     build,
 });
 
+fn build_pwsh(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
+    build_for(ctx, "tool-pwsh-persistent", ShellDialect::PWSH)
+}
+
+register_plugin!(PluginEntry {
+    name: "tool-pwsh-persistent",
+    provides: None,
+    requires: &[SeamId::Terminals],
+    description: "persistent PowerShell 7: one PTY per owner (terminal-bash with shell_dialect: pwsh)",
+    build: build_pwsh,
+});
+
 #[cfg(test)]
 mod tests {
+    use conch_seams::SessionStatus;
+
     use super::*;
+
+    fn outcome(output: &str, end: CommandEnd, status: SessionStatus) -> CommandOutcome {
+        CommandOutcome { output: output.into(), omitted_bytes: 0, end, session_status: status }
+    }
+
+    #[test]
+    fn every_persistent_ending_renders_a_status_parse_exit_status_recovers() {
+        use crate::render::{RenderedExit, parse_exit_status};
+        use conch_seams::ExitStatus;
+        let running = SessionStatus::Running;
+        let cases = [
+            (
+                outcome("hi\n", CommandEnd::Exited(0), running.clone()),
+                Some(RenderedExit::Code(0)),
+                false,
+            ),
+            (
+                outcome("no newline", CommandEnd::Exited(4), running.clone()),
+                Some(RenderedExit::Code(4)),
+                false,
+            ),
+            (
+                outcome("", CommandEnd::SessionExited, SessionStatus::Exited(ExitStatus::code(3))),
+                Some(RenderedExit::Code(3)),
+                true,
+            ),
+            (
+                outcome(
+                    "x\n",
+                    CommandEnd::SessionExited,
+                    SessionStatus::Exited(ExitStatus {
+                        code: None,
+                        signal: Some("SIGKILL".into()),
+                    }),
+                ),
+                Some(RenderedExit::Signal("SIGKILL".into())),
+                true,
+            ),
+            (outcome("partial", CommandEnd::TimedOut, running.clone()), None, true),
+            (outcome("Name? ", CommandEnd::WaitingForInput, running.clone()), None, true),
+            // Output that prints a marker-like line and then more is output, not a status.
+            (
+                outcome("[exit code: 9]\n", CommandEnd::Exited(0), running),
+                Some(RenderedExit::Code(0)),
+                false,
+            ),
+        ];
+        for (o, want, reset) in cases {
+            let (text, did_reset) = render_outcome(o.clone(), 1000, 64_000);
+            assert_eq!(parse_exit_status(&text), want, "{o:?} rendered as {text:?}");
+            assert_eq!(did_reset, reset, "{o:?}");
+        }
+    }
 
     #[test]
     fn notes_go_on_a_line_of_their_own() {

@@ -177,7 +177,7 @@ macro_rules! tool {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct OpenArgs {
-    /// Backend type (default `bash`).
+    /// Backend type (`bash` or `pwsh`; default: the composition's backend).
     #[serde(default, rename = "type")]
     type_name: Option<String>,
     /// Optional name, unique among your sessions.
@@ -193,7 +193,7 @@ tool!(
     "terminal_open",
     OpenArgs,
     "Open a persistent terminal session ({shell} on a PTY). State (cwd, variables, running \
-     programs) persists across terminal_send calls. Prefer the one-shot bash tool when no \
+     programs) persists across terminal_send calls. Prefer the one-shot {shell} tool when no \
      interaction is needed. Close the session with terminal_close when done."
 );
 

@@ -446,12 +446,12 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
     // Dropping the command closes the parent's copies of the merged pipe's write end.
     drop(cmd);
     let mut child = spawned.map_err(|e| {
-        let what = if e.kind() == std::io::ErrorKind::NotFound {
-            "command not found"
+        if e.kind() == std::io::ErrorKind::NotFound {
+            spawn_failed(format!("command not found: `{program}`: {e}"))
+                .with_reason(conch_seams::ErrorReason::MissingProgram)
         } else {
-            "cannot execute"
-        };
-        spawn_failed(format!("{what}: `{program}`: {e}"))
+            spawn_failed(format!("cannot execute: `{program}`: {e}"))
+        }
     })?;
     let pid = child.id().unwrap_or(0);
 

@@ -354,7 +354,8 @@ fn check_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Result<()
     };
     match found {
         Some(_) => Ok(()),
-        None => Err(spawn_failed(format!("command not found: `{program}`"))),
+        None => Err(spawn_failed(format!("command not found: `{program}`"))
+            .with_reason(conch_seams::ErrorReason::MissingProgram)),
     }
 }
 

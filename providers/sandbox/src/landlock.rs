@@ -243,13 +243,15 @@ pub(crate) fn classify(
         "Connection refused",
     ];
     // EBUSY: renaming a read-only bind's mount point (bwrap); EXDEV: Landlock refuses a
-    // link or rename that would widen a file's rights.
+    // link or rename that would widen a file's rights. "Access to the path" is how .NET
+    // (PowerShell's cmdlets) words an EACCES.
     let file = [
         "Permission denied",
         "Operation not permitted",
         "Read-only file system",
         "Device or resource busy",
         "Invalid cross-device link",
+        "Access to the path",
     ];
     let has = |needles: &[&str]| needles.iter().any(|n| output_tail.contains(n));
     // "Permission denied"/"Operation not permitted" from connect/bind are network denials
@@ -301,5 +303,15 @@ mod tests {
         let own = "bash: ./x: Permission denied\n";
         assert!(!classify(&policy, &ExitStatus::code(126), own, "x").runner_failed);
         assert!(!classify(&policy, &ExitStatus::code(1), out, "x").runner_failed);
+    }
+
+    #[test]
+    fn a_denial_in_powershells_words_is_a_file_denial() {
+        // What Set-Content prints for EACCES (an UnauthorizedAccessException), exit 1.
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/w");
+        let out = "Set-Content: Access to the path '/etc/conch-x' is denied.\n";
+        let info = classify(&policy, &ExitStatus::code(1), out, "x");
+        assert!(info.denied && info.denial == Some(conch_seams::Denial::File), "{info:?}");
+        assert!(!classify(&policy, &ExitStatus::code(0), out, "x").denied, "recovered: no mark");
     }
 }

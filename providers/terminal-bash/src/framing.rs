@@ -1,6 +1,9 @@
-//! Command framing in the bash dialect: one typed line that runs a command after a private
-//! start marker, an end marker (with the status) printed by the backend's PROMPT_COMMAND,
-//! and a scanner that finds both in the parsed output stream.
+//! Command framing: one typed line that runs a command after a private start marker, an
+//! end marker (with the status) printed before the shell's next prompt, and a scanner that
+//! finds both in the parsed output stream. The markers and the scanner are shared; the
+//! typed line and the helpers it calls are each dialect's.
+//!
+//! In bash:
 //!
 //! - The end marker comes from PROMPT_COMMAND, which runs before every prompt, so it arrives
 //!   however the command line ended: normally, by a syntax or expansion error, or by an
@@ -85,6 +88,66 @@ pub(crate) fn frame(command: &str, nonce: &str, init: bool) -> String {
         if init { INIT } else { "" },
         ansi_c_quote(command.as_bytes())
     )
+}
+
+/// The script a pwsh session starts with (`pwsh -NoLogo -NoProfile -NoExit -EncodedCommand`),
+/// before its first prompt. Why each piece:
+///
+/// - PSReadLine is removed, and `PSConsoleHostReadLine` reads a line with .NET's own
+///   `Console.In.ReadLine()`. PSReadLine (loaded because the session is interactive) redraws
+///   the line with cursor addressing and paints predictions after the cursor, and the host's
+///   fallback editor rewrites the whole line at every key; on a PTY whose reader is not a
+///   screen both turn the typed text into redraw noise. .NET's reader echoes each character
+///   once, as a terminal in canonical mode would, which is what the echo check and the
+///   framing rely on, and it blocks in `read(0)`, where the stdin-wait probe sees it.
+/// - `prompt` prints the end marker of a pending frame (its status kept by the frame's
+///   [`STATUS`](conch_provider_bash::pwsh::STATUS) epilogue; 1 when the command ended by a
+///   terminating error or an interrupt, which skip it), then the private marker and `PS> `.
+/// - `__conch_f` runs one framed command: it records the frame, prints the start marker
+///   (from pieces, so the echoed line never holds it), checks the command's syntax and
+///   dot-sources it, so state it changes (location, variables, functions) stays global.
+pub(crate) fn pwsh_init(marker_payload: &str) -> String {
+    use conch_provider_bash::pwsh::{PREAMBLE, checked};
+    format!(
+        concat!(
+            "Remove-Module PSReadLine -ErrorAction Ignore\n",
+            "{preamble}",
+            "$global:__conch_frame = $null\n",
+            "$global:__conch_rc = $null\n",
+            "function global:PSConsoleHostReadLine {{ [Console]::In.ReadLine() }}\n",
+            "function global:prompt {{\n",
+            "  $__conch_s = ''\n",
+            "  if ($global:__conch_frame) {{\n",
+            "    $__conch_c = $global:__conch_rc\n",
+            "    if ($null -eq $__conch_c) {{ $__conch_c = 1 }}\n",
+            "    $__conch_s = \"`n\" + '{tag}' + '_END_' + $global:__conch_frame + ':' + $__conch_c + \"__`n\"\n",
+            "    $global:__conch_frame = $null\n",
+            "  }}\n",
+            "  $__conch_s + [char]27 + ']{payload}' + [char]7 + 'PS> '\n",
+            "}}\n",
+            "function global:__conch_f {{\n",
+            "  param([string]$__conch_n, [string]$__conch_b)\n",
+            "  $global:__conch_rc = $null\n",
+            "  $global:__conch_frame = $__conch_n\n",
+            "  [Console]::Out.Write(\"`n\" + '{tag}' + '_START_' + $__conch_n + \"__`n\")\n",
+            "  $__conch_t = [System.Text.Encoding]::UTF8.GetString([System.Convert]::FromBase64String($__conch_b))\n",
+            "{checked}",
+            "  . ([scriptblock]::Create($__conch_t))\n",
+            "  if ($null -eq $global:__conch_rc) {{ $global:__conch_rc = 0 }}\n",
+            "}}\n",
+        ),
+        preamble = PREAMBLE,
+        tag = TAG,
+        payload = marker_payload,
+        checked = checked("$global:__conch_rc = 1; return"),
+    )
+}
+
+/// The single line typed into a pwsh session for `command` under `nonce`: the command as
+/// base64 of its UTF-8, so no character in it can reach the line reader as anything but
+/// data. Dot-sourced, so the command runs in the global scope.
+pub(crate) fn pwsh_frame(command: &str, nonce: &str) -> String {
+    format!(" . __conch_f '{nonce}' '{}'", conch_provider_bash::pwsh::base64(command.as_bytes()))
 }
 
 /// Finds one frame's markers in parsed output (newlines already normalised to `\n`) fed in
@@ -306,6 +369,118 @@ mod tests {
         assert_eq!(extract("echoed line only", "n1", false, false), "");
         // A timed-out command whose tail lost the start marker still returns that tail.
         assert_eq!(extract("99998\n99999\n", "n1", true, false), "99998\n99999\n");
+    }
+
+    /// Feeds `chunks` through a pwsh session's parser (answering cursor requests) into a
+    /// frame scanner, as the session does; returns the text, the answers and the markers.
+    fn pwsh_session(
+        nonce: &str,
+        chunks: &[&[u8]],
+    ) -> (FrameScanner, String, Vec<(u16, u16)>, usize) {
+        use crate::parser::{Event, Parser};
+        let mut parser = Parser::new("7770;abc").answering(24, 200);
+        let mut scanner = FrameScanner::new(nonce);
+        let (mut text, mut queries, mut markers) = (String::new(), Vec::new(), 0);
+        for chunk in chunks {
+            for ev in parser.feed(chunk) {
+                match ev {
+                    Event::Text(t) => {
+                        scanner.push(&t);
+                        text.push_str(&t);
+                    }
+                    Event::Marker => markers += 1,
+                    Event::CursorQuery { row, col } => queries.push((row, col)),
+                }
+            }
+        }
+        (scanner, text, queries, markers)
+    }
+
+    #[test]
+    fn the_pwsh_frame_is_one_line_of_data() {
+        for command in ["echo 'a'", "a\nb\r\n`$x \"q\" ‘s’ é😀", "'"] {
+            let line = pwsh_frame(command, "n1");
+            assert!(!line.contains(['\n', '\r']), "one typed line: {line}");
+            assert!(line.chars().all(|c| c.is_ascii_graphic() || c == ' '), "{line}");
+            assert!(line.starts_with(" . __conch_f 'n1' '"), "dot-sourced: {line}");
+            let b64 = line.rsplit('\'').nth(1).unwrap();
+            assert_eq!(b64, conch_provider_bash::pwsh::base64(command.as_bytes()));
+            assert!(!line.contains("__CONCH_PB_START_n1__"), "the echo holds no marker");
+        }
+    }
+
+    #[test]
+    fn the_pwsh_startup_script_takes_over_the_line_reader_and_the_prompt() {
+        let init = pwsh_init("7770;abc");
+        for piece in [
+            "Remove-Module PSReadLine -ErrorAction Ignore",
+            "function global:PSConsoleHostReadLine { [Console]::In.ReadLine() }",
+            "function global:prompt {",
+            "[char]27 + ']7770;abc' + [char]7 + 'PS> '",
+            "function global:__conch_f {",
+            "$ProgressPreference = 'SilentlyContinue'",
+            "  . ([scriptblock]::Create($__conch_t))",
+            "$global:__conch_rc = 1; return",
+        ] {
+            assert!(init.contains(piece), "{piece} in\n{init}");
+        }
+        // Printed from pieces: neither the script nor its echo carries a whole marker.
+        assert!(!init.contains("__CONCH_PB_END_") && !init.contains("__CONCH_PB_START_"));
+        let encoded = conch_provider_bash::pwsh::encode_command(&init);
+        assert!(encoded.len() < 32 * 1024, "one modest argument: {}", encoded.len());
+    }
+
+    // PowerShell 7 output on a PTY as the pwsh dialect's session receives it, written from
+    // its documented behaviour (pwsh is not installed where these tests were written):
+    // .NET asks for the cursor (`ESC [6n`) before the prompt, the host turns cursor keys to
+    // application mode (`ESC [?1h`) after it, every line ends CRLF (the tty's ONLCR), the
+    // typed line comes back as .NET's echo, and `__conch_f` and `prompt` print the markers.
+    const STARTUP: &[u8] = b"\x1b[6n\x1b]7770;abc\x07PS> \x1b[?1h";
+
+    #[test]
+    fn pwsh_output_samples_frame_and_answer_like_a_terminal() {
+        let echo = format!("{}\r\n", pwsh_frame("echo hi", "n1"));
+        let chunks: Vec<&[u8]> = vec![
+            STARTUP,
+            echo.as_bytes(),
+            b"\r\n__CONCH_PB_START_n1__\r\nhi\r\n",
+            b"\x1b[6n\r\n__CONCH_PB_END_n1:0__\r",
+            b"\n\x1b]7770;abc\x07PS> \x1b[?1h",
+        ];
+        let (scanner, text, queries, markers) = pwsh_session("n1", &chunks);
+        assert_eq!(scanner.code(), Some(0));
+        assert_eq!(markers, 2, "the startup prompt and the one after the command");
+        assert_eq!(queries, [(1, 1), (5, 1)], "asked at column 1 both times: {text:?}");
+        assert!(!text.contains('\r') && !text.contains('\x1b'), "{text:?}");
+        assert_eq!(extract(&text, "n1", scanner.started(), false), "hi\n");
+        assert_eq!(scanner.finish(), 3);
+    }
+
+    #[test]
+    fn pwsh_samples_of_a_failure_and_of_output_without_a_final_newline() {
+        // A native command failing with 3, its error split across reads inside a CRLF.
+        let chunks: Vec<&[u8]> = vec![
+            STARTUP,
+            b" . __conch_f 'n2' 'bHMgL25vcGU='\r\n\r\n__CONCH_PB_START_n2__\r\nls: cannot access '/nope': No such file or directory\r",
+            b"\n\x1b[6n\r\n__CONCH_PB_END_n2:3__\r\n\x1b]7770;abc\x07PS> ",
+        ];
+        let (scanner, text, queries, _) = pwsh_session("n2", &chunks);
+        assert_eq!(scanner.code(), Some(3));
+        assert_eq!(
+            extract(&text, "n2", true, false),
+            "ls: cannot access '/nope': No such file or directory\n"
+        );
+        assert_eq!(queries.len(), 2);
+        // `Write-Host -NoNewline hi`: the cursor is not at column 1, so the host writes a
+        // line break before the prompt, and the body keeps it.
+        let chunks: Vec<&[u8]> = vec![
+            STARTUP,
+            b" . __conch_f 'n3' 'eA=='\r\n\r\n__CONCH_PB_START_n3__\r\nhi\x1b[6n",
+            b"\r\n\r\n__CONCH_PB_END_n3:0__\r\n\x1b]7770;abc\x07PS> ",
+        ];
+        let (scanner, text, queries, _) = pwsh_session("n3", &chunks);
+        assert_eq!(queries.last(), Some(&(4, 3)), "after `hi`: column 3");
+        assert_eq!((scanner.code(), extract(&text, "n3", true, false)), (Some(0), "hi\n"));
     }
 
     #[test]

@@ -1,7 +1,13 @@
-//! `terminal-bash`: the bash terminal backend. Starts bash on a PTY with a controlled
-//! startup (no rc files, a private OSC prompt marker) and answers each send with a
+//! `terminal-bash`: the terminal backend. Starts a shell on a PTY with a controlled startup
+//! (no rc files or profile, a private OSC prompt marker) and answers each send with a
 //! readiness result: prompt or exact stdin-wait probe (stdin_read), output silence
 //! (inferred_idle), deadline (timeout), or shell exit (session_exit).
+//!
+//! The shell is bash by default; `shell_dialect: pwsh` starts PowerShell 7 instead
+//! (`pwsh -NoLogo -NoProfile -NoExit`, with the startup script of `framing::pwsh_init`),
+//! whose sessions also answer cursor position requests, since .NET asks for the cursor
+//! before every prompt and would otherwise wait up to a second (ten the first time) for a
+//! terminal that never answers.
 //!
 //! When the composition binds a sandbox, the shell's whole command line (argv, cwd, env) is
 //! wrapped through it under the `sandbox-policy` default before the PTY spawn, so the session
@@ -20,9 +26,9 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, Error, ErrorCode, PluginConfig, Result, Sandbox, SandboxPolicy,
-    SandboxRelease, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec, TerminalSession,
-    TerminalSpawnSpec,
+    CommandLine, ConfigIssue, Error, ErrorCode, ErrorReason, PluginConfig, Result, Sandbox,
+    SandboxPolicy, SandboxRelease, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec,
+    TerminalSession, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -54,8 +60,13 @@ pub struct TerminalBashConfig {
     pub max_read_bytes: usize,
     /// The bash executable.
     pub bash: String,
-    /// Default working directory (default: the process cwd).
+    /// Default working directory (default: the subprocess provider's default directory).
     pub cwd: Option<PathBuf>,
+    /// The shell sessions run: `bash` or `pwsh` (PowerShell 7).
+    pub shell_dialect: String,
+    /// The pwsh executable (`shell_dialect: pwsh`): a name looked up on the provider's PATH,
+    /// or a path.
+    pub pwsh: String,
 }
 
 impl Default for TerminalBashConfig {
@@ -71,6 +82,8 @@ impl Default for TerminalBashConfig {
             max_read_bytes: 256 * 1024,
             bash: "bash".into(),
             cwd: None,
+            shell_dialect: "bash".into(),
+            pwsh: "pwsh".into(),
         }
     }
 }
@@ -86,17 +99,74 @@ impl PluginConfig for TerminalBashConfig {
         if self.bash.is_empty() {
             return Err(ConfigIssue::new("bash", "must name an executable"));
         }
+        if self.pwsh.is_empty() {
+            return Err(ConfigIssue::new("pwsh", "must name an executable"));
+        }
+        if Shell::by_name(&self.shell_dialect).is_none() {
+            return Err(ConfigIssue::new("shell_dialect", "must be `bash` or `pwsh`"));
+        }
         Ok(())
     }
 }
 
-/// The bash terminal backend over a subprocess provider's `spawn_terminal`.
+/// The shell a backend's sessions run, and what differs between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shell {
+    /// GNU bash (readline).
+    Bash,
+    /// PowerShell 7.
+    Pwsh,
+}
+
+impl Shell {
+    fn by_name(name: &str) -> Option<Shell> {
+        match ShellDialect::by_name(name)? {
+            d if d == ShellDialect::PWSH => Some(Shell::Pwsh),
+            d if d == ShellDialect::BASH => Some(Shell::Bash),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn dialect(self) -> ShellDialect {
+        match self {
+            Shell::Bash => ShellDialect::BASH,
+            Shell::Pwsh => ShellDialect::PWSH,
+        }
+    }
+
+    /// The line typed to run one framed command (`init`: the session's first).
+    pub(crate) fn frame(self, command: &str, nonce: &str, init: bool) -> String {
+        match self {
+            Shell::Bash => framing::frame(command, nonce, init),
+            // The helpers were defined at startup.
+            Shell::Pwsh => framing::pwsh_frame(command, nonce),
+        }
+    }
+
+    /// The shell asks the terminal where the cursor is and waits for the answer (.NET does,
+    /// before every prompt), so the session answers like a terminal would.
+    pub(crate) fn answers_cursor_queries(self) -> bool {
+        self == Shell::Pwsh
+    }
+
+    /// The shell runs its commands in its own process group (pwsh starts them through .NET,
+    /// without job control), so the foreground group is always the shell's: a signal meant
+    /// for a command reaches the shell too, and an interrupt cannot tell the two apart by
+    /// group. pwsh ignores a SIGINT at its prompt, so an interrupt may be repeated until the
+    /// prompt is back; bash would keep it pending in readline and eat the next line.
+    pub(crate) fn commands_share_its_group(self) -> bool {
+        self == Shell::Pwsh
+    }
+}
+
+/// The terminal backend over a subprocess provider's `spawn_terminal`.
 #[derive(Debug)]
 pub struct TerminalBash {
     config: TerminalBashConfig,
     subprocess: Arc<dyn Subprocess>,
     /// The sandbox every shell is wrapped through, and the policy it runs under.
     confinement: Option<(Arc<dyn Sandbox>, SandboxPolicy)>,
+    shell: Shell,
 }
 
 impl TerminalBash {
@@ -106,7 +176,8 @@ impl TerminalBash {
     /// Invalid config.
     pub fn new(config: TerminalBashConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
         config.check(NAME)?;
-        Ok(Self { config, subprocess, confinement: None })
+        let shell = Shell::by_name(&config.shell_dialect).unwrap_or(Shell::Bash);
+        Ok(Self { config, subprocess, confinement: None, shell })
     }
 
     /// A backend whose every shell is wrapped through `sandbox` under `policy` (the mode
@@ -121,7 +192,8 @@ impl TerminalBash {
         policy: SandboxPolicy,
     ) -> Result<Self> {
         config.check(NAME)?;
-        Ok(Self { config, subprocess, confinement: Some((sandbox, policy)) })
+        let shell = Shell::by_name(&config.shell_dialect).unwrap_or(Shell::Bash);
+        Ok(Self { config, subprocess, confinement: Some((sandbox, policy)), shell })
     }
 
     /// Puts the sandbox runner in front of the shell's command line (argv, cwd and env
@@ -160,6 +232,70 @@ impl TerminalBash {
     }
 }
 
+impl TerminalBash {
+    /// The argv and variables that start the session's shell with the prompt marker
+    /// `payload`.
+    fn shell_command(&self, payload: &str) -> (Vec<String>, Vec<(&'static str, String)>) {
+        match self.shell {
+            Shell::Bash => {
+                // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before
+                // every prompt so a user's PS1 change cannot break readiness, and ends a
+                // pending frame.
+                let ps1 = format!("\\[\\e]{payload}\\a\\]\\$ ");
+                let argv = vec![
+                    self.config.bash.clone(),
+                    "--norc".into(),
+                    "--noprofile".into(),
+                    "-i".into(),
+                ];
+                let env = vec![
+                    ("PS1", ps1.clone()),
+                    ("PS2", "> ".into()),
+                    ("PROMPT_COMMAND", framing::prompt_command(&ps1)),
+                    ("TERM", "dumb".into()),
+                    ("NO_COLOR", "1".into()),
+                    ("PAGER", "cat".into()),
+                    ("GIT_PAGER", "cat".into()),
+                    ("HISTFILE", "/dev/null".into()),
+                    // Framed command lines start with a space and stay out of the history.
+                    ("HISTCONTROL", "ignorespace".into()),
+                    ("INPUTRC", "/dev/null".into()),
+                ];
+                (argv, env)
+            }
+            Shell::Pwsh => {
+                let argv = vec![
+                    self.config.pwsh.clone(),
+                    "-NoLogo".into(),
+                    "-NoProfile".into(),
+                    "-NoExit".into(),
+                    "-EncodedCommand".into(),
+                    conch_provider_bash::pwsh::encode_command(&framing::pwsh_init(payload)),
+                ];
+                let env = conch_provider_bash::pwsh::ENV_OVERRIDES
+                    .iter()
+                    .map(|(k, v)| (*k, (*v).to_string()))
+                    .collect();
+                (argv, env)
+            }
+        }
+    }
+
+    /// A spawn error as the user should read it: a missing pwsh by name.
+    fn spawn_error(&self, e: Error) -> Error {
+        if self.shell == Shell::Pwsh && e.reason() == Some(ErrorReason::MissingProgram) {
+            return missing_pwsh(&self.config.pwsh);
+        }
+        e
+    }
+}
+
+fn missing_pwsh(program: &str) -> Error {
+    Error::new(ErrorCode::SpawnFailed, conch_provider_bash::pwsh::missing_program(program))
+        .with_provider(NAME)
+        .with_operation("open")
+}
+
 fn unavailable(message: String) -> Error {
     Error::new(ErrorCode::SandboxUnavailable, message).with_provider(NAME).with_operation("open")
 }
@@ -167,11 +303,11 @@ fn unavailable(message: String) -> Error {
 #[async_trait]
 impl TerminalBackend for TerminalBash {
     fn type_name(&self) -> &'static str {
-        "bash"
+        self.shell.dialect().name
     }
 
     fn dialect(&self) -> ShellDialect {
-        ShellDialect::BASH
+        self.shell.dialect()
     }
 
     async fn open(&self, spec: TerminalOpenSpec) -> Result<Arc<dyn TerminalSession>> {
@@ -183,29 +319,10 @@ impl TerminalBackend for TerminalBash {
             (None, base) => base.clone(),
         };
         let payload = format!("{MARKER_OSC};{}", conch_seams::terminal::marker_nonce());
-        // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before every
-        // prompt so a user's PS1 change cannot break readiness, and ends a pending frame.
-        let ps1 = format!("\\[\\e]{payload}\\a\\]\\$ ");
-        let mut tspec = TerminalSpawnSpec::in_default_dir(vec![
-            self.config.bash.clone(),
-            "--norc".into(),
-            "--noprofile".into(),
-            "-i".into(),
-        ]);
+        let (argv, env) = self.shell_command(&payload);
+        let mut tspec = TerminalSpawnSpec::in_default_dir(argv);
         tspec.cwd = cwd;
-        for (k, v) in [
-            ("PS1", ps1.clone()),
-            ("PS2", "> ".into()),
-            ("PROMPT_COMMAND", framing::prompt_command(&ps1)),
-            ("TERM", "dumb".into()),
-            ("NO_COLOR", "1".into()),
-            ("PAGER", "cat".into()),
-            ("GIT_PAGER", "cat".into()),
-            ("HISTFILE", "/dev/null".into()),
-            // Framed command lines start with a space and stay out of the history.
-            ("HISTCONTROL", "ignorespace".into()),
-            ("INPUTRC", "/dev/null".into()),
-        ] {
+        for (k, v) in env {
             tspec.env.insert(k.into(), Some(v));
         }
         // The managed snapshot is trusted and goes last; the provider's scrub removed any
@@ -213,13 +330,23 @@ impl TerminalBackend for TerminalBash {
         for (k, v) in spec.managed_env {
             tspec.env.insert(k, Some(v));
         }
+        // Under a sandbox the runner is what gets spawned, and a missing pwsh would show only
+        // as the runner's exit; say what is missing instead, as the unconfined open does.
+        if self.shell == Shell::Pwsh
+            && self.confinement.is_some()
+            && self.subprocess.which(&self.config.pwsh).await.is_none()
+        {
+            return Err(missing_pwsh(&self.config.pwsh));
+        }
+        let size = tspec.size;
         // Held by the session (dropped with it), or dropped here when the open fails.
         let (tspec, release) = self.confine(tspec)?;
         let sandbox = self.confinement.as_ref().map(|(_, p)| p.mode);
         // A spawn error stays the provider's (a missing cwd is refused the same way with or
         // without a sandbox); a runner that starts but cannot confine is caught below.
-        let process = self.subprocess.spawn_terminal(tspec).await?;
-        let shared = session::start(process, self.config.clone(), &payload);
+        let process =
+            self.subprocess.spawn_terminal(tspec).await.map_err(|e| self.spawn_error(e))?;
+        let shared = session::start(process, self.config.clone(), self.shell, &payload, size);
         let motd = match session::await_first_prompt(&shared, &spec.cancel).await {
             Ok(m) => m,
             Err(e) => {
@@ -232,8 +359,8 @@ impl TerminalBackend for TerminalBash {
                     release: std::sync::Mutex::new(None),
                 };
                 let _ = s.close().await;
-                // A runner that refused to confine exits before bash starts; say so rather
-                // than report a shell that died at startup. Whether it refused is the
+                // A runner that refused to confine exits before the shell starts; say so
+                // rather than report a shell that died at startup. Whether it refused is the
                 // sandbox's verdict on the exit and what it printed.
                 let refused = match (&self.confinement, process.try_status()) {
                     (Some((sb, policy)), Some(status)) => {
@@ -289,7 +416,7 @@ register_plugin!(PluginEntry {
     name: NAME,
     provides: Some(SeamId::TerminalBackend),
     requires: &[SeamId::Subprocess],
-    description: "bash on a PTY with prompt-marker and exact stdin-wait readiness",
+    description: "bash (or pwsh, shell_dialect: pwsh) on a PTY with prompt-marker and exact stdin-wait readiness",
     build,
 });
 

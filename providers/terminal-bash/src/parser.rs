@@ -1,5 +1,12 @@
 //! PTY output parser: strips escape sequences, recognises the private prompt marker,
 //! normalises CR/LF, and never splits a UTF-8 code point across reads.
+//!
+//! It also follows the cursor well enough to answer a cursor position request (`CSI 6 n`)
+//! the way a terminal would, for sessions that answer them (see [`Parser::answering`]):
+//! the column is the characters printed since the last line break, the row the line breaks
+//! seen, within the terminal's size. Cursor movements are not followed (they are dropped
+//! like every other sequence), so the answer is exact for text written line by line, which
+//! is what a shell asking before its prompt needs.
 
 /// One parsed piece of output.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -8,6 +15,13 @@ pub(crate) enum Event {
     Text(String),
     /// The private prompt marker.
     Marker,
+    /// A cursor position request, with the position to answer (1-based row and column).
+    CursorQuery {
+        /// Row.
+        row: u16,
+        /// Column.
+        col: u16,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +44,13 @@ pub(crate) struct Parser {
     seq_len: usize,
     text: Vec<u8>,
     pending_cr: bool,
+    /// Parameter bytes of the current CSI (bounded by [`MAX_CSI`]).
+    csi: Vec<u8>,
+    /// `Some((rows, cols))` when cursor position requests are answered.
+    answer: Option<(u16, u16)>,
+    /// 0-based cursor column and row as the printed text left them.
+    column: u16,
+    row: u16,
 }
 
 /// Longest CSI parameter run accepted; real ones are a few bytes.
@@ -66,6 +87,37 @@ impl Parser {
             seq_len: 0,
             text: Vec::new(),
             pending_cr: false,
+            csi: Vec::new(),
+            answer: None,
+            column: 0,
+            row: 0,
+        }
+    }
+
+    /// Also reports cursor position requests, for a terminal of `rows` × `cols`.
+    pub(crate) fn answering(mut self, rows: u16, cols: u16) -> Self {
+        self.answer = Some((rows.max(1), cols.max(1)));
+        self
+    }
+
+    /// Moves the tracked cursor over one byte that reaches the text.
+    fn advance(&mut self, b: u8) {
+        let Some((rows, cols)) = self.answer else { return };
+        match b {
+            b'\n' => {
+                self.column = 0;
+                self.row = (self.row + 1).min(rows - 1);
+            }
+            b'\t' => self.column = ((self.column / 8 + 1) * 8).min(cols - 1),
+            // A UTF-8 continuation byte adds no column.
+            _ if b & 0xC0 == 0x80 => {}
+            _ => {
+                self.column += 1;
+                if self.column >= cols {
+                    self.column = 0;
+                    self.row = (self.row + 1).min(rows - 1);
+                }
+            }
         }
     }
 
@@ -89,13 +141,20 @@ impl Parser {
             if b != b'\n' {
                 // A lone CR (redraw, progress) becomes a line break so nothing is lost.
                 self.text.push(b'\n');
+                self.advance(b'\n');
             }
         }
         match b {
             b'\r' => self.pending_cr = true,
-            b'\n' | b'\t' => self.text.push(b),
+            b'\n' | b'\t' => {
+                self.text.push(b);
+                self.advance(b);
+            }
             0x00..=0x1F | 0x7F => {}
-            _ => self.text.push(b),
+            _ => {
+                self.text.push(b);
+                self.advance(b);
+            }
         }
     }
 
@@ -106,7 +165,10 @@ impl Parser {
             Mode::Esc => {
                 self.seq_len = 0;
                 self.mode = match b {
-                    b'[' => Mode::Csi,
+                    b'[' => {
+                        self.csi.clear();
+                        Mode::Csi
+                    }
                     b']' => {
                         self.osc.clear();
                         Mode::Osc
@@ -128,10 +190,21 @@ impl Parser {
                     // Final byte.
                     0x40..=0x7E => {
                         self.mode = Mode::Normal;
+                        if b == b'n' && self.csi == b"6" && self.answer.is_some() {
+                            // The text before the request moved the cursor first.
+                            self.flush_text(out, true);
+                            out.push(Event::CursorQuery {
+                                row: self.row + 1,
+                                col: self.column + 1,
+                            });
+                        }
                         true
                     }
                     // Parameter and intermediate bytes, within bounds.
-                    0x20..=0x3F if self.seq_len <= MAX_CSI => true,
+                    0x20..=0x3F if self.seq_len <= MAX_CSI => {
+                        self.csi.push(b);
+                        true
+                    }
                     // Anything else aborts the sequence, and the byte is handled afresh
                     // (a newline stays a newline, an ESC starts the next sequence).
                     _ => {
@@ -267,6 +340,29 @@ mod tests {
         long.extend(std::iter::repeat_n(b'1', 100));
         long.extend(b"Xok");
         assert!(text(&p.feed(&long)).ends_with("ok"));
+    }
+
+    #[test]
+    fn cursor_requests_are_reported_with_the_printed_position_when_answering() {
+        let mut p = Parser::new("m");
+        assert_eq!(text(&p.feed(b"ab\x1b[6n")), "ab", "not answering: just dropped");
+        let mut p = Parser::new("m").answering(24, 10);
+        let all = p.feed("héllo\x1b[6n\r\nx\ty\x1b[6n\x1b[5n".as_bytes());
+        assert_eq!(
+            all,
+            vec![
+                Event::Text("héllo".into()),
+                Event::CursorQuery { row: 1, col: 6 },
+                Event::Text("\nx\ty".into()),
+                Event::CursorQuery { row: 2, col: 10 },
+            ],
+            "columns count characters; a tab stops at 8; other requests are dropped"
+        );
+        // A request split across reads, after a line longer than the width.
+        let mut p = Parser::new("m").answering(3, 10);
+        let mut all = p.feed(b"0123456789012\n\n\n\x1b[");
+        all.extend(p.feed(b"6n"));
+        assert_eq!(all.last(), Some(&Event::CursorQuery { row: 3, col: 1 }), "{all:?}");
     }
 
     #[test]

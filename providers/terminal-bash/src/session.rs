@@ -1,5 +1,5 @@
-//! One bash-on-a-PTY session: output pump, readiness tiers, framed commands, signals,
-//! teardown. Every process operation goes through the [`TerminalProcess`] seam, so the
+//! One shell-on-a-PTY session (bash, or pwsh): output pump, readiness tiers, framed
+//! commands, signals, teardown. Every process operation goes through the [`TerminalProcess`] seam, so the
 //! session works the same whether the PTY is local or in another world.
 //!
 //! # Invariants
@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::framing::{self, FrameScanner};
 use crate::parser::{Event, Parser};
 use crate::scrollback::Scrollback;
-use crate::{NAME, TerminalBashConfig};
+use crate::{NAME, Shell, TerminalBashConfig};
 
 /// Consecutive positive probe samples before an interrupt counts as settled.
 const STABLE_SAMPLES: u32 = 3;
@@ -53,6 +53,9 @@ const CONFIRM_GAP: Duration = Duration::from_millis(2);
 const SIGNAL_SETTLE: Duration = Duration::from_millis(1_000);
 /// How long close waits for the shell to be reaped after teardown said it exited.
 const REAP_LIMIT: Duration = Duration::from_secs(30);
+/// Between repeated interrupts of a shell whose commands share its process group (pwsh):
+/// a SIGINT that arrived while it was still reading the line reached no command.
+const REINTERRUPT_GAP: Duration = Duration::from_millis(250);
 
 /// Waits for a state change or one poll interval; false once `deadline` has passed.
 async fn pause(
@@ -98,6 +101,12 @@ struct State {
     echo_seen: bool,
     /// Prompt count and time of the last signal delivered while bash was not at its prompt.
     signalled: Option<(u64, Instant)>,
+    /// The prompt count when text was last typed: while no prompt followed it, the shell is
+    /// busy with what was typed.
+    prompts_at_write: Option<u64>,
+    /// Cursor position answers written or about to be: until the shell took them, its read
+    /// of the terminal is a wait for the answer, not for input.
+    answers_in_flight: u32,
 }
 
 impl State {
@@ -105,7 +114,13 @@ impl State {
         self.op = Some(TextRetainer::new(Strategy::Tail, cap));
         self.last_output = Instant::now();
         self.echo = None;
+        self.prompts_at_write = Some(self.prompts);
         self.prompts
+    }
+
+    /// The shell is running what was last typed (no prompt came after it).
+    fn busy(&self) -> bool {
+        self.prompts_at_write == Some(self.prompts)
     }
 
     /// Expects the echo of `typed` (its first printable stretch) in the coming output.
@@ -139,6 +154,7 @@ pub(crate) struct Shared {
     close_lock: tokio::sync::Mutex<Option<CloseReport>>,
     /// The framing helpers were typed into this shell (by its first framed command).
     framing_ready: AtomicBool,
+    shell: Shell,
 }
 
 impl Shared {
@@ -146,7 +162,10 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn ingest(&self, chunk: &[u8]) {
+    /// Takes in a chunk of output; returns the answers to cursor position requests in it,
+    /// which the caller writes to the terminal (counted in flight until it has).
+    fn ingest(&self, chunk: &[u8]) -> Vec<u8> {
+        let mut answers = Vec::new();
         let mut st = self.lock();
         st.ingested += chunk.len() as u64;
         let events = st.parser.feed(chunk);
@@ -154,6 +173,9 @@ impl Shared {
         for ev in events {
             match ev {
                 Event::Marker => st.marker_armed = true,
+                Event::CursorQuery { row, col } => {
+                    answers.extend_from_slice(format!("\x1b[{row};{col}R").as_bytes());
+                }
                 Event::Text(t) => {
                     // A marker counts as a prompt only once printable prompt text follows it.
                     if st.marker_armed && t.chars().any(|c| !c.is_whitespace()) {
@@ -181,8 +203,12 @@ impl Shared {
                 }
             }
         }
+        if !answers.is_empty() {
+            st.answers_in_flight += 1;
+        }
         drop(st);
         self.changed.notify_waiters();
+        answers
     }
 
     fn status(&self) -> SessionStatus {
@@ -208,12 +234,19 @@ impl Shared {
 pub(crate) fn start(
     process: Arc<dyn TerminalProcess>,
     config: TerminalBashConfig,
+    shell: Shell,
     marker: &str,
+    size: conch_seams::TerminalSize,
 ) -> Arc<Shared> {
+    let parser = if shell.answers_cursor_queries() {
+        Parser::new(marker).answering(size.rows, size.cols)
+    } else {
+        Parser::new(marker)
+    };
     let shared = Arc::new(Shared {
         process,
         state: Mutex::new(State {
-            parser: Parser::new(marker),
+            parser,
             scrollback: Scrollback::new(config.scrollback_lines, config.scrollback_max_bytes),
             op: Some(TextRetainer::new(Strategy::Tail, config.max_read_bytes)),
             frame: None,
@@ -226,18 +259,29 @@ pub(crate) fn start(
             echo: None,
             echo_seen: false,
             signalled: None,
+            prompts_at_write: None,
+            answers_in_flight: 0,
         }),
         config,
         changed: Notify::new(),
         closing: AtomicBool::new(false),
         close_lock: tokio::sync::Mutex::new(None),
         framing_ready: AtomicBool::new(false),
+        shell,
     });
     let pump = Arc::clone(&shared);
     tokio::spawn(async move {
         loop {
             match pump.process.read_chunk().await {
-                Ok(Some(chunk)) => pump.ingest(&chunk),
+                Ok(Some(chunk)) => {
+                    let answers = pump.ingest(&chunk);
+                    if !answers.is_empty() {
+                        // A shell gone meanwhile needs no answer; its exit is the news.
+                        let _ = pump.process.write(&answers).await;
+                        pump.lock().answers_in_flight -= 1;
+                        pump.changed.notify_waiters();
+                    }
+                }
                 Ok(None) => {
                     pump.lock().eof = true;
                     pump.changed.notify_waiters();
@@ -292,7 +336,7 @@ pub(crate) async fn await_first_prompt(
                 }
                 return Err(Error::new(
                     ErrorCode::SpawnFailed,
-                    format!("bash exited during startup: {text}"),
+                    format!("{} exited during startup: {text}", shared.shell.dialect().name),
                 )
                 .with_provider(NAME));
             }
@@ -301,7 +345,10 @@ pub(crate) async fn await_first_prompt(
         if now >= deadline {
             return Err(Error::new(
                 ErrorCode::Timeout,
-                "bash did not show its prompt before timeout_ms",
+                format!(
+                    "{} did not show its prompt before timeout_ms",
+                    shared.shell.dialect().name
+                ),
             )
             .with_provider(NAME));
         }
@@ -388,13 +435,14 @@ impl BashSession {
         let mut next_probe = started + probe_after;
         loop {
             let notified = sh.changed.notified();
-            let (prompts, eof, last_output, code, ingested, echo_seen) = {
+            let (prompts, eof, last_output, code, ingested, echo_seen, answering) = {
                 let st = sh.lock();
                 if let Some(why) = &st.lost {
                     return Err(lost(why));
                 }
                 let code = st.frame.as_ref().and_then(FrameScanner::code);
-                (st.prompts, st.eof, st.last_output, code, st.ingested, st.echo_seen)
+                let answering = st.answers_in_flight > 0;
+                (st.prompts, st.eof, st.last_output, code, st.ingested, st.echo_seen, answering)
             };
             // Tier 0: our own prompt, accepted only while bash owns the foreground group. A
             // framed command's prompt counts only once its end marker came.
@@ -432,7 +480,7 @@ impl BashSession {
             // them echoes them, so Tier 1 starts once the echo of the typed text came, or
             // after a blind window for input that echoes nothing (passwords, `stty -echo`).
             let input_taken = !wrote || echo_seen || now >= started + TIER1_BLIND;
-            if now >= next_probe && !eof && code.is_none() && input_taken {
+            if now >= next_probe && !eof && code.is_none() && input_taken && !answering {
                 let obs = sh.observe(Probe::Stdin).await?;
                 let complete = !obs.output_pending && ingested >= obs.delivered_bytes;
                 if obs.stdin == StdinWait::Waiting && complete {
@@ -494,6 +542,7 @@ impl BashSession {
         let mut signalled: Vec<i32> = Vec::new();
         let mut command_seen = false;
         let mut settled = 0;
+        let mut last_sent: Option<Instant> = None;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
@@ -529,10 +578,17 @@ impl BashSession {
             // command ran, the shell in the foreground means it is back, and a SIGINT would
             // be left pending in readline and eat the next line typed.
             let shell_may_get_one = !obs.leader_owns_foreground || !command_seen;
+            // Where commands share the shell's group (pwsh), one SIGINT may have landed while
+            // the shell was still reading the line, before any command ran: until its prompt
+            // is back, the group gets another now and then (harmless at pwsh's prompt).
+            let again = sh.shell.commands_share_its_group()
+                && prompts <= start_prompts
+                && last_sent.is_some_and(|t| t.elapsed() >= REINTERRUPT_GAP);
             if let Some(pg) = obs.foreground
-                && !signalled.contains(&pg)
+                && (!signalled.contains(&pg) || again)
                 && shell_may_get_one
             {
+                last_sent = Some(Instant::now());
                 signalled.push(pg);
                 // The foreground may have changed since the sample: never let a change hand the
                 // shell a signal meant for a command, and record who really got it.
@@ -681,7 +737,7 @@ impl TerminalSession for BashSession {
         self.settle_signal(&cancel).await?;
         let nonce = conch_seams::terminal::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
-        let framed = framing::frame(command, &nonce, init);
+        let framed = self.shared.shell.frame(command, &nonce, init);
         let start_prompts = {
             let mut st = self.shared.lock();
             st.frame = Some(FrameScanner::new(&nonce));
@@ -745,8 +801,11 @@ impl TerminalSession for BashSession {
             )
             .with_provider(NAME));
         };
-        if !delivery.leader {
-            let mut st = self.shared.lock();
+        // A signal to a command's group: the send after it must not take the prompt the
+        // signalled command brings back as its own. Where commands share the shell's group
+        // (pwsh), the delivery is always the leader's, so a busy shell counts instead.
+        let mut st = self.shared.lock();
+        if !delivery.leader || (self.shared.shell.commands_share_its_group() && st.busy()) {
             st.signalled = Some((st.prompts, Instant::now()));
         }
         Ok(delivery)

@@ -169,6 +169,41 @@ pub fn detach(how: &str, pidfile: &std::path::Path) -> String {
     )
 }
 
+/// Writes one line to the process's real stderr, past the test harness's output capture, so
+/// it shows in every `cargo test` run (a skipped suite must never pass unseen).
+pub fn visible_line(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+    let _ = err.flush();
+}
+
+/// A gate for suites that need a program: `Ok` when `program` is an executable file on this
+/// process's PATH, else why not. Looks only: it never runs the program.
+pub fn on_path(program: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let found = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    });
+    if found { Ok(()) } else { Err(format!("{program} not found on PATH")) }
+}
+
+/// The gate of PowerShell suites: `pwsh` on PATH.
+pub fn pwsh_on_path() -> Result<(), String> {
+    on_path("pwsh")
+}
+
+/// A gated suite's report: when the gate is closed, the one visible line that says how many
+/// of its cases did not run, and why (`skipped: pwsh not found on PATH (25 cases)`).
+pub fn report_gate(gate: Result<(), String>, cases: usize) {
+    if let Err(why) = gate {
+        visible_line(&format!("skipped: {why} ({cases} cases)"));
+    }
+}
+
 /// The `subprocess` suite's cases, in order: calls `$callback!{ $($pass)* ; case, ... }`. The
 /// one list both [`subprocess_suite!`] and [`cases::SUBPROCESS`] are made from.
 #[doc(hidden)]
@@ -330,12 +365,39 @@ macro_rules! __shell_cases {
     };
 }
 
-/// Instantiates the shell suite: `shell_suite!(|| Arc<dyn ShellExecutor>)`.
+/// Instantiates the shell suite: `shell_suite!(|| Arc<dyn ShellExecutor>)`. With
+/// `gate: fn() -> Result<(), String>` first, every case returns at once while the gate is
+/// closed, and one more test prints the suite's single `skipped: <why> (N cases)` line.
 /// `shell_suite!(@cases make; case, ...)` instantiates only the cases named.
 #[macro_export]
 macro_rules! shell_suite {
+    (gate: $gate:expr, $make:expr) => {
+        $crate::__shell_cases!($crate::shell_suite { @gated [$gate] $make });
+    };
     ($make:expr) => {
         $crate::__shell_cases!($crate::shell_suite { @cases $make });
+    };
+    (@gated [$gate:expr] $make:expr; $($case:ident),* $(,)?) => {
+        /// One visible `skipped: <why> (N cases)` line while the gate is closed.
+        #[test]
+        fn skipped_cases_are_reported() {
+            let gate: fn() -> Result<(), String> = $gate;
+            $crate::report_gate(gate(), [$(stringify!($case)),*].len());
+        }
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let gate: fn() -> Result<(), String> = $gate;
+                if gate().is_err() {
+                    return;
+                }
+                let provider = ($make)();
+                $crate::report(
+                    $crate::shell::$case(provider.as_ref()).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
+            }
+        )*
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
@@ -382,12 +444,38 @@ macro_rules! __terminal_cases {
 }
 
 /// Instantiates the terminal backend suite: `terminal_suite!(|| Arc<dyn TerminalBackend>)`.
-/// The factory's backend should use an idle window of at most a few seconds.
+/// The factory's backend should use an idle window of at most a few seconds. A `gate:` first
+/// works as for [`shell_suite!`].
 /// `terminal_suite!(@cases make; case, ...)` instantiates only the cases named.
 #[macro_export]
 macro_rules! terminal_suite {
+    (gate: $gate:expr, $make:expr) => {
+        $crate::__terminal_cases!($crate::terminal_suite { @gated [$gate] $make });
+    };
     ($make:expr) => {
         $crate::__terminal_cases!($crate::terminal_suite { @cases $make });
+    };
+    (@gated [$gate:expr] $make:expr; $($case:ident),* $(,)?) => {
+        /// One visible `skipped: <why> (N cases)` line while the gate is closed.
+        #[test]
+        fn skipped_cases_are_reported() {
+            let gate: fn() -> Result<(), String> = $gate;
+            $crate::report_gate(gate(), [$(stringify!($case)),*].len());
+        }
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let gate: fn() -> Result<(), String> = $gate;
+                if gate().is_err() {
+                    return;
+                }
+                let provider = ($make)();
+                $crate::report(
+                    $crate::terminal::$case(provider.as_ref()).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
+            }
+        )*
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

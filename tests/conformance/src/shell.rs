@@ -1,12 +1,30 @@
-//! Cases for the `ShellExecutor` seam.
+//! Cases for the `ShellExecutor` seam. Each case runs its command in the executor's dialect:
+//! the bash text, or the PowerShell 7 text that means the same (see [`script`]); a case whose
+//! script exists in one dialect only says so with a `SKIP` line in the other.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use conch_seams::{ErrorCode, ShellExecRequest, ShellExecutor, ShellProcessStatus};
+use conch_seams::{ErrorCode, ShellDialect, ShellExecRequest, ShellExecutor, ShellProcessStatus};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Outcome, pid_gone, skip, within};
+
+/// True when the executor speaks PowerShell.
+pub fn is_pwsh(p: &dyn ShellExecutor) -> bool {
+    p.dialect() == ShellDialect::PWSH
+}
+
+/// The command for `p`'s dialect: `bash`, or `pwsh` for PowerShell 7.
+pub fn script(p: &dyn ShellExecutor, bash: &str, pwsh: &str) -> String {
+    if is_pwsh(p) { pwsh.to_string() } else { bash.to_string() }
+}
+
+/// A foreground timeout that leaves room for the shell to start first: pwsh takes a
+/// second or more before it runs anything, bash milliseconds.
+fn after_startup(p: &dyn ShellExecutor, bash_ms: u64) -> u64 {
+    if is_pwsh(p) { bash_ms.max(20_000) } else { bash_ms }
+}
 
 async fn run(p: &dyn ShellExecutor, req: ShellExecRequest) -> conch_seams::ShellRunResult {
     let spec = p.resolve(req).expect("resolve");
@@ -14,7 +32,12 @@ async fn run(p: &dyn ShellExecutor, req: ShellExecRequest) -> conch_seams::Shell
 }
 
 pub async fn run_returns_output_and_zero_exit(p: &dyn ShellExecutor) -> Outcome {
-    let r = run(p, ShellExecRequest::new("echo hello; echo oops >&2")).await;
+    let cmd = script(
+        p,
+        "echo hello; echo oops >&2",
+        "[Console]::Out.WriteLine('hello'); [Console]::Error.WriteLine('oops')",
+    );
+    let r = run(p, ShellExecRequest::new(cmd)).await;
     assert_eq!(r.status.code, Some(0));
     assert_eq!(r.output.text, "hello\noops\n", "stdout and stderr are merged in order");
     assert!(!r.timed_out && !r.aborted);
@@ -24,29 +47,38 @@ pub async fn run_returns_output_and_zero_exit(p: &dyn ShellExecutor) -> Outcome 
 }
 
 pub async fn nonzero_exit_is_a_result(p: &dyn ShellExecutor) -> Outcome {
-    let r = run(p, ShellExecRequest::new("echo partial; exit 7")).await;
+    let r =
+        run(p, ShellExecRequest::new(script(p, "echo partial; exit 7", "'partial'; exit 7"))).await;
     assert_eq!(r.status.code, Some(7));
     assert_eq!(r.output.text, "partial\n");
     let r = run(p, ShellExecRequest::new("conch-no-such-command-xyz")).await;
+    // bash's code for a missing command is 127; pwsh's, for the failed statement, 1.
     assert_eq!(
         r.status.code,
-        Some(127),
-        "command not found is the shell's answer, not an infrastructure error"
+        Some(if is_pwsh(p) { 1 } else { 127 }),
+        "command not found is the shell's answer, not an infrastructure error: {r:?}"
     );
+    assert!(r.output.text.contains("conch-no-such-command-xyz"), "{r:?}");
     Ok(())
 }
 
 pub async fn terminal_overrides_are_applied(p: &dyn ShellExecutor) -> Outcome {
-    if p.dialect().name != "bash" {
-        return skip("requires the bash dialect");
-    }
-    let r = run(p, ShellExecRequest::new("echo $NO_COLOR $TERM $PAGER $GIT_PAGER")).await;
+    let cmd = script(
+        p,
+        "echo $NO_COLOR $TERM $PAGER $GIT_PAGER",
+        "\"$env:NO_COLOR $env:TERM $env:PAGER $env:GIT_PAGER\"",
+    );
+    let r = run(p, ShellExecRequest::new(cmd)).await;
     assert_eq!(r.output.text, "1 dumb cat cat\n");
     Ok(())
 }
 
 pub async fn managed_env_wins_over_caller_env(p: &dyn ShellExecutor) -> Outcome {
-    let mut req = ShellExecRequest::new("echo $CONCH_SESSION_ID $TERM $OTHER");
+    let mut req = ShellExecRequest::new(script(
+        p,
+        "echo $CONCH_SESSION_ID $TERM $OTHER",
+        "\"$env:CONCH_SESSION_ID $env:TERM $env:OTHER\"",
+    ));
     req.env.insert("CONCH_SESSION_ID".into(), Some("spoofed".into()));
     req.env.insert("TERM".into(), Some("xterm".into()));
     req.env.insert("OTHER".into(), Some("caller".into()));
@@ -61,20 +93,21 @@ pub async fn managed_env_wins_over_caller_env(p: &dyn ShellExecutor) -> Outcome 
 }
 
 pub async fn timeout_kills_and_reports_timed_out(p: &dyn ShellExecutor) -> Outcome {
-    let r = run(p, ShellExecRequest::new("echo started; sleep 1000").with_timeout_ms(300)).await;
+    let ms = after_startup(p, 300);
+    let cmd = script(p, "echo started; sleep 1000", "'started'; Start-Sleep 1000");
+    let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(ms)).await;
     assert!(r.timed_out, "timeout was the first cause");
     assert!(!r.aborted, "timed_out and aborted are exclusive");
-    assert_eq!(r.timeout_ms, 300);
-    assert!(r.status.signal.is_some(), "the tree was killed by a signal");
+    assert_eq!(r.timeout_ms, ms);
+    assert!(r.status.signal.is_some(), "the tree was killed by a signal: {r:?}");
     assert_eq!(r.output.text, "started\n", "partial output is kept");
     Ok(())
 }
 
 pub async fn abort_kills_and_reports_aborted(p: &dyn ShellExecutor) -> Outcome {
     let cancel = CancellationToken::new();
-    let spec = p
-        .resolve(ShellExecRequest::new("echo go; sleep 1000").with_cancel(cancel.clone()))
-        .unwrap();
+    let cmd = script(p, "echo go; sleep 1000", "'go'; Start-Sleep 1000");
+    let spec = p.resolve(ShellExecRequest::new(cmd).with_cancel(cancel.clone())).unwrap();
     let run = p.run(spec);
     let trigger = async {
         // Give the spawn a head start so the usual path (kill a live tree) is exercised; an
@@ -95,7 +128,11 @@ pub async fn already_aborted_request_does_not_run(p: &dyn ShellExecutor) -> Outc
     let marker = dir.path().join("ran");
     let cancel = CancellationToken::new();
     cancel.cancel();
-    let cmd = format!("touch {}", marker.display());
+    let cmd = script(
+        p,
+        &format!("touch {}", marker.display()),
+        &format!("New-Item -ItemType File -Path '{}'", marker.display()),
+    );
     let r = run(p, ShellExecRequest::new(cmd).with_cancel(cancel)).await;
     assert!(r.aborted);
     assert!(!marker.exists(), "an already-aborted request must not start the command");
@@ -149,14 +186,19 @@ pub async fn a_missing_workdir_is_refused_where_the_world_is(p: &dyn ShellExecut
 
 pub async fn workdir_is_used(p: &dyn ShellExecutor) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let r = run(p, ShellExecRequest::new("pwd -P").with_workdir(dir.path())).await;
+    let cmd = script(p, "pwd -P", "(Get-Location).Path");
+    let r = run(p, ShellExecRequest::new(cmd).with_workdir(dir.path())).await;
     assert_eq!(r.output.text.trim_end(), dir.path().canonicalize().unwrap().display().to_string());
     Ok(())
 }
 
 pub async fn long_output_keeps_tail_and_complete_spill(p: &dyn ShellExecutor) -> Outcome {
-    let req = ShellExecRequest::new("head -c 200000 /dev/zero | tr '\\0' a; echo; echo TAIL")
-        .with_output_max_bytes(1000);
+    let cmd = script(
+        p,
+        "head -c 200000 /dev/zero | tr '\\0' a; echo; echo TAIL",
+        "[Console]::Out.Write('a' * 200000); [Console]::Out.Write(\"`nTAIL`n\")",
+    );
+    let req = ShellExecRequest::new(cmd).with_output_max_bytes(1000);
     let r = run(p, req).await;
     assert_eq!(r.output.total_bytes, 200_006);
     assert!(r.output.text.ends_with("a\nTAIL\n"), "the tail is retained");
@@ -171,8 +213,14 @@ pub async fn long_output_keeps_tail_and_complete_spill(p: &dyn ShellExecutor) ->
 pub async fn background_reads_are_incremental_and_consuming(p: &dyn ShellExecutor) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("gate");
-    let cmd =
-        format!("echo first; while [ ! -e {} ]; do sleep 0.01; done; echo second", gate.display());
+    let cmd = script(
+        p,
+        &format!("echo first; while [ ! -e {} ]; do sleep 0.01; done; echo second", gate.display()),
+        &format!(
+            "'first'; while (-not (Test-Path -LiteralPath '{}')) {{ Start-Sleep -Milliseconds 10 }}; 'second'",
+            gate.display()
+        ),
+    );
     let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
     let mut seen = String::new();
     within("first line", async {
@@ -195,8 +243,8 @@ pub async fn background_reads_are_incremental_and_consuming(p: &dyn ShellExecuto
 }
 
 pub async fn background_ignores_timeout(p: &dyn ShellExecutor) -> Outcome {
-    let spec =
-        p.resolve(ShellExecRequest::new("sleep 0.6; echo done").with_timeout_ms(50)).unwrap();
+    let cmd = script(p, "sleep 0.6; echo done", "Start-Sleep -Milliseconds 600; 'done'");
+    let spec = p.resolve(ShellExecRequest::new(cmd).with_timeout_ms(50)).unwrap();
     let proc = p.start(spec).await;
     within("background exit", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Completed);
@@ -205,7 +253,8 @@ pub async fn background_ignores_timeout(p: &dyn ShellExecutor) -> Outcome {
 }
 
 pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) -> Outcome {
-    let proc = p.start(p.resolve(ShellExecRequest::new("sleep 1000")).unwrap()).await;
+    let cmd = script(p, "sleep 1000", "Start-Sleep 1000");
+    let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
     assert!(proc.kill(), "kill of a running process is accepted");
     within("killed background exit", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Killed);
@@ -216,6 +265,15 @@ pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) -> Outcome
 /// Skips unless the executor's dialect is bash (the case's script is).
 fn bash_only(p: &dyn ShellExecutor) -> Outcome {
     if p.dialect().name == "bash" { Ok(()) } else { skip("the script is bash") }
+}
+
+/// Starts `sleep 1000` to outlive the shell, holding the call's output, and prints its pid.
+fn outliving_holder(p: &dyn ShellExecutor) -> String {
+    script(
+        p,
+        "sleep 1000 & echo $!",
+        "(Start-Process -FilePath sleep -ArgumentList '1000' -PassThru).Id",
+    )
 }
 
 fn first_pid(out: &str) -> i32 {
@@ -281,7 +339,7 @@ async fn await_no_process_with(what: &str, marker: &str) {
 /// foreground or the background, and proves that nothing it started is left.
 async fn isolated_leftovers_gone(p: &dyn ShellExecutor, cmd: &str, background: bool) {
     let m = marker();
-    let cmd = cmd.replace("sleep 1000", &format!("sleep {m}"));
+    let cmd = cmd.replace("sleep 1000", &format!("sleep {m}")).replace("'1000'", &format!("'{m}'"));
     if background {
         let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
         within("the background shell to settle", proc.wait()).await;
@@ -295,14 +353,13 @@ async fn isolated_leftovers_gone(p: &dyn ShellExecutor, cmd: &str, background: b
 pub async fn a_background_child_holding_the_output_does_not_hold_the_call(
     p: &dyn ShellExecutor,
 ) -> Outcome {
-    bash_only(p)?;
     if pid_isolated(p, "a_background_child_holding_the_output_does_not_hold_the_call") {
-        isolated_leftovers_gone(p, "sleep 1000 & echo $!", false).await;
+        isolated_leftovers_gone(p, &outliving_holder(p), false).await;
         return Ok(());
     }
     // The timeout is far beyond `within`'s patience: returning at all proves the call
-    // ended with bash rather than with the pipe.
-    let r = run(p, ShellExecRequest::new("sleep 1000 & echo $!").with_timeout_ms(600_000)).await;
+    // ended with the shell rather than with the pipe.
+    let r = run(p, ShellExecRequest::new(outliving_holder(p)).with_timeout_ms(600_000)).await;
     assert!(!r.timed_out && !r.aborted, "{r:?}");
     assert_eq!(r.status.code, Some(0), "bash's own exit status: {r:?}");
     let pid = first_pid(&r.output.text);
@@ -313,28 +370,36 @@ pub async fn a_background_child_holding_the_output_does_not_hold_the_call(
 }
 
 pub async fn a_clean_command_reports_no_leftovers(p: &dyn ShellExecutor) -> Outcome {
-    let r = run(p, ShellExecRequest::new("echo one; echo two")).await;
+    let r = run(p, ShellExecRequest::new(script(p, "echo one; echo two", "'one'; 'two'"))).await;
+    assert_eq!(r.output.text, "one\ntwo\n");
     assert!(r.leftovers.is_empty(), "{:?}", r.leftovers);
     Ok(())
 }
 
 pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecutor) -> Outcome {
     let case = "the_timeout_holds_despite_an_escaped_pipe_holder";
-    bash_only(p)?;
-    if run(p, ShellExecRequest::new("command -v setsid")).await.status.code.is_none_or(|c| c != 0) {
-        return skip("needs the setsid utility");
-    }
+    with_setsid(p).await?;
+    // An escaped holder: out of the call's group, holding its output.
+    let escaped = |arg: &str| {
+        script(
+            p,
+            &format!("setsid sleep {arg} & echo $!; sleep 1000"),
+            &format!(
+                "(Start-Process -FilePath setsid -ArgumentList 'sleep','{arg}' -PassThru).Id; \
+                 Start-Sleep 1000"
+            ),
+        )
+    };
+    let ms = after_startup(p, 500);
     if pid_isolated(p, case) {
         // The timeout still holds: the call returns, and the holder goes with the namespace.
         let m = marker();
-        let cmd = format!("setsid sleep {m} & echo $!; sleep 1000");
-        let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(500)).await;
+        let r = run(p, ShellExecRequest::new(escaped(&m)).with_timeout_ms(ms)).await;
         assert!(r.timed_out, "{r:?}");
         await_no_process_with("the escaped holder to be gone", &m).await;
         return Ok(());
     }
-    let cmd = "setsid sleep 1000 & echo $!; sleep 1000";
-    let r = run(p, ShellExecRequest::new(cmd).with_timeout_ms(500)).await;
+    let r = run(p, ShellExecRequest::new(escaped("1000")).with_timeout_ms(ms)).await;
     assert!(r.timed_out, "{r:?}");
     let pid = first_pid(&r.output.text);
     assert!(r.leftovers.iter().any(|l| l.pid as i32 == pid), "{:?}", r.leftovers);
@@ -343,12 +408,11 @@ pub async fn the_timeout_holds_despite_an_escaped_pipe_holder(p: &dyn ShellExecu
 }
 
 pub async fn a_background_job_ends_with_its_shell(p: &dyn ShellExecutor) -> Outcome {
-    bash_only(p)?;
     if pid_isolated(p, "a_background_job_ends_with_its_shell") {
-        isolated_leftovers_gone(p, "sleep 1000 & echo $!", true).await;
+        isolated_leftovers_gone(p, &outliving_holder(p), true).await;
         return Ok(());
     }
-    let proc = p.start(p.resolve(ShellExecRequest::new("sleep 1000 & echo $!")).unwrap()).await;
+    let proc = p.start(p.resolve(ShellExecRequest::new(outliving_holder(p))).unwrap()).await;
     within("the background shell to settle", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Completed);
     let pid = first_pid(&proc.snapshot().text);
@@ -368,7 +432,6 @@ fn padded(text: &str) -> String {
 }
 
 pub async fn a_long_heredoc_writes_its_bytes_exactly(p: &dyn ShellExecutor) -> Outcome {
-    bash_only(p)?;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.txt");
     // Multi-byte chars everywhere, so wherever the command is cut some cut falls inside one,
@@ -381,10 +444,20 @@ pub async fn a_long_heredoc_writes_its_bytes_exactly(p: &dyn ShellExecutor) -> O
         ));
         i += 1;
     }
-    let cmd = format!(
-        "cat > '{}' <<'EOF'\n{body}EOF\nprintf '%s|' 'a$b' \"c\\$d\" 'e\\f' \"g\\\"h\" \"é€😀\"; echo",
-        file.display()
-    );
+    let cmd = if is_pwsh(p) {
+        // A verbatim here-string holds every line up to the newline before its `'@`, so the
+        // body's last newline is written after it.
+        format!(
+            "[System.IO.File]::WriteAllText('{}', @'\n{body}'@ + \"`n\")\n\
+             -join ('a$b', 'c$d', 'e\\f', 'g\"h', 'é€😀' | ForEach-Object {{ \"$_|\" }})",
+            file.display()
+        )
+    } else {
+        format!(
+            "cat > '{}' <<'EOF'\n{body}EOF\nprintf '%s|' 'a$b' \"c\\$d\" 'e\\f' \"g\\\"h\" \"é€😀\"; echo",
+            file.display()
+        )
+    };
     let r = run(p, ShellExecRequest::new(cmd)).await;
     assert_eq!(r.status.code, Some(0), "{}", r.output.text);
     assert_eq!(r.output.text, "a$b|c$d|e\\f|g\"h|é€😀|\n", "quoting is parsed once");
@@ -394,7 +467,18 @@ pub async fn a_long_heredoc_writes_its_bytes_exactly(p: &dyn ShellExecutor) -> O
 }
 
 pub async fn a_long_command_runs_as_its_short_self(p: &dyn ShellExecutor) -> Outcome {
-    bash_only(p)?;
+    if is_pwsh(p) {
+        // What a pwsh command could see of how it came: arguments, and the variables a long
+        // one travels in, which must be gone before it runs (from pwsh and its children).
+        let probe = "\"args=$($args.Count) vars=$(@(Get-ChildItem env: | Where-Object Name -like \
+                     '__CONCH_*').Count)\"; sh -c 'env | grep -c __CONCH_PWSH || true'";
+        let short = run(p, ShellExecRequest::new(probe)).await;
+        assert_eq!(short.output.text, "args=0 vars=0\n0\n", "{short:?}");
+        let long = run(p, ShellExecRequest::new(padded(probe))).await;
+        assert_eq!(long.status.code, Some(0), "{long:?}");
+        assert_eq!(long.output.text, short.output.text, "no helper variable left");
+        return Ok(());
+    }
     // What a `bash -c` command can see of how it was started: its name and arguments, `$_`,
     // stdin, the line numbers, IFS and every variable name.
     let probe = "echo \"$0 $# [$_] $LINENO\"; read -r x; echo \"read=$? [$x]\"; \
@@ -416,32 +500,53 @@ pub async fn a_long_command_runs_as_its_short_self(p: &dyn ShellExecutor) -> Out
 }
 
 pub async fn a_long_command_exits_with_its_code(p: &dyn ShellExecutor) -> Outcome {
-    bash_only(p)?;
-    let r = run(p, ShellExecRequest::new(padded("echo partial") + "exit 7\necho never\n")).await;
+    // The padding is a comment in both dialects.
+    let cmd = padded(&script(p, "echo partial", "'partial'"))
+        + &script(p, "exit 7\necho never\n", "exit 7\n'never'\n");
+    let r = run(p, ShellExecRequest::new(cmd)).await;
     assert_eq!(r.status.code, Some(7), "{}", r.output.text);
     assert_eq!(r.output.text, "partial\n");
-    let r = run(p, ShellExecRequest::new(padded("(exit 3)"))).await;
+    // The last status is the shell's: bash's subshell, or pwsh's last native command.
+    let r = run(p, ShellExecRequest::new(padded(&script(p, "(exit 3)", "sh -c 'exit 3'")))).await;
     assert_eq!(r.status.code, Some(3), "the last status is the shell's: {}", r.output.text);
     Ok(())
 }
 
-/// Skips unless the dialect is bash and the setsid utility is there.
-async fn bash_with_setsid(p: &dyn ShellExecutor) -> Outcome {
-    bash_only(p)?;
-    let found = run(p, ShellExecRequest::new("command -v setsid")).await.status.code == Some(0);
+/// Skips when the setsid utility is missing.
+async fn with_setsid(p: &dyn ShellExecutor) -> Outcome {
+    let check = script(
+        p,
+        "command -v setsid",
+        "if (-not (Get-Command setsid -CommandType Application -ErrorAction Ignore)) { exit 1 }",
+    );
+    let found = run(p, ShellExecRequest::new(check)).await.status.code == Some(0);
     if found { Ok(()) } else { skip("needs the setsid utility") }
 }
 
+/// Skips when the command is not bash or the setsid utility is missing.
+async fn bash_with_setsid(p: &dyn ShellExecutor) -> Outcome {
+    bash_only(p)?;
+    with_setsid(p).await
+}
+
 /// Neither in the call's group nor holding its output: only ancestry ties it to the call.
-const DETACHED: &str = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!";
+/// (pwsh's Start-Process refuses one file for both streams, hence `/dev/zero` for stderr.)
+fn detached(p: &dyn ShellExecutor) -> String {
+    script(
+        p,
+        "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!",
+        "(Start-Process -FilePath setsid -ArgumentList 'sleep','1000' -RedirectStandardInput \
+         /dev/null -RedirectStandardOutput /dev/null -RedirectStandardError /dev/zero -PassThru).Id",
+    )
+}
 
 pub async fn a_detached_process_is_stopped_with_the_call(p: &dyn ShellExecutor) -> Outcome {
-    bash_with_setsid(p).await?;
+    with_setsid(p).await?;
     if pid_isolated(p, "a_detached_process_is_stopped_with_the_call") {
-        isolated_leftovers_gone(p, DETACHED, false).await;
+        isolated_leftovers_gone(p, &detached(p), false).await;
         return Ok(());
     }
-    let r = run(p, ShellExecRequest::new(DETACHED)).await;
+    let r = run(p, ShellExecRequest::new(detached(p))).await;
     assert_eq!(r.status.code, Some(0), "{r:?}");
     let pid = first_pid(&r.output.text);
     let left = r.leftovers.iter().find(|l| l.pid as i32 == pid);
@@ -455,12 +560,12 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_settles(
     p: &dyn ShellExecutor,
 ) -> Outcome {
     let case = "a_background_jobs_detached_child_is_stopped_when_it_settles";
-    bash_with_setsid(p).await?;
+    with_setsid(p).await?;
     if pid_isolated(p, case) {
-        isolated_leftovers_gone(p, DETACHED, true).await;
+        isolated_leftovers_gone(p, &detached(p), true).await;
         return Ok(());
     }
-    let proc = p.start(p.resolve(ShellExecRequest::new(DETACHED)).unwrap()).await;
+    let proc = p.start(p.resolve(ShellExecRequest::new(detached(p))).unwrap()).await;
     within("the background shell to settle", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Completed);
     let pid = first_pid(&proc.snapshot().text);

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use conch_seams::{
-    AfterExit, ErrorCode, OutputSpec, Process, SpawnSpec, StdinSpec, StreamId, Subprocess,
-    TerminalSpawnSpec,
+    AfterExit, ErrorCode, ErrorReason, OutputSpec, Process, SpawnSpec, StdinSpec, StreamId,
+    Subprocess, TerminalSpawnSpec,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -65,6 +65,14 @@ pub async fn missing_executable_is_spawn_failure(p: &dyn Subprocess) -> Outcome 
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
     assert!(err.to_string().contains("conch-no-such-binary"), "message names the program: {err}");
+    assert_eq!(err.reason(), Some(ErrorReason::MissingProgram), "typed, so executors can say more");
+    // A bare name missing from the child's PATH is the same typed miss.
+    let err =
+        p.spawn(SpawnSpec::new(argv(&["conch-no-such-binary-on-path"]), tmp())).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.reason()),
+        (ErrorCode::SpawnFailed, Some(ErrorReason::MissingProgram))
+    );
     Ok(())
 }
 

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conch_seams::{
-    ErrorCode, ExitStatus, ForegroundTarget, Probe, Signal, StdinWait, Subprocess, TerminalProcess,
-    TerminalSize, TerminalSpawnSpec,
+    ErrorCode, ErrorReason, ExitStatus, ForegroundTarget, Probe, Signal, StdinWait, Subprocess,
+    TerminalProcess, TerminalSize, TerminalSpawnSpec,
 };
 
 use crate::{Outcome, PATIENCE, detach, pid_gone, pid_in, skip, within};
@@ -166,6 +166,7 @@ pub async fn missing_program_is_spawn_failed(p: &dyn Subprocess) -> Outcome {
         let err = p.spawn_terminal(TerminalSpawnSpec::new(argv(&[prog]), tmp())).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
         assert!(err.to_string().contains("conch-no-such-program-xyz"), "names it: {err}");
+        assert_eq!(err.reason(), Some(ErrorReason::MissingProgram), "typed: {err}");
     }
     Ok(())
 }
