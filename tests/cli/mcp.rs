@@ -445,7 +445,11 @@ fn mcp_background_job_notice_is_a_log_message_and_rides_on_the_next_result() {
 fn mcp_progress_is_reported_while_a_call_runs_and_never_after_it() {
     let mut s = Server::start("standard");
     let gate = s.path("gate");
-    let cmd = format!("while [ ! -e {} ]; do sleep 0.02; done; echo through", gate.display());
+    // 5,001 bytes of output first, then a wait the test ends.
+    let cmd = format!(
+        "head -c 5000 /dev/zero | tr '\\0' x; echo; while [ ! -e {} ]; do sleep 0.02; done; echo through",
+        gate.display()
+    );
     let id = s.call("bash", json!({"command": cmd}), Some("tok-1"));
     let is_progress = |v: &Value| {
         v["method"] == "notifications/progress" && v["params"]["progressToken"] == "tok-1"
@@ -455,9 +459,16 @@ fn mcp_progress_is_reported_while_a_call_runs_and_never_after_it() {
     let (a, b) = (first["params"]["progress"].as_f64(), second["params"]["progress"].as_f64());
     assert!(a.is_some() && b > a, "progress grows: {first} then {second}");
     assert!(second["params"]["message"].as_str().unwrap().starts_with("running for "));
+    // The bash tool reports the output it has so far.
+    s.wait_for("a progress note with the output so far", |v| {
+        is_progress(v)
+            && v["params"]["message"]
+                .as_str()
+                .is_some_and(|m| m.ends_with("; 5001 bytes of output so far"))
+    });
     std::fs::write(&gate, "").unwrap();
     let r = s.response(id);
-    assert_eq!(text_of(&r["result"]), "through\n", "{r}");
+    assert!(text_of(&r["result"]).ends_with("x\nthrough\n"), "{r}");
     // More notes may have come before the result (a slow machine); frames are written in
     // order, so those are in `seen` now and any note after the result comes after this.
     s.seen.retain(|v| !is_progress(v));

@@ -107,6 +107,10 @@ pub struct ShellExecSpec {
     /// The complete sandbox policy this call runs under (`None`: the executor confines
     /// nothing).
     pub sandbox: Option<SandboxPolicy>,
+    /// Where a foreground run reports how far it has come (elapsed time, output bytes so
+    /// far) while it runs; `None`: nowhere. `resolve` leaves it unset; a tool that has a
+    /// progress sink sets it.
+    pub progress: Option<std::sync::Arc<dyn crate::ProgressSink>>,
 }
 
 /// A foreground result. Non-zero exit, timeout and abort are facts, not errors.

@@ -435,7 +435,8 @@ impl Tool for BashTool {
         }
         if !background {
             req.cancel = Some(ctx.cancel.clone());
-            let spec = self.shell.resolve(req)?;
+            let mut spec = self.shell.resolve(req)?;
+            spec.progress = ctx.progress.clone();
             let mut result = self.shell.run(spec).await?;
             if escalated && let Some(info) = result.sandbox.as_mut() {
                 info.escalated = true;

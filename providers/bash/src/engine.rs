@@ -431,6 +431,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
             env,
             cancel: request.cancel.unwrap_or_default(),
             sandbox,
+            progress: None,
         })
     }
 
@@ -468,6 +469,8 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
             }
             Err(e) => return Err(self.spawn_error(e)),
         };
+        // Stopped when this call ends, whichever way.
+        let _progress = spec.progress.clone().map(|sink| report_progress(sink, &process));
         // One fused deadline: whichever of exit, timeout and abort fires first is the cause.
         // Only the shell's own exit counts: output held open by its leftovers must not hold
         // the call until the timeout.
@@ -942,6 +945,40 @@ pub(crate) mod plugin {
         .map_err(|e| ctx.locate(e))?;
         Ok(PluginOutput::seam(SeamHandle::Shell(Arc::new(exec))))
     }
+}
+
+/// How often a foreground run reports its progress.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// Aborts the progress reporter when the run ends.
+struct ProgressReporter(tokio::task::JoinHandle<()>);
+
+impl Drop for ProgressReporter {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reports `process`'s elapsed time and output bytes so far to `sink`, now and every
+/// [`PROGRESS_EVERY`], until the returned guard is dropped.
+fn report_progress(
+    sink: Arc<dyn conch_seams::ProgressSink>,
+    process: &Arc<dyn Process>,
+) -> ProgressReporter {
+    let process = Arc::clone(process);
+    let started = std::time::Instant::now();
+    ProgressReporter(tokio::spawn(async move {
+        let mut every = tokio::time::interval(PROGRESS_EVERY);
+        loop {
+            every.tick().await;
+            let bytes = process.collected(StreamId::Stdout).map_or(0, |c| c.total_bytes);
+            sink.progress(conch_seams::Progress {
+                elapsed: started.elapsed(),
+                output_bytes: bytes,
+                message: None,
+            });
+        }
+    }))
 }
 
 #[cfg(test)]
