@@ -56,6 +56,11 @@ const REAP_LIMIT: Duration = Duration::from_secs(30);
 /// Between repeated interrupts of a shell whose commands share its process group (pwsh):
 /// a SIGINT that arrived while it was still reading the line reached no command.
 const REINTERRUPT_GAP: Duration = Duration::from_millis(250);
+/// Between SIGINTs to a command group that still holds the foreground: one that landed
+/// between bash's fork and the child's exec met the shell's handler, which only sets a flag,
+/// and was lost. (A command that trapped the first one gets a second, as from a user pressing
+/// Ctrl-C again.)
+const COMMAND_REINTERRUPT_GAP: Duration = Duration::from_millis(500);
 
 /// Waits for a state change or one poll interval; false once `deadline` has passed.
 async fn pause(
@@ -537,8 +542,11 @@ impl BashSession {
     /// gets its own SIGINT, and the shell's own group gets one only while no command was seen.
     async fn interrupt(&self, start_prompts: u64) -> Result<()> {
         let sh = &self.shared;
-        let deadline = Instant::now() + Duration::from_millis(sh.config.dispose_grace_ms);
+        let grace = Duration::from_millis(sh.config.dispose_grace_ms);
+        let deadline = Instant::now() + grace;
         let poll = Duration::from_millis(sh.config.poll_interval_ms);
+        // Room for a few more tries within a short grace.
+        let command_gap = COMMAND_REINTERRUPT_GAP.min(grace / 4);
         let mut signalled: Vec<i32> = Vec::new();
         let mut command_seen = false;
         let mut settled = 0;
@@ -584,8 +592,12 @@ impl BashSession {
             let again = sh.shell.commands_share_its_group()
                 && prompts <= start_prompts
                 && last_sent.is_some_and(|t| t.elapsed() >= REINTERRUPT_GAP);
+            // A command group signalled before that still holds the foreground: the signal
+            // may have been lost while the command started (see COMMAND_REINTERRUPT_GAP).
+            let command_again = !obs.leader_owns_foreground
+                && last_sent.is_some_and(|t| t.elapsed() >= command_gap);
             if let Some(pg) = obs.foreground
-                && (!signalled.contains(&pg) || again)
+                && (!signalled.contains(&pg) || again || command_again)
                 && shell_may_get_one
             {
                 last_sent = Some(Instant::now());

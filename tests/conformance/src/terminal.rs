@@ -249,6 +249,47 @@ pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend)
     Ok(())
 }
 
+/// A SIGINT can be lost when it lands while a command is starting: between bash's fork and
+/// the child's exec the child still has the shell's SIGINT handler, which only sets a flag.
+/// A command that ignores SIGINT while it starts, then runs with the default, stands in for
+/// that window: the cancelled send must still stop it (the foreground command gets another
+/// SIGINT), and the next send must run at the prompt rather than be typed into it.
+pub async fn a_sigint_lost_while_the_command_started_is_sent_again(
+    p: &dyn TerminalBackend,
+) -> Outcome {
+    if is_pwsh(p) {
+        return skip("the stand-in for bash's fork-to-exec window is a bash script");
+    }
+    let s = open(p).await;
+    let cancel = CancellationToken::new();
+    let running = {
+        let s = Arc::clone(&s);
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            s.send(
+                "bash -c 'trap \"\" INT; echo ig''noring; sleep 0.2; trap - INT; exec sleep 1000'",
+                true,
+                cancel,
+            )
+            .await
+        })
+    };
+    within("the command to start ignoring SIGINT", async {
+        while !s.read(0, 50).text.contains("\nignoring") {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    cancel.cancel();
+    let out = within("the interrupted send", running).await.unwrap().unwrap();
+    assert!(matches!(out, SendOutcome::Interrupted(_)), "{out:?}");
+    let r = send(s.as_ref(), "echo $((6*7))").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "the command still runs: {r:?}");
+    assert!(r.delta.contains("42\n"), "{r:?}");
+    close(s.as_ref()).await;
+    Ok(())
+}
+
 pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(
     p: &dyn TerminalBackend,
 ) -> Outcome {
