@@ -502,3 +502,30 @@ fn calling_pwsh_where_there_is_none_is_a_clear_spawn_failed() {
         assert_eq!(text(&out), "", "nothing ran: {composition}");
     }
 }
+
+/// A background send whose command ignores SIGINT: killing the job cannot stop the command,
+/// and the job says so (instead of a plain "SIGINT delivered"); SIGKILL through
+/// terminal_signal then gives the shell back.
+#[test]
+fn a_killed_send_whose_command_ignores_sigint_says_it_still_runs() {
+    let results = run_batch_in(
+        "terminal",
+        &[
+            r#"{"tool":"terminal_open","args":{}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"bash -c 'trap \"\" INT; echo st''arted; exec sleep 1000'","run_in_background":true}}"#,
+            r#"{"tool":"job_output","args":{"job_id":"pty-send-1","wait":true,"timeout_ms":1500}}"#,
+            r#"{"tool":"job_kill","args":{"job_id":"pty-send-1"}}"#,
+            r#"{"tool":"job_output","args":{"job_id":"pty-send-1","wait":true,"timeout_ms":30000}}"#,
+            r#"{"tool":"terminal_signal","args":{"session_id":"pty-1","signal":"SIGKILL"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"echo $((6*7))"}}"#,
+        ],
+    );
+    assert_eq!(results.len(), 7, "{results:#?}");
+    let done = &results[4]["structured"];
+    assert!(done["output"].as_str().unwrap().contains("\nstarted\n"), "{done}");
+    assert_eq!(done["status"], "killed", "{done}");
+    assert_eq!(done["detail"], "SIGINT delivered; the command still runs", "{done}");
+    assert!(done["output"].as_str().unwrap().contains("the command still runs"), "{done}");
+    assert_eq!(results[6]["structured"]["wait_reason"], "stdin_read", "{:?}", results[6]);
+    assert!(results[6]["structured"]["output"].as_str().unwrap().contains("42"));
+}

@@ -68,6 +68,10 @@ pub struct Interrupted {
     pub delta: String,
     /// False when the cancellation came before any text was typed (nothing ran).
     pub typed: bool,
+    /// True when a command still held the terminal's foreground when the interrupt gave up
+    /// (after the session's grace): it ignored or trapped SIGINT and keeps running, and text
+    /// sent next goes to it.
+    pub still_running: bool,
     /// Session status at return.
     pub session_status: SessionStatus,
 }

@@ -76,7 +76,11 @@ fn status_text(s: &SessionStatus) -> String {
 
 /// The error a foreground send reports when its call was cancelled.
 fn interrupted_error(i: &Interrupted) -> Error {
-    let what = if i.typed {
+    let what = if i.still_running {
+        "send cancelled; SIGINT delivered to the foreground group, but the command still runs \
+         (it ignored or trapped SIGINT): text sent next goes to it; stop it with \
+         terminal_signal (SIGTERM or SIGKILL) or terminal_close"
+    } else if i.typed {
         "send cancelled; SIGINT delivered to the foreground group"
     } else {
         "send cancelled before any text was typed"
@@ -322,7 +326,9 @@ impl SendTool {
                                     JobSettlement {
                                         status: JobStatus::Killed,
                                         detail: Some(
-                                            if i.typed {
+                                            if i.still_running {
+                                                "SIGINT delivered; the command still runs"
+                                            } else if i.typed {
                                                 "SIGINT delivered"
                                             } else {
                                                 "cancelled before any text was typed"

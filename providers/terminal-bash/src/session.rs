@@ -540,7 +540,8 @@ impl BashSession {
     /// The line may still be queued for readline or between readline and the new job when we
     /// first look, so every command group that takes the foreground before the shell settles
     /// gets its own SIGINT, and the shell's own group gets one only while no command was seen.
-    async fn interrupt(&self, start_prompts: u64) -> Result<()> {
+    /// True when a command still held the foreground when the grace ended.
+    async fn interrupt(&self, start_prompts: u64) -> Result<bool> {
         let sh = &self.shared;
         let grace = Duration::from_millis(sh.config.dispose_grace_ms);
         let deadline = Instant::now() + grace;
@@ -551,6 +552,8 @@ impl BashSession {
         let mut command_seen = false;
         let mut settled = 0;
         let mut last_sent: Option<Instant> = None;
+        // Whether a command held the foreground at the last look.
+        let mut command_holds;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof) = {
@@ -561,13 +564,14 @@ impl BashSession {
                 (st.prompts, st.eof)
             };
             if eof {
-                return Ok(());
+                return Ok(false);
             }
             // Settled means bash is back at its prompt AND blocked reading the terminal: a
             // SIGINT that reached readline before it read the queued line leaves that line to
             // run next, and readline only blocks once no input is pending.
             let probe = if prompts > start_prompts { Probe::Stdin } else { Probe::Foreground };
             let obs = sh.observe(probe).await?;
+            command_holds = !obs.leader_owns_foreground;
             // Stable over several samples, like Tier 1: readline can block for an instant
             // with the interrupted line still queued on the terminal, about to run.
             if prompts > start_prompts
@@ -576,7 +580,7 @@ impl BashSession {
             {
                 settled += 1;
                 if settled >= STABLE_SAMPLES {
-                    return Ok(());
+                    return Ok(false);
                 }
             } else {
                 settled = 0;
@@ -617,7 +621,7 @@ impl BashSession {
                 }
             }
             if !pause(notified, poll, deadline).await {
-                return Ok(());
+                return Ok(command_holds);
             }
         }
     }
@@ -678,6 +682,7 @@ impl TerminalSession for BashSession {
             return Ok(SendOutcome::Interrupted(Interrupted {
                 delta: String::new(),
                 typed: false,
+                still_running: false,
                 session_status: self.shared.status(),
             }));
         }
@@ -707,10 +712,11 @@ impl TerminalSession for BashSession {
             Ok(Ready::Cancelled) => {
                 let interrupted = self.interrupt(start_prompts).await;
                 let delta = self.rendered_delta();
-                interrupted?;
+                let still_running = interrupted?;
                 return Ok(SendOutcome::Interrupted(Interrupted {
                     delta,
                     typed: true,
+                    still_running,
                     session_status: self.shared.status(),
                 }));
             }

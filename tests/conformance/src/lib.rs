@@ -433,6 +433,7 @@ macro_rules! __terminal_cases {
             close_works_while_the_shell_runs_a_loop,
             an_interrupted_command_leaves_no_sigint_for_the_shell,
             a_sigint_lost_while_the_command_started_is_sent_again,
+            an_interrupt_says_whether_the_command_still_runs,
             exit_is_session_exit_with_the_code,
             sigkill_at_the_shell_is_rejected,
             close_leaves_no_descendant_even_one_ignoring_term,

@@ -290,6 +290,46 @@ pub async fn a_sigint_lost_while_the_command_started_is_sent_again(
     Ok(())
 }
 
+/// A command that ignores SIGINT outlives a cancelled send, and the outcome says so rather
+/// than report it stopped; a command that dies of SIGINT is reported stopped.
+pub async fn an_interrupt_says_whether_the_command_still_runs(p: &dyn TerminalBackend) -> Outcome {
+    if is_pwsh(p) {
+        return skip("the command is a bash script");
+    }
+    let s = open(p).await;
+    for (script, survives) in [
+        ("bash -c 'trap \"\" INT; echo st''arted; exec sleep 1000'", true),
+        ("bash -c 'echo st''arted; exec sleep 1000'", false),
+    ] {
+        let cancel = CancellationToken::new();
+        let running = {
+            let s = Arc::clone(&s);
+            let cancel = cancel.clone();
+            tokio::spawn(async move { s.send(script, true, cancel).await })
+        };
+        let seen = s.read(0, 10_000).text.matches("\nstarted").count();
+        within("the command to start", async {
+            while s.read(0, 10_000).text.matches("\nstarted").count() == seen {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        cancel.cancel();
+        let out = within("the interrupted send", running).await.unwrap().unwrap();
+        let SendOutcome::Interrupted(i) = out else { panic!("{out:?}") };
+        assert!(i.typed, "{i:?}");
+        assert_eq!(i.still_running, survives, "{script}: {i:?}");
+        if survives {
+            // Stop it, as the outcome tells the caller to, before the next script.
+            s.signal(Signal::Kill).await.expect("SIGKILL the command in the foreground");
+            let r = send(s.as_ref(), "echo $((6*7))").await;
+            assert!(r.delta.contains("42\n"), "the shell is back: {r:?}");
+        }
+    }
+    close(s.as_ref()).await;
+    Ok(())
+}
+
 pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(
     p: &dyn TerminalBackend,
 ) -> Outcome {
