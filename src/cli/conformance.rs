@@ -97,6 +97,11 @@ struct Bound {
     shell: Option<&'static str>,
     terminal: Option<&'static str>,
     sandbox: Option<&'static str>,
+    /// Why the bound shell cannot start a command here at all (its program is missing:
+    /// pwsh on a machine without PowerShell), found by one trivial call.
+    shell_cannot_start: Option<String>,
+    /// The same for the terminal backend (one session opened and closed).
+    terminal_cannot_start: Option<String>,
 }
 
 impl Bound {
@@ -115,6 +120,43 @@ impl Bound {
             shell: by(SeamId::Shell),
             terminal: by(SeamId::TerminalBackend),
             sandbox: by(SeamId::Sandbox),
+            shell_cannot_start: None,
+            terminal_cannot_start: None,
+        }
+    }
+
+    /// Tries the bound shell and terminal backend once each: a provider whose program is
+    /// not installed here (a `spawn_failed` before anything ran) has nothing to judge, and
+    /// its suite is skipped saying so instead of failing every case the same way.
+    async fn probe_startup(&mut self, seams: &conch_registry::Seams) {
+        use conch_seams::{ErrorCode, ShellExecRequest, TerminalOpenSpec};
+        let cannot = |e: &conch_seams::Error| {
+            (e.code() == ErrorCode::SpawnFailed).then(|| format!("cannot start here: {e}"))
+        };
+        if let Some(shell) = &seams.shell {
+            // `exit 0` means the same in every dialect.
+            let ran = match shell.resolve(ShellExecRequest::new("exit 0")) {
+                Ok(spec) => shell.run(spec).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            self.shell_cannot_start = ran.err().as_ref().and_then(cannot);
+        }
+        if let Some(backend) = &seams.terminal_backend {
+            match backend.open(TerminalOpenSpec::default()).await {
+                Ok(session) => {
+                    let _ = session.close().await;
+                }
+                Err(e) => self.terminal_cannot_start = cannot(&e),
+            }
+        }
+    }
+
+    /// True when `suite`'s seam is bound but its provider cannot start here.
+    fn unstartable(&self, suite: Suite) -> bool {
+        match suite {
+            Suite::Shell => self.shell.is_some() && self.shell_cannot_start.is_some(),
+            Suite::Terminal => self.terminal.is_some() && self.terminal_cannot_start.is_some(),
+            _ => false,
         }
     }
 
@@ -130,7 +172,12 @@ impl Bound {
         if suite == Suite::Sandbox && why.is_none() && self.subprocess.is_none() {
             why = Some("composition binds no subprocess seam to spawn sandboxed commands".into());
         }
-        why
+        let unstartable = match suite {
+            Suite::Shell => self.shell_cannot_start.as_ref(),
+            Suite::Terminal => self.terminal_cannot_start.as_ref(),
+            _ => None,
+        };
+        why.or_else(|| unstartable.map(|u| format!("{} {u}", seam.unwrap_or(what))))
     }
 }
 
@@ -235,11 +282,14 @@ pub async fn run(args: Args, selector: &str) -> anyhow::Result<std::process::Exi
             return Ok(ExitCode::from(1));
         }
     };
-    let bound = Bound::of(&composition);
+    let mut bound = Bound::of(&composition);
     let world = match probe.seams().subprocess.clone() {
         Some(sub) => runner::same_world(sub.as_ref()).await,
         None => Ok(()),
     };
+    if world.is_ok() {
+        bound.probe_startup(probe.seams()).await;
+    }
     probe.shutdown().await;
     if let Err(why) = world {
         eprintln!(
@@ -261,13 +311,21 @@ pub async fn run(args: Args, selector: &str) -> anyhow::Result<std::process::Exi
             "sandbox" => SeamId::Sandbox,
             _ => SeamId::Subprocess,
         };
-        eprintln!(
-            "error: {why}, so the {} suite has nothing to run on in {}; add a plugin \
-             that provides it ({}), or run --suite all",
-            args.suite,
-            composition.source_name(),
-            providers_of(seam).join(", ")
-        );
+        if bound.unstartable(selected[0]) {
+            eprintln!(
+                "error: {why}; the {} suite cannot be judged on this machine ({})",
+                args.suite,
+                composition.source_name()
+            );
+        } else {
+            eprintln!(
+                "error: {why}, so the {} suite has nothing to run on in {}; add a plugin \
+                 that provides it ({}), or run --suite all",
+                args.suite,
+                composition.source_name(),
+                providers_of(seam).join(", ")
+            );
+        }
         return Ok(ExitCode::from(2));
     }
     let scratch = composition.clone().with_setting(

@@ -1,6 +1,7 @@
 //! Log output for every command: `tracing` events and spans on stderr (stdout carries
 //! results), filtered by `CONCH_LOG` (an `EnvFilter` directive such as `debug` or
-//! `conch_provider_local=debug`; default `warn`, `info` for `conch sandboxd`). A span is
+//! `conch_provider_local=debug`; default `warn`, `info` for `conch sandboxd`, and for
+//! `conch mcp` `warn,rmcp=error`). A span is
 //! written when it closes, with its fields and timings.
 //!
 //! What is logged is chosen where it is logged: names, ids, pids and codes, never an

@@ -57,8 +57,8 @@ enum Command {
     Mcp,
     /// Validate a composition file (or embedded name): exit non-zero with the error.
     Check {
-        /// File path or embedded name.
-        file: String,
+        /// File path or embedded name (default: the `--composition` one).
+        file: Option<String>,
     },
     /// List registered plugins.
     Plugins,
@@ -109,7 +109,13 @@ pub fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     // A daemon reports its lifecycle; one-shot commands only what went wrong.
-    let default_level = if matches!(cli.command, Command::Sandboxd(_)) { "info" } else { "warn" };
+    // The MCP library warns (in its own debug format) about every error response it sends,
+    // which a client already got as a protocol frame; by default only its errors show.
+    let default_level = match cli.command {
+        Command::Sandboxd(_) => "info",
+        Command::Mcp => "warn,rmcp=error",
+        _ => "warn",
+    };
     logging::init(cli.log_format, default_level);
     // One call, one check or one listing is a single task with a few helpers: a
     // current-thread runtime starts in a fraction of the time (no worker threads, no CPU
@@ -158,18 +164,20 @@ fn result_json(r: &Result<ToolOutput, Error>) -> serde_json::Value {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Check { file } => match crate::build_runtime(&file) {
-            Ok(runtime) => {
-                let names: Vec<&str> = runtime.tools().iter().map(|t| t.name()).collect();
-                println!("ok: {} (tools: {})", runtime.source_name(), names.join(", "));
-                runtime.shutdown().await;
-                Ok(ExitCode::SUCCESS)
+        Command::Check { file } => {
+            match crate::build_runtime(file.as_deref().unwrap_or(&cli.composition)) {
+                Ok(runtime) => {
+                    let names: Vec<&str> = runtime.tools().iter().map(|t| t.name()).collect();
+                    println!("ok: {} (tools: {})", runtime.source_name(), names.join(", "));
+                    runtime.shutdown().await;
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error[{}]: {e}", e.code());
+                    Ok(ExitCode::from(1))
+                }
             }
-            Err(e) => {
-                eprintln!("error[{}]: {e}", e.code());
-                Ok(ExitCode::from(1))
-            }
-        },
+        }
         // Dispatched in `main` before clap; reaching here means a global flag came first
         // (`conch --composition x sandbox-exec ...`), which the helper does not take.
         Command::SandboxExec { .. } => {

@@ -195,3 +195,33 @@ fn one_suite_and_a_case_filter_run_only_those_cases() {
         ["a_long_command_runs_as_its_short_self", "a_long_command_exits_with_its_code"]
     );
 }
+
+/// A shell whose program is not installed here (pwsh on a machine without PowerShell) has
+/// nothing to judge: its suite is skipped with the provider's own reason (exit 2 when it was
+/// the suite asked for) instead of 25 failures that all say the same thing.
+#[test]
+fn a_shell_that_cannot_start_here_is_skipped_with_its_reason() {
+    if conch_conformance::pwsh_on_path().is_ok() {
+        println!(
+            "SKIP a_shell_that_cannot_start_here_is_skipped_with_its_reason: pwsh is installed"
+        );
+        return;
+    }
+    let only = run("pwsh", &[], &["--suite", "shell"]);
+    assert_eq!(only.status.code(), Some(2), "{}", stderr(&only));
+    let err = stderr(&only);
+    assert!(
+        err.contains("pwsh-local cannot start here") && err.contains("not found on PATH"),
+        "{err}"
+    );
+    let all = run("pwsh", &[], &["--json"]);
+    assert_eq!(all.status.code(), Some(0), "{}", stderr(&all));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&all)).unwrap();
+    let shell: Vec<&serde_json::Value> =
+        report["rows"].as_array().unwrap().iter().filter(|r| r["suite"] == "shell").collect();
+    assert_eq!(shell.len(), cases::SHELL.len());
+    for row in shell {
+        assert_eq!(row["result"], "SKIP", "{row}");
+        assert!(row["message"].as_str().unwrap().contains("cannot start here"), "{row}");
+    }
+}

@@ -94,6 +94,10 @@ fn batch_runs_calls_in_one_runtime_as_one_owner() {
 fn check_accepts_good_and_rejects_bad_compositions() {
     let out = conch().args(["check", "standard"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Without a FILE it checks the `--composition` one, like every other command.
+    let out = conch().args(["--composition", "terminal", "check"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text(&out).starts_with("ok: embedded:terminal "), "{}", text(&out));
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "plugins:\n  subprocess-local: {}\n  bash-local: { timeout_ms: soon }\n")

@@ -383,6 +383,9 @@ fn mcp_protocol_errors_are_json_rpc_errors_and_the_session_survives_them() {
     assert_eq!(text_of(&r), "still here\n", "{r}");
     assert!(s.close_and_wait().success());
     assert!(!s.log.iter().any(|v| v["id"] == 77), "no answer to unparsable bytes: {:?}", s.log);
+    // The client got each error as a frame; the default log level does not repeat them.
+    let stderr = s.stderr.lock().unwrap().clone();
+    assert!(!stderr.contains("WARN"), "error responses repeated on stderr: {stderr}");
 }
 
 #[test]

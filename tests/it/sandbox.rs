@@ -480,3 +480,35 @@ mod private_tmpdirs_are_released {
         until_gone(&dir).await;
     }
 }
+
+/// A workspace root of `/` (conch started in `/`, as in a container whose WORKDIR is `/`)
+/// makes everything writable but the read-only paths: the landlock runner runs the command
+/// instead of refusing because `/` stayed writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_root_of_slash_runs_the_command() {
+    let sandbox = LandlockSandbox::new(helper());
+    if !sandbox.capabilities().modes.contains(&SandboxMode::WorkspaceWrite) {
+        println!("SKIP a_workspace_root_of_slash_runs_the_command: no landlock here");
+        return;
+    }
+    let out_dir = tempfile::tempdir().unwrap();
+    let target = out_dir.path().join("written");
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/");
+    let line = CommandLine::new(vec![
+        "bash".into(),
+        "-c".into(),
+        format!("echo ran > '{}'; echo ok", target.display()),
+    ])
+    .with_cwd(Some("/".into()));
+    let wrapped = sandbox.wrap(&policy, line).unwrap();
+    let out = std::process::Command::new(&wrapped.argv[0])
+        .args(&wrapped.argv[1..])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(text, "ok\n");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "ran\n");
+}

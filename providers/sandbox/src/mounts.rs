@@ -163,8 +163,10 @@ pub fn apply(writable: &[PathBuf], read_only: &[PathBuf]) -> Result<Layer, Strin
         std::env::set_current_dir(&cwd)
             .map_err(|e| format!("cannot re-enter {}: {e}", cwd.display()))?;
     }
-    // Fail closed if the view is not what it must be.
-    if !is_read_only(Path::new("/"))? {
+    // Fail closed if the view is not what it must be. (A policy whose root is `/` itself
+    // makes everything writable but the read-only paths.)
+    let whole_tree = roots.iter().any(|r| r == Path::new("/"));
+    if !whole_tree && !is_read_only(Path::new("/"))? {
         return Err("/ is still writable after remounting".into());
     }
     for p in &protected {
