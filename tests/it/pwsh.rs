@@ -87,6 +87,8 @@ async fn the_pwsh_tool_reports_a_missing_pwsh_as_spawn_failed_and_its_job_as_kil
     let s = out.structured.unwrap();
     assert_eq!(s["status"], "killed", "{s}");
     assert!(s["output"].as_str().unwrap().starts_with(want), "{s}");
+    // The job's detail (and so its completion notice) says why, not just "killed".
+    assert!(s["detail"].as_str().unwrap().starts_with(want), "{s}");
     rt.shutdown().await;
 }
 

@@ -374,9 +374,19 @@ fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
     match p.status() {
         ShellProcessStatus::Killed => JobSettlement {
             status: JobStatus::Killed,
-            detail: Some(match p.exit().and_then(|e| e.signal) {
-                Some(s) => format!("killed by signal: {s}"),
-                None => "killed".into(),
+            detail: Some(match p.exit() {
+                Some(e) => match e.signal {
+                    Some(s) => format!("killed by signal: {s}"),
+                    None => "killed".into(),
+                },
+                // No exit at all: it never started (or its world was lost), and its output
+                // is the reason; the completion notice carries it.
+                None => p
+                    .snapshot()
+                    .text
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .map_or_else(|| "killed".into(), str::to_string),
             }),
         },
         _ => JobSettlement {
