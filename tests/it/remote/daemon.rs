@@ -85,3 +85,34 @@ async fn a_restarted_daemon_is_a_typed_boot_change_not_a_fresh_start() {
     }
     tokio::task::spawn_blocking(move || second.stop()).await.unwrap();
 }
+
+/// A settled process's complete spill outlives the client's handle, as a local one does: a
+/// result that said `full output: <path>` stays true after the handle is dropped (the
+/// client's DELETE), until the daemon's spill limits reclaim it. (The daemon used to release
+/// the output on DELETE, so the path named in a bash result vanished right after the call.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_process_keeps_its_spill_after_the_handle_is_dropped() {
+    use conch_seams::{OutputSpec, StreamId};
+    let d = Daemon::start(ServerConfig::default());
+    let client = d.client();
+    let mut spec =
+        SpawnSpec::new(vec!["sh".into(), "-c".into(), "head -c 200000 /dev/zero".into()], "/tmp");
+    spec.stdout = OutputSpec::Collect { max_bytes: 1000, spill_cap: 1 << 24 };
+    let p = client.spawn(spec).await.unwrap();
+    within("the process", p.wait()).await.unwrap();
+    let spill = p.collected(StreamId::Stdout).and_then(|c| c.spill).expect("a complete spill");
+    assert_eq!(std::fs::metadata(&spill.path).unwrap().len(), 200_000);
+    drop(p);
+    within("the daemon to forget the handle", async {
+        while d.state.live_count() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // The old behaviour deleted the file within milliseconds of the DELETE; watch for it.
+    for _ in 0..100 {
+        assert!(spill.path.exists(), "the spill named in the result was deleted");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}
