@@ -100,6 +100,9 @@ async fn a_settled_process_keeps_its_spill_after_the_handle_is_dropped() {
     spec.stdout = OutputSpec::Collect { max_bytes: 1000, spill_cap: 1 << 24 };
     let p = client.spawn(spec).await.unwrap();
     within("the process", p.wait()).await.unwrap();
+    // With the group's end known too, the client's drop forgets the id at once (DELETE);
+    // otherwise it detaches and the daemon retires the entry after its lease.
+    within("the group's end", p.wait_group_gone()).await.unwrap();
     let spill = p.collected(StreamId::Stdout).and_then(|c| c.spill).expect("a complete spill");
     assert_eq!(std::fs::metadata(&spill.path).unwrap().len(), 200_000);
     drop(p);

@@ -441,9 +441,7 @@ async fn release_proc(
 
 /// `DELETE /v1/procs/{id}` and `/v1/terms/{id}`: stops what still runs (a process's tree is
 /// killed and its output released, a terminal torn down) and forgets the id; an unknown id,
-/// or one of the other kind, is `not_found`. A process that already settled keeps its
-/// complete spill: a result that named it (`full output: <path>`) stays true for as long as
-/// the hosted provider's spill limits keep it, exactly as when a local handle is dropped.
+/// or one of the other kind, is `not_found` (see `stop` for what happens to the output).
 fn forget(
     state: &State,
     headers: &HeaderMap,
@@ -454,10 +452,7 @@ fn forget(
     let e = state.get(&client, id)?;
     kind(&e)?;
     let e = state.remove(&client, id).unwrap_or(e);
-    let settled = matches!(&e.held, Held::Proc(p) if p.proc.try_status().is_some());
-    if !settled {
-        tokio::spawn(async move { super::stop(&e).await });
-    }
+    tokio::spawn(async move { super::stop(&e).await });
     Ok(axum::Json(serde_json::json!({})))
 }
 

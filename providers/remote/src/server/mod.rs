@@ -373,14 +373,19 @@ impl State {
 }
 
 /// Stops one entry: a process is killed as a tree and awaited, then its output released; a
-/// terminal is torn down.
+/// terminal is torn down. A process that had already settled keeps its complete spill: a
+/// result may have named it (`full output: <path>`), and it stays until the hosted
+/// provider's spill limits (age, total size) reclaim it, as when a local handle is dropped.
 async fn stop(e: &Entry) {
     match &e.held {
         Held::Proc(p) => {
+            let settled = p.proc.try_status().is_some();
             p.proc.kill();
             let _ = p.proc.wait().await;
             let _ = p.proc.wait_group_gone().await;
-            p.proc.release();
+            if !settled {
+                p.proc.release();
+            }
         }
         Held::Term(t) => {
             let _ = t.term.terminate(Duration::from_secs(1)).await;
