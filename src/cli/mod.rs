@@ -302,6 +302,20 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// `conch mcp`: one MCP session over stdio; the session's owner is disposed (every job and
 /// terminal stopped and awaited) before the providers shut down.
+/// Resolves on SIGTERM or SIGINT (only SIGINT where SIGTERM cannot be watched): the
+/// long-running commands' shutdown request.
+async fn term_or_int() {
+    let terminate = tokio::signal::unix::SignalKind::terminate();
+    let Ok(mut term) = tokio::signal::unix::signal(terminate) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
 async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
     let runtime = match crate::build_runtime(composition) {
         Ok(r) => Arc::new(r),
@@ -315,18 +329,8 @@ async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
         version: env!("CARGO_PKG_VERSION").into(),
         composition: runtime.source_name().into(),
     };
-    let stop = async {
-        let terminate = tokio::signal::unix::SignalKind::terminate();
-        let Ok(mut term) = tokio::signal::unix::signal(terminate) else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    };
-    let served = conch_frontend_mcp::serve_stdio(Arc::clone(&runtime), identity, stop).await;
+    let served =
+        conch_frontend_mcp::serve_stdio(Arc::clone(&runtime), identity, term_or_int()).await;
     runtime.shutdown().await;
     match served {
         Ok(_) => Ok(ExitCode::SUCCESS),

@@ -99,15 +99,7 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
         "conch sandboxd serving RXP/1"
     );
     let stop = async {
-        let terminate = tokio::signal::unix::SignalKind::terminate();
-        let Ok(mut term) = tokio::signal::unix::signal(terminate) else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
+        super::term_or_int().await;
         tracing::info!("shutting down: stopping every process");
     };
     server::serve(listener, state, stop).await?;

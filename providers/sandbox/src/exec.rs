@@ -233,15 +233,24 @@ pub fn sandbox_exec_main(args: &[String]) -> i32 {
 fn confine(inv: &Invocation) -> Result<(), String> {
     close_inherited_fds()?;
     leave_callers_session();
+    let writable = inv.policy.writable();
+    let points = mounts::read_only_points(&writable, &inv.policy.read_only_paths);
     // Inside bubblewrap the mounts are bubblewrap's; alone, the helper builds its own view.
     let layer = match inv.runner {
-        Runner::Landlock => mounts::apply(&inv.policy.writable(), &inv.policy.read_only_paths)?,
+        Runner::Landlock => mounts::apply(&writable, &points.mount)?,
         Runner::Bwrap => {
             mounts::cover_in_new_namespace(&inv.cover)?;
             Layer::Applied
         }
     };
-    let ruleset = build_ruleset(inv, &layer)?;
+    // With a mount layer (bubblewrap's or our own) the existing read-only paths are
+    // read-only mount points already; one that does not exist yet (a `.git` without
+    // `hooks`) cannot be mounted, so Landlock keeps it from being created.
+    let kept_by_landlock = match layer {
+        Layer::Unavailable(_) => &inv.policy.read_only_paths,
+        Layer::Applied => &points.missing,
+    };
+    let ruleset = build_ruleset(inv, &writable, kept_by_landlock)?;
     let filters = seccomp_filters(&inv.policy)?;
     drop_capabilities()?;
     set_no_new_privs()?;
@@ -351,7 +360,12 @@ pub fn landlock_abi() -> Result<i32, String> {
     }
 }
 
-fn build_ruleset(inv: &Invocation, layer: &Layer) -> Result<Option<RulesetCreated>, String> {
+/// The Landlock ruleset: reads everywhere, writes under `writable` except `protected`.
+fn build_ruleset(
+    inv: &Invocation,
+    writable: &[PathBuf],
+    protected: &[PathBuf],
+) -> Result<Option<RulesetCreated>, String> {
     if landlock_abi().is_err() {
         return Ok(None);
     }
@@ -376,16 +390,7 @@ fn build_ruleset(inv: &Invocation, layer: &Layer) -> Result<Option<RulesetCreate
             created = add(created, Path::new(dev), AccessFs::from_all(abi))?;
         }
     }
-    // With a mount layer (bubblewrap's or our own) the existing read-only paths are
-    // read-only mount points already; one that does not exist yet (a `.git` without
-    // `hooks`) cannot be mounted, so Landlock keeps it from being created.
-    let protected: Vec<PathBuf> = match layer {
-        Layer::Unavailable(_) => inv.policy.read_only_paths.clone(),
-        Layer::Applied => {
-            mounts::read_only_points(&inv.policy.writable(), &inv.policy.read_only_paths).missing
-        }
-    };
-    for path in writable_grants(&inv.policy.writable(), &protected) {
+    for path in writable_grants(writable, protected) {
         created = add(created, &path, AccessFs::from_all(abi))?;
     }
     Ok(Some(created))

@@ -110,11 +110,11 @@ pub(crate) fn create_missing_hooks(read_only: &[PathBuf]) {
     }
 }
 
-/// Builds the view for `writable` roots with `read_only` paths (both absolute).
-pub fn apply(writable: &[PathBuf], read_only: &[PathBuf]) -> Result<Layer, String> {
+/// Builds the view for `writable` roots, with `protected` (the existing read-only paths under
+/// them: [`ReadOnlyPoints::mount`]) as read-only mount points.
+pub fn apply(writable: &[PathBuf], protected: &[PathBuf]) -> Result<Layer, String> {
     let roots: Vec<PathBuf> =
         writable.iter().filter_map(|r| std::fs::canonicalize(r).ok()).collect();
-    let protected = read_only_points(writable, read_only).mount;
     let sockets = unix_sockets();
     if let Err(why) = enter_namespace() {
         return Ok(Layer::Unavailable(why));
@@ -130,7 +130,7 @@ pub fn apply(writable: &[PathBuf], read_only: &[PathBuf]) -> Result<Layer, Strin
     // point cannot be renamed or removed, so `mv .git .git-old` cannot swap in a fresh
     // writable `.git`), then the read-only path itself.
     let mut points: Vec<PathBuf> = Vec::new();
-    for p in &protected {
+    for p in protected {
         let root = roots.iter().find(|r| p.starts_with(r)).cloned().unwrap_or_default();
         for a in p.ancestors().skip(1) {
             if a.starts_with(&root) && a != root && !points.iter().any(|x| x == a) {
@@ -144,7 +144,7 @@ pub fn apply(writable: &[PathBuf], read_only: &[PathBuf]) -> Result<Layer, Strin
             bind(a, a)?;
         }
     }
-    for p in &protected {
+    for p in protected {
         bind(p, p)?;
     }
     let writable_at = |m: &Path| {
@@ -157,19 +157,14 @@ pub fn apply(writable: &[PathBuf], read_only: &[PathBuf]) -> Result<Layer, Strin
             remount_read_only(&point)?;
         }
     }
-    // The working directory still names the directory on the mount it was entered through
-    // (now read-only when it lies in a root): enter it again through the new view.
-    if let Ok(cwd) = std::env::current_dir() {
-        std::env::set_current_dir(&cwd)
-            .map_err(|e| format!("cannot re-enter {}: {e}", cwd.display()))?;
-    }
+    reenter_cwd()?;
     // Fail closed if the view is not what it must be. (A policy whose root is `/` itself
     // makes everything writable but the read-only paths.)
     let whole_tree = roots.iter().any(|r| r == Path::new("/"));
     if !whole_tree && !is_read_only(Path::new("/"))? {
         return Err("/ is still writable after remounting".into());
     }
-    for p in &protected {
+    for p in protected {
         if !is_read_only(p)? {
             return Err(format!("{} is still writable after remounting", p.display()));
         }
@@ -189,7 +184,12 @@ pub fn cover_in_new_namespace(sockets: &[PathBuf]) -> Result<(), String> {
     mount(None, Path::new("/"), libc::MS_REC | libc::MS_SLAVE)
         .map_err(|e| format!("cannot make / private: {e}"))?;
     cover_sockets(sockets)?;
-    // As in `apply`: the working directory is re-entered through the new view.
+    reenter_cwd()
+}
+
+/// After mounts changed: the working directory still names the directory on the mount it
+/// was entered through (read-only, or covered), so it is entered again through the new view.
+fn reenter_cwd() -> Result<(), String> {
     if let Ok(cwd) = std::env::current_dir() {
         std::env::set_current_dir(&cwd)
             .map_err(|e| format!("cannot re-enter {}: {e}", cwd.display()))?;

@@ -249,6 +249,29 @@ pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend)
     Ok(())
 }
 
+/// Sends `text` in the background, waits until its command printed `marker` once more (the
+/// command runs), cancels the send and returns how it ended.
+async fn cancel_once_running(
+    s: &Arc<dyn TerminalSession>,
+    text: &str,
+    marker: &str,
+) -> SendOutcome {
+    let seen = s.read(0, 10_000).text.matches(marker).count();
+    let cancel = CancellationToken::new();
+    let running = {
+        let (s, text, cancel) = (Arc::clone(s), text.to_string(), cancel.clone());
+        tokio::spawn(async move { s.send(&text, true, cancel).await })
+    };
+    within(&format!("the command to print {marker:?}"), async {
+        while s.read(0, 10_000).text.matches(marker).count() == seen {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    cancel.cancel();
+    within("the interrupted send", running).await.unwrap().unwrap()
+}
+
 /// A SIGINT can be lost when it lands while a command is starting: between bash's fork and
 /// the child's exec the child still has the shell's SIGINT handler, which only sets a flag.
 /// A command that ignores SIGINT while it starts, then runs with the default, stands in for
@@ -261,27 +284,12 @@ pub async fn a_sigint_lost_while_the_command_started_is_sent_again(
         return skip("the stand-in for bash's fork-to-exec window is a bash script");
     }
     let s = open(p).await;
-    let cancel = CancellationToken::new();
-    let running = {
-        let s = Arc::clone(&s);
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            s.send(
-                "bash -c 'trap \"\" INT; echo ig''noring; sleep 0.2; trap - INT; exec sleep 1000'",
-                true,
-                cancel,
-            )
-            .await
-        })
-    };
-    within("the command to start ignoring SIGINT", async {
-        while !s.read(0, 50).text.contains("\nignoring") {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    })
+    let out = cancel_once_running(
+        &s,
+        "bash -c 'trap \"\" INT; echo ig''noring; sleep 0.2; trap - INT; exec sleep 1000'",
+        "\nignoring",
+    )
     .await;
-    cancel.cancel();
-    let out = within("the interrupted send", running).await.unwrap().unwrap();
     assert!(matches!(out, SendOutcome::Interrupted(_)), "{out:?}");
     let r = send(s.as_ref(), "echo $((6*7))").await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "the command still runs: {r:?}");
@@ -301,21 +309,7 @@ pub async fn an_interrupt_says_whether_the_command_still_runs(p: &dyn TerminalBa
         ("bash -c 'trap \"\" INT; echo st''arted; exec sleep 1000'", true),
         ("bash -c 'echo st''arted; exec sleep 1000'", false),
     ] {
-        let cancel = CancellationToken::new();
-        let running = {
-            let s = Arc::clone(&s);
-            let cancel = cancel.clone();
-            tokio::spawn(async move { s.send(script, true, cancel).await })
-        };
-        let seen = s.read(0, 10_000).text.matches("\nstarted").count();
-        within("the command to start", async {
-            while s.read(0, 10_000).text.matches("\nstarted").count() == seen {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-        })
-        .await;
-        cancel.cancel();
-        let out = within("the interrupted send", running).await.unwrap().unwrap();
+        let out = cancel_once_running(&s, script, "\nstarted").await;
         let SendOutcome::Interrupted(i) = out else { panic!("{out:?}") };
         assert!(i.typed, "{i:?}");
         assert_eq!(i.still_running, survives, "{script}: {i:?}");
@@ -344,20 +338,7 @@ pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(
     send(s.as_ref(), "trap 'echo SHELL_GOT_$((1))INT' INT").await;
     send(s.as_ref(), "PROMPT_COMMAND=\"for ((i=0;i<100000;i++)); do :; done; $PROMPT_COMMAND\"")
         .await;
-    let cancel = CancellationToken::new();
-    let running = {
-        let s = Arc::clone(&s);
-        let cancel = cancel.clone();
-        tokio::spawn(async move { s.send("echo st''arted; sleep 1000", true, cancel).await })
-    };
-    within("the command to start", async {
-        while !s.read(0, 50).text.contains("\nstarted") {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    cancel.cancel();
-    let out = within("the interrupted send", running).await.unwrap().unwrap();
+    let out = cancel_once_running(&s, "echo st''arted; sleep 1000", "\nstarted").await;
     assert!(matches!(out, SendOutcome::Interrupted(_)), "{out:?}");
     let r = send(s.as_ref(), "echo $((6*7))").await;
     assert!(r.delta.contains("42\n"), "the next line arrives whole: {r:?}");
