@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use conch_seams::{CollectingSink, Error, ErrorCode, NoticeRoute, Owner, ToolOutput};
+use conch_seams::{
+    CollectingSink, Error, ErrorCode, Notice, NoticeRoute, NoticeSink, Owner, ToolOutput,
+};
 
 #[derive(Parser)]
 #[command(name = "conch", version, about = "execution framework for AI-agent harnesses")]
@@ -233,7 +235,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(1));
                 }
             };
-            let sink = Arc::new(CollectingSink::default());
+            let sink = Arc::new(CliSink::default());
             let owner = Owner::new("cli", Arc::clone(&sink) as Arc<dyn conch_seams::NoticeSink>);
             let code = match command {
                 Command::Tools => {
@@ -257,21 +259,46 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let turn = owner.begin_turn();
                     let r = runtime.call(&owner, &tool, args).await;
                     drop(turn);
-                    if json {
-                        print_line(&result_json(&r))?;
-                    }
-                    match r {
-                        Ok(o) => {
-                            if !json {
-                                // Print the text exactly, ending with one newline.
-                                if o.text.ends_with('\n') {
-                                    print!("{}", o.text);
-                                } else {
-                                    println!("{}", o.text);
+                    // A background job cannot outlive the one call this process serves: wait
+                    // for what the call started, then print its notice and its output, so
+                    // nothing is killed unseen when the process exits.
+                    match &r {
+                        Ok(o) if !json => {
+                            // Print the text exactly, ending with one newline.
+                            if o.text.ends_with('\n') {
+                                print!("{}", o.text);
+                            } else {
+                                println!("{}", o.text);
+                            }
+                            std::io::stdout().flush()?;
+                            let (notices, jobs) = settle_jobs(&runtime, &owner, &sink).await;
+                            for n in &notices {
+                                println!("{}", n["text"].as_str().unwrap_or_default());
+                            }
+                            for job in &jobs {
+                                let output = job["output"].as_str().unwrap_or_default();
+                                print!("{output}");
+                                if !output.is_empty() && !output.ends_with('\n') {
+                                    println!();
                                 }
                             }
-                            ExitCode::SUCCESS
                         }
+                        Ok(_) => {
+                            let (notices, jobs) = settle_jobs(&runtime, &owner, &sink).await;
+                            let mut out = result_json(&r);
+                            if !notices.is_empty() {
+                                out["notices"] = serde_json::Value::Array(notices);
+                            }
+                            if !jobs.is_empty() {
+                                out["jobs"] = serde_json::Value::Array(jobs);
+                            }
+                            print_line(&out)?;
+                        }
+                        Err(_) if json => print_line(&result_json(&r))?,
+                        Err(_) => {}
+                    }
+                    match r {
+                        Ok(_) => ExitCode::SUCCESS,
                         Err(e) => {
                             if !json {
                                 eprintln!("error[{}]: {e}", e.code());
@@ -341,10 +368,107 @@ async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The CLI's notice sink: collects, and wakes whoever waits for the next notice.
+#[derive(Debug, Default)]
+struct CliSink {
+    notices: CollectingSink,
+    arrived: tokio::sync::Notify,
+}
+
+impl CliSink {
+    fn take(&self) -> Vec<(NoticeRoute, Notice)> {
+        self.notices.take()
+    }
+}
+
+impl NoticeSink for CliSink {
+    fn deliver(&self, route: NoticeRoute, notice: Notice) {
+        self.notices.deliver(route, notice);
+        // A stored permit: a waiter that registers after this still wakes.
+        self.arrived.notify_one();
+    }
+}
+
+/// How long a settled job's completion notice may take to arrive: the jobs registry sends
+/// it right after the settlement it follows, so this only bounds a notice that never comes
+/// (a job reported otherwise).
+const NOTICE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until every job of `owner` has settled (the jobs `conch call` started) and their
+/// completion notices arrived, then returns the notices (as `batch` prints them) and each
+/// job's output (`job_id`, `status`, `output`, `spill_path`).
+async fn settle_jobs(
+    runtime: &conch_registry::Runtime,
+    owner: &Arc<Owner>,
+    sink: &CliSink,
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let mut pending = std::collections::HashSet::new();
+    if let Some(jobs) = &runtime.seams().jobs {
+        loop {
+            let running: Vec<_> = jobs
+                .list(owner)
+                .into_iter()
+                .filter(|j| j.status == conch_seams::JobStatus::Running)
+                .collect();
+            if running.is_empty() {
+                break;
+            }
+            for job in running {
+                pending.insert(job.id.clone());
+                // Waiting never kills; a long wait simply waits again.
+                let _ = jobs.wait(owner, &job.id, std::time::Duration::from_secs(3600)).await;
+            }
+        }
+    }
+    let mut ids: Vec<String> = pending.iter().cloned().collect();
+    ids.sort();
+    let mut notices = Vec::new();
+    loop {
+        for (route, n) in sink.take() {
+            pending.remove(&n.source_id);
+            notices.push((route, n));
+        }
+        if pending.is_empty()
+            || tokio::time::timeout(NOTICE_GRACE, sink.arrived.notified()).await.is_err()
+        {
+            break;
+        }
+    }
+    let mut outputs = Vec::new();
+    if let Some(jobs) = &runtime.seams().jobs {
+        // After the notices: a consuming read marks a settled job reported, and a job
+        // reported before its notice step sends none.
+        for id in &ids {
+            if let Ok((info, read)) = jobs.read_output(owner, id) {
+                outputs.push(serde_json::json!({
+                    "job_id": info.id,
+                    "status": info.status.as_str(),
+                    "output": read.text,
+                    "spill_path": read.spill_path,
+                }));
+            }
+        }
+    }
+    (notices_json(notices), outputs)
+}
+
+fn notices_json(notices: Vec<(NoticeRoute, Notice)>) -> Vec<serde_json::Value> {
+    notices
+        .into_iter()
+        .map(|(route, n)| {
+            let route = match route {
+                NoticeRoute::Inject => "inject",
+                NoticeRoute::Followup => "followup",
+            };
+            serde_json::json!({ "route": route, "source_id": n.source_id, "text": n.text })
+        })
+        .collect()
+}
+
 async fn batch(
     runtime: &conch_registry::Runtime,
     owner: &Arc<Owner>,
-    sink: &CollectingSink,
+    sink: &CliSink,
 ) -> anyhow::Result<()> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
     // stdin is blocking; read it on a thread so tool calls keep running on the runtime.
@@ -380,17 +504,7 @@ async fn batch(
             Err(e) => Err(Error::new(ErrorCode::InvalidArgument, format!("line is not JSON: {e}"))),
         };
         let mut out = result_json(&r);
-        let notices: Vec<serde_json::Value> = sink
-            .take()
-            .into_iter()
-            .map(|(route, n)| {
-                let route = match route {
-                    NoticeRoute::Inject => "inject",
-                    NoticeRoute::Followup => "followup",
-                };
-                serde_json::json!({ "route": route, "source_id": n.source_id, "text": n.text })
-            })
-            .collect();
+        let notices = notices_json(sink.take());
         if !notices.is_empty() {
             out["notices"] = serde_json::Value::Array(notices);
         }

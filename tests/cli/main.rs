@@ -533,3 +533,100 @@ fn a_killed_send_whose_command_ignores_sigint_says_it_still_runs() {
     assert_eq!(results[6]["structured"]["wait_reason"], "stdin_read", "{:?}", results[6]);
     assert!(results[6]["structured"]["output"].as_str().unwrap().contains("42"));
 }
+
+/// `conch` with its spill home under `dir` (isolated from other runs of the suite).
+fn conch_spilling_in(dir: &std::path::Path) -> Command {
+    let mut c = conch();
+    c.env("CONCH_PLUGINS__SUBPROCESS_LOCAL__SPILL_DIR", dir);
+    c
+}
+
+#[test]
+fn a_spill_path_a_call_prints_stays_readable_after_conch_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = conch_spilling_in(dir.path())
+        .args(["call", "bash", r#"{"command":"seq 1 200000"}"#])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = text(&out);
+    let first = text.lines().next().unwrap_or_default();
+    let path = first
+        .strip_prefix("[output truncated; full output: ")
+        .and_then(|s| s.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("a spill is named: {first}"));
+    // The process that wrote it is gone; the path still holds the whole output.
+    let spill = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(spill.lines().count(), 200_000);
+    assert!(spill.ends_with("199999\n200000\n"));
+}
+
+#[test]
+fn call_waits_for_the_background_job_it_started_and_prints_its_end() {
+    let out = conch()
+        .args([
+            "call",
+            "bash",
+            r#"{"command":"sleep 0.3; echo from-the-job","run_in_background":true}"#,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out),
+        "started background job bash-1; read its output with job_output and stop it with job_kill\n\
+         job bash-1 (sleep 0.3; echo from-the-job) completed\n\
+         from-the-job\n"
+    );
+    let out = conch()
+        .args(["call", "bash", r#"{"command":"echo json-job","run_in_background":true}"#, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(text(&out).trim()).unwrap();
+    assert_eq!(v["jobs"][0]["job_id"], "bash-1");
+    assert_eq!(v["jobs"][0]["status"], "completed");
+    assert_eq!(v["jobs"][0]["output"], "json-job\n");
+    assert_eq!(v["notices"][0]["source_id"], "bash-1");
+}
+
+#[test]
+fn what_a_killed_conch_left_running_is_stopped_by_the_next_conch() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // A grandchild of the job's shell: nothing of the killed conch's own machinery remains
+    // to stop it.
+    let cmd = format!("sleep 7777 & echo $! > {}; wait", pidfile.display());
+    let line = serde_json::json!({"tool":"bash","args":{"command":cmd,"run_in_background":true}});
+    let mut batch = conch_spilling_in(dir.path())
+        .arg("batch")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = batch.stdin.take().unwrap();
+    writeln!(stdin, "{line}").unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(batch.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.contains("bash-1"), "{first}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_to_string(&pidfile).unwrap_or_default().trim().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the job wrote its pid");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let pid = pid_in(&pidfile);
+    batch.kill().unwrap();
+    batch.wait().unwrap();
+    drop(stdin);
+    assert!(!pid_gone(pid), "SIGKILL gave conch no chance to stop its job's sleep");
+    // The next conch sharing the spill home stops it before it exits.
+    let out = conch_spilling_in(dir.path())
+        .args(["call", "bash", r#"{"command":"true"}"#])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(pid_gone(pid), "the killed run's sleep {pid} was stopped by the next run");
+}

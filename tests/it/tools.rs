@@ -388,45 +388,81 @@ fn spill_of(text: &str) -> std::path::PathBuf {
         .into()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spills_go_with_their_job_record_and_with_the_runtime() {
-    let rt = standard();
-    let (o, _) = owner("s");
-    let fg = spill_of(&call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await.text);
-    let out =
-        call(&rt, &o, "bash", json!({"command": "seq 1 100000", "run_in_background": true})).await;
-    let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
-    let done =
-        call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 30000})).await;
-    let bg: std::path::PathBuf =
-        done.structured.unwrap()["spill_path"].as_str().expect("the job names its spill").into();
-    assert!(fg.is_file() && bg.is_file());
-    conch_conformance::within("owner disposal", o.dispose()).await;
-    assert!(!bg.exists(), "the deleted job record took its spill along");
-    assert!(fg.is_file(), "a foreground result's spill lives as long as the runtime");
-    rt.shutdown().await;
-    assert!(!fg.exists(), "shutdown removed the runtime's spills");
+/// A runtime whose subprocess provider keeps its spill home under `parent`, with `limits`
+/// (extra `subprocess-local` keys).
+fn spilling(parent: &std::path::Path, limits: &str) -> conch_registry::Runtime {
+    crate::runtime(&format!(
+        "plugins:\n  subprocess-local: {{ spill_dir: {:?}{limits} }}\n  bash-local: {{}}\n  jobs: {{}}\n  tool-bash: {{}}\n  tool-jobs: {{}}\n",
+        parent
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keep_spills_keeps_them_after_disposal_and_shutdown() {
+async fn spills_results_named_outlive_their_job_record_and_the_runtime() {
     let parent = tempfile::tempdir().unwrap();
-    let rt = crate::runtime(&format!(
-        "plugins:\n  subprocess-local: {{ keep_spills: true, spill_dir: {:?} }}\n  bash-local: {{}}\n  jobs: {{}}\n  tool-bash: {{}}\n  tool-jobs: {{}}\n",
-        parent.path()
-    ));
+    let rt = spilling(parent.path(), "");
     let (o, _) = owner("s");
     let fg = spill_of(&call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await.text);
-    assert!(fg.starts_with(parent.path()), "{fg:?} is under the configured spill_dir");
+    let home = parent.path().join(format!("conch-spills-{}", nix_euid()));
+    assert!(fg.starts_with(&home), "{fg:?} is in the spill home under the configured spill_dir");
     let out =
         call(&rt, &o, "bash", json!({"command": "seq 1 100000", "run_in_background": true})).await;
     let id = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
     let done =
         call(&rt, &o, "job_output", json!({"job_id": id, "wait": true, "timeout_ms": 30000})).await;
     let bg: std::path::PathBuf = done.structured.unwrap()["spill_path"].as_str().unwrap().into();
-    o.dispose().await;
+    conch_conformance::within("owner disposal", o.dispose()).await;
     rt.shutdown().await;
+    // Disposal deleted the job's record and shutdown ended the runtime; the paths its
+    // results named still hold every byte.
     for spill in [&fg, &bg] {
         assert_eq!(std::fs::read_to_string(spill).unwrap().lines().count(), 100_000, "{spill:?}");
     }
+    use std::os::unix::fs::PermissionsExt;
+    for (path, mode) in [(&home, 0o700), (&fg, 0o600), (&fg.parent().unwrap().to_path_buf(), 0o700)]
+    {
+        let m = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(m, mode, "{path:?}");
+    }
+}
+
+fn nix_euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    // A file this process creates is owned by its effective uid.
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().metadata().unwrap().uid()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_run_evicts_what_ended_runs_left_by_age_then_total() {
+    let parent = tempfile::tempdir().unwrap();
+    // 588,895 bytes a spill: two fit under the 1.5 MB cap, three do not.
+    let cap = ", max_spill_total_bytes: 1500000";
+    let mut left = Vec::new();
+    for _ in 0..2 {
+        let rt = spilling(parent.path(), cap);
+        let (o, _) = owner("s");
+        left.push(spill_of(&call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await.text));
+        o.dispose().await;
+        rt.shutdown().await;
+    }
+    assert!(left.iter().all(|p| p.is_file()), "two ended runs' spills fit the cap: {left:?}");
+    // The oldest was written first; its age now counts against it too.
+    let rt = spilling(parent.path(), cap);
+    let (o, _) = owner("s");
+    let mine = spill_of(&call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await.text);
+    o.dispose().await;
+    rt.shutdown().await;
+    assert!(mine.is_file(), "the run's own spill stays");
+    assert!(!left[0].exists(), "past the cap, the oldest ended run's spill goes first");
+    assert!(left[1].is_file(), "then the total fits again: {:?}", left[1]);
+    assert!(!left[0].parent().unwrap().exists(), "its empty directory goes too");
+    // With an age limit of 1 ms every ended run's spill is too old for the next run that
+    // spills (its shutdown bounds the home).
+    let rt = spilling(parent.path(), ", max_spill_age_ms: 1");
+    let (o, _) = owner("s");
+    call(&rt, &o, "bash", json!({"command": "seq 1 100000"})).await;
+    o.dispose().await;
+    rt.shutdown().await;
+    assert!(!left[1].exists() && !mine.exists(), "ended runs' spills past the age limit go");
 }

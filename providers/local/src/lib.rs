@@ -12,7 +12,10 @@
 //! `procfs` is the one module that reads `/proc`.
 //!
 //! Spills (complete copies of long collected streams) live under one private 0700 directory
-//! per provider, removed at shutdown unless `keep_spills`. A [`SpillRegistry`] holds every
+//! per provider inside the per-user spill home (`home`), and outlive the provider: a path a
+//! result names stays readable after the process exits, until a later run's sweep evicts it
+//! by the same limits. The home also marks each living provider, so the next conch to start
+//! stops what a killed one left running. A [`SpillRegistry`] holds every
 //! spill's size and last write in memory and bounds them: past `max_spill_total_bytes`
 //! finished spills (the stream ended and the process settled) are evicted least recently
 //! written first, and a finished spill older than `max_spill_age_ms` is evicted by the
@@ -22,6 +25,7 @@
 //! spill as such (`spill_evicted`), never by its path.
 #![cfg(unix)]
 
+mod home;
 mod probe;
 mod process;
 mod procfs;
@@ -67,13 +71,9 @@ static PROVIDERS: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LocalConfig {
-    /// Where this provider's private spill directory is created (default: the system temp
-    /// dir).
+    /// The directory the per-user spill home `conch-spills-<euid>` is made in (default: the
+    /// system temp dir).
     pub spill_dir: Option<PathBuf>,
-    /// Keep spill files after shutdown and after their job records are deleted (default
-    /// false: they go with the runtime, or with their record). The two limits below apply
-    /// either way.
-    pub keep_spills: bool,
     /// Total bytes of all this provider's spill files (default 1 GiB). Past it, finished
     /// spills are evicted, least recently written first; a spill still being written never
     /// is.
@@ -88,7 +88,6 @@ impl Default for LocalConfig {
         let limits = SpillLimits::default();
         Self {
             spill_dir: None,
-            keep_spills: false,
             max_spill_total_bytes: limits.max_total_bytes,
             max_spill_age_ms: u64::try_from(limits.max_age.as_millis()).unwrap_or(u64::MAX),
         }
@@ -107,8 +106,8 @@ impl LocalConfig {
 
 impl PluginConfig for LocalConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
-        // Zero would evict every finished spill the moment it ends; `keep_spills: false`
-        // with small limits is the way to ask for little disk use.
+        // Zero would evict every finished spill the moment it ends, including the one a
+        // result is about to name; small limits are the way to ask for little disk use.
         ConfigIssue::positive("max_spill_total_bytes", self.max_spill_total_bytes)?;
         ConfigIssue::positive("max_spill_age_ms", self.max_spill_age_ms)
     }
@@ -117,12 +116,18 @@ impl PluginConfig for LocalConfig {
 /// The local subprocess provider.
 #[derive(Debug)]
 pub struct LocalSubprocess {
-    config: LocalConfig,
     live: Mutex<Vec<Weak<process::Inner>>>,
     terminals: Mutex<Vec<Weak<pty::TermInner>>>,
     /// The private 0700 directory every spill of this provider lives under, made by the
-    /// first spill and removed at shutdown (or drop) unless `keep_spills`.
+    /// first spill: in the spill home, where it outlives the provider; without a usable
+    /// home, a temporary one removed at shutdown (or drop).
     spill_root: Arc<SpillRoot>,
+    /// The per-user spill home, when it could be used.
+    home: Option<home::Home>,
+    /// This provider's mark in the home, retired at shutdown (or drop).
+    mark: Mutex<Option<home::LiveMark>>,
+    /// The sweep of a crashed run's processes this provider started, awaited at shutdown.
+    crash_sweep: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// This provider's id: every spawn's id is `<id>.<n>`, so shutdown finds them all.
     id: String,
     spawns: AtomicU64,
@@ -157,13 +162,30 @@ impl LocalSubprocess {
         // Before any spawn: orphans of every call reparent here from the start.
         let process = reaper::init();
         let n = PROVIDERS.fetch_add(1, Ordering::Relaxed);
-        let spill_root = Arc::new(SpillRoot::new(config.spill_dir.clone()));
+        let id = format!("{process}.{n}");
+        let parent = config.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let opened = home::Home::open(&parent).and_then(|h| h.register(&id).map(|m| (h, m)));
+        let (home, mark, spill_root) = match opened {
+            Ok((h, m)) => {
+                let root = SpillRoot::persistent(h.spill_dir(&id));
+                (Some(h), Some(m), root)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "the spill home cannot be used: this run's spills go with it at shutdown"
+                );
+                (None, None, SpillRoot::new(config.spill_dir.clone()))
+            }
+        };
         Self {
-            config,
             live: Mutex::default(),
             terminals: Mutex::default(),
-            spill_root,
-            id: format!("{process}.{n}"),
+            spill_root: Arc::new(spill_root),
+            home,
+            mark: Mutex::new(mark),
+            crash_sweep: Mutex::default(),
+            id,
             spawns: AtomicU64::new(0),
             spills,
             sweeper: Mutex::default(),
@@ -180,13 +202,27 @@ impl LocalSubprocess {
         let period = (self.spills.limits().max_age / 2).clamp(MIN_SWEEP_PERIOD, MAX_SWEEP_PERIOD);
         // Weak, so the task never keeps a dropped provider's registry alive.
         let registry = Arc::downgrade(&self.spills);
+        let home = self.home.clone();
+        let id = self.id.clone();
         *sweeper = Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick is now: a run's first collecting spawn also bounds what earlier
+            // runs left in the home.
             loop {
                 tick.tick().await;
                 let Some(registry) = registry.upgrade() else { return };
                 registry.sweep();
+                if let Some(home) = home.clone() {
+                    let limits = registry.limits();
+                    let own = registry.total_bytes();
+                    let id = id.clone();
+                    drop(registry);
+                    let _ = tokio::task::spawn_blocking(move || {
+                        home.evict_dead(&id, limits.max_total_bytes, limits.max_age, own)
+                    })
+                    .await;
+                }
             }
         }));
     }
@@ -202,12 +238,43 @@ impl LocalSubprocess {
         format!("{}.{}", self.id, self.spawns.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Deletes the spill root (every spill this provider made) unless configured to keep it.
+    /// A temporary spill root goes with every spill in it; a persistent one only when empty
+    /// (its spills outlive the provider, bounded by later runs' sweeps).
     fn remove_spills(&self) {
-        if self.config.keep_spills {
-            return;
-        }
         self.spill_root.remove();
+    }
+
+    /// Once per process, at its first spawn: stops what a run that died without shutting
+    /// down (SIGKILL, a crash) left running, found by that run's id, and forgets the run.
+    fn sweep_crashed_runs(&self) {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        let Some(home) = &self.home else { return };
+        ONCE.call_once(|| {
+            let crashed = home.crashed(&self.id);
+            if crashed.is_empty() {
+                return;
+            }
+            let task = tokio::spawn(async move {
+                for run in crashed {
+                    let tag = procfs::Tag { id: run.id.clone(), since: 0 };
+                    let targets = procfs::Targets { tagged: Some(&tag), ..Default::default() };
+                    let report =
+                        procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, SWEEP_GRACE)
+                            .await;
+                    if !report.stopped.is_empty() {
+                        tracing::warn!(
+                            run = %run.id,
+                            stopped = report.stopped.len(),
+                            "stopped processes a killed conch run left behind"
+                        );
+                    }
+                    if report.survivors.is_empty() {
+                        run.done();
+                    }
+                }
+            });
+            *self.crash_sweep.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        });
     }
 
     fn track_terminal(&self, inner: &Arc<pty::TermInner>) {
@@ -268,11 +335,8 @@ impl Subprocess for LocalSubprocess {
             self.spills.sweep();
             self.ensure_sweeper();
         }
-        let place = process::SpillPlace {
-            root: &self.spill_root,
-            registry: &self.spills,
-            keep: self.config.keep_spills,
-        };
+        self.sweep_crashed_runs();
+        let place = process::SpillPlace { root: &self.spill_root, registry: &self.spills };
         // The program's name only: the rest of argv and the environment can hold secrets.
         let span = spawn_span("spawn", spec.argv.first());
         let _entered = span.enter();
@@ -286,6 +350,7 @@ impl Subprocess for LocalSubprocess {
     }
 
     async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
+        self.sweep_crashed_runs();
         let span = spawn_span("spawn_terminal", spec.argv.first());
         let _entered = span.enter();
         let t = pty::spawn(spec, self.next_id())
@@ -353,16 +418,41 @@ impl LocalSubprocess {
             let targets = procfs::Targets { tagged: Some(&mine), ..procfs::Targets::default() };
             procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, SWEEP_GRACE).await;
         }
+        let crash_sweep = self.crash_sweep.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = crash_sweep {
+            let _ = task.await;
+        }
         self.stop_sweeper();
+        // A run that spilled bounds the home before it goes, so what it leaves is within the
+        // limits however soon the next run comes (its own spills count, and stay).
+        if let (Some(home), Some(_)) = (&self.home, self.spill_root.made()) {
+            let limits = self.spills.limits();
+            let own = self.spills.total_bytes();
+            let (home, id) = (home.clone(), self.id.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                home.evict_dead(&id, limits.max_total_bytes, limits.max_age, own)
+            })
+            .await;
+        }
         self.remove_spills();
+        self.retire();
+    }
+
+    /// Takes this provider's mark out of the home: it stopped what it started.
+    fn retire(&self) {
+        if let Some(mark) = self.mark.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            mark.retire();
+        }
     }
 }
 
 impl Drop for LocalSubprocess {
     fn drop(&mut self) {
         self.stop_sweeper();
-        // A provider dropped without shutdown (tests, embedders) still takes its spills along.
+        // A provider dropped without shutdown (tests, embedders) leaves its processes to
+        // whoever holds their handles: no later run sweeps them.
         self.remove_spills();
+        self.retire();
     }
 }
 

@@ -60,8 +60,6 @@ pub(crate) struct Inner {
     /// Inodes of the collected output pipes, to find processes still holding them.
     pipe_inodes: Vec<u64>,
     leftovers: Mutex<Vec<Leftover>>,
-    /// `keep_spills`: releasing the output must not delete the spill.
-    keep_spills: bool,
     /// Pumps still reading (each decrements at EOF).
     open_pumps: watch::Sender<usize>,
     /// Bumped after every push into a collector and at sealing: wakes `readable` waiters.
@@ -268,18 +266,6 @@ pub struct LocalProcess {
     pub(crate) inner: Arc<Inner>,
 }
 
-impl Inner {
-    /// Releases both collectors' spills, unless the provider keeps spills.
-    pub(crate) fn release(&self) {
-        if self.keep_spills {
-            return;
-        }
-        for sink in [&self.stdout, &self.stderr].into_iter().flatten() {
-            sink.discard_spill();
-        }
-    }
-}
-
 /// Where a process's spills go and who accounts for them.
 #[derive(Debug)]
 pub(crate) struct SpillPlace<'a> {
@@ -287,8 +273,6 @@ pub(crate) struct SpillPlace<'a> {
     pub(crate) root: &'a Arc<SpillRoot>,
     /// The provider's registry, which enforces the total and age limits.
     pub(crate) registry: &'a Arc<SpillRegistry>,
-    /// `keep_spills`: releasing the output must not delete the spill.
-    pub(crate) keep: bool,
 }
 
 fn collector(
@@ -506,7 +490,6 @@ pub(crate) fn spawn(spec: SpawnSpec, spills: &SpillPlace<'_>, id: String) -> Res
         group_gone: watch::Sender::new(false),
         pipe_inodes,
         leftovers: Mutex::new(Vec::new()),
-        keep_spills: spills.keep,
         open_pumps,
         progress,
     });
@@ -637,6 +620,7 @@ impl Process for LocalProcess {
     }
 
     fn release(&self) {
-        self.inner.release();
+        // Nothing to free early: the spills outlive the handle on purpose (a result may have
+        // named them), bounded by the spill limits, and the rest goes with the last handle.
     }
 }

@@ -211,7 +211,8 @@ pub async fn child_env_is_exactly_the_scrubbed_map(p: &dyn Subprocess) -> Outcom
     terminals(p)?;
     let t = open(p, &["env", "-0"]).await;
     let text = read_to_eof(t.as_ref()).await;
-    assert!(wait(t.as_ref()).await.success());
+    let status = wait(t.as_ref()).await;
+    assert!(status.success(), "env -0 exited {status:?} after printing {text:?}");
     let mut names: Vec<&str> = text
         .split('\0')
         .filter_map(|entry| entry.trim_start_matches(['\r', '\n']).split_once('='))

@@ -1,0 +1,245 @@
+//! The spill home: one private directory per user under which every local provider of every
+//! conch process keeps its spills, so that a path a result names stays readable after the
+//! process that wrote it exits (`conch call` runs one process per tool call), and a later
+//! run can both bound what earlier runs left and clean up after one that was killed.
+//!
+//! # Layout
+//! - `<parent>/conch-spills-<euid>/` (0700, owned by the effective user, never a symlink;
+//!   `<parent>` is `spill_dir` or the system temp dir).
+//! - `live/<id>`: one lock file per living provider (`<id>` is the provider's id, unique per
+//!   process and provider, and the prefix of every `CONCH_CALL_ID` its spawns carry). The
+//!   provider holds an exclusive `flock` on it for its whole life; the file is made under a
+//!   dot name, locked, then renamed into place, so no other process ever sees it unlocked
+//!   while its owner lives. A clean shutdown deletes it.
+//! - `<id>/conch-spill-*/stream-*`: that provider's spills (each in its own 0700 directory,
+//!   0600 files, as the collector makes them).
+//!
+//! # Who may delete what
+//! - A provider's spills belong to it while its `live/<id>` is locked: others never touch them,
+//!   and its own [`SpillRegistry`](conch_output::SpillRegistry) bounds them.
+//! - Once the owner is gone (no `live/<id>`, or one that can be locked), its spills are left
+//!   to later runs: every sweep ([`Home::evict_dead`]) deletes the dead spills older than
+//!   `max_spill_age_ms`, then the oldest ones until the dead spills and the sweeping
+//!   provider's own total fit `max_spill_total_bytes`, and removes directories left empty.
+//! - A `live/<id>` that can be locked belongs to a process that died without shutting down
+//!   (SIGKILL, a crash). [`Home::crashed`] hands it, locked, to the caller, which stops what
+//!   still carries that id and then deletes it ([`Crashed::done`]).
+//!
+//! # Limits
+//! - The disk bound is per run, not global: each living provider keeps up to its own
+//!   `max_spill_total_bytes`, and dead ones are cut back to the sweeper's limit.
+//! - When the home cannot be used (another user owns the path, it is a symlink, or its mode
+//!   lets others in), the provider falls back to a private directory of its own that goes
+//!   with it at shutdown, as before, and says so in a warning.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use nix::fcntl::{Flock, FlockArg};
+
+/// The per-user spill home (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct Home {
+    path: PathBuf,
+}
+
+/// A provider's mark in `live/`, locked for as long as this value lives.
+#[derive(Debug)]
+pub(crate) struct LiveMark {
+    path: PathBuf,
+    _lock: Flock<File>,
+}
+
+impl LiveMark {
+    /// Clean shutdown: the provider stopped what it started, so nobody needs to sweep it.
+    pub(crate) fn retire(self) {
+        // Deleted while still locked: no sweeper can take it for a crashed one in between.
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// A provider that died without shutting down, held locked until [`Crashed::done`].
+#[derive(Debug)]
+pub(crate) struct Crashed {
+    /// Its id: every process it started carries it (or an id under it).
+    pub(crate) id: String,
+    path: PathBuf,
+    _lock: Flock<File>,
+}
+
+impl Crashed {
+    /// Its processes were stopped: delete the mark so no later run sweeps it again.
+    pub(crate) fn done(self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+fn private_dir(path: &Path) -> io::Result<()> {
+    match fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // What is there now must be ours alone: a directory (not a link to one), owned by us,
+    // closed to everyone else. /tmp is shared, so another user may have made the name first.
+    let meta = fs::symlink_metadata(path)?;
+    let euid = euid();
+    if !meta.file_type().is_dir() {
+        return Err(io::Error::other(format!("{} is not a directory", path.display())));
+    }
+    if meta.uid() != euid {
+        return Err(io::Error::other(format!(
+            "{} belongs to uid {}, not {euid}",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(io::Error::other(format!(
+            "{} has mode {:o}; only its owner may have access",
+            path.display(),
+            meta.mode() & 0o777
+        )));
+    }
+    Ok(())
+}
+
+/// This process's effective user id.
+fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// Takes the exclusive lock on `file` without waiting: `None` while someone else holds it.
+fn try_lock(file: File) -> Option<Flock<File>> {
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()
+}
+
+impl Home {
+    /// The home under `parent`, made private if it does not exist yet; an error says why it
+    /// cannot be used.
+    pub(crate) fn open(parent: &Path) -> io::Result<Self> {
+        let path = parent.join(format!("conch-spills-{}", euid()));
+        private_dir(&path)?;
+        private_dir(&path.join("live"))?;
+        Ok(Self { path })
+    }
+
+    /// The directory a provider's spills go in (made by its first spill).
+    pub(crate) fn spill_dir(&self, id: &str) -> PathBuf {
+        self.path.join(id)
+    }
+
+    /// Marks provider `id` as living until the returned mark is retired or dropped.
+    pub(crate) fn register(&self, id: &str) -> io::Result<LiveMark> {
+        let live = self.path.join("live");
+        let staging = live.join(format!(".{id}"));
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&staging)?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| io::Error::from(e))?;
+        // Locked before it gets the name sweepers look at.
+        let path = live.join(id);
+        fs::rename(&staging, &path)?;
+        Ok(LiveMark { path, _lock: lock })
+    }
+
+    /// True when provider `id` is alive (its mark exists and is locked by someone).
+    fn alive(&self, id: &str) -> bool {
+        let mark = self.path.join("live").join(id);
+        match File::open(&mark) {
+            // Locking it would make it look alive to others for a moment; only test.
+            Ok(file) => try_lock(file).is_none(),
+            Err(_) => false,
+        }
+    }
+
+    /// Marks of providers that died without shutting down, each locked for the caller.
+    pub(crate) fn crashed(&self, own: &str) -> Vec<Crashed> {
+        let live = self.path.join("live");
+        let Ok(entries) = fs::read_dir(&live) else { return Vec::new() };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let Some(id) = entry.file_name().to_str().map(str::to_owned) else { continue };
+            if id == own || id.starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            let Ok(file) = OpenOptions::new().read(true).open(&path) else { continue };
+            if let Some(lock) = try_lock(file) {
+                out.push(Crashed { id, path, _lock: lock });
+            }
+        }
+        out
+    }
+
+    /// Bounds the spills of providers that are gone (see the module docs): deletes those
+    /// older than `max_age`, then the oldest until they and `own_total` fit `max_total`.
+    /// Returns how many spills it deleted.
+    pub(crate) fn evict_dead(
+        &self,
+        own: &str,
+        max_total: u64,
+        max_age: Duration,
+        own_total: u64,
+    ) -> usize {
+        let Ok(entries) = fs::read_dir(&self.path) else { return 0 };
+        let now = SystemTime::now();
+        let mut spills: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
+        let mut dead_dirs = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name.to_str() else { continue };
+            if id == own || id == "live" || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if self.alive(id) {
+                continue;
+            }
+            let dir = entry.path();
+            for spill in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                for file in fs::read_dir(spill.path()).into_iter().flatten().flatten() {
+                    if let Ok(meta) = file.metadata() {
+                        let written = meta.modified().unwrap_or(now);
+                        spills.push((written, meta.len(), file.path()));
+                    }
+                }
+            }
+            dead_dirs.push(dir);
+        }
+        let mut deleted = 0;
+        let delete = |path: &Path| {
+            let _ = fs::remove_file(path);
+            if let Some(dir) = path.parent() {
+                let _ = fs::remove_dir(dir);
+            }
+        };
+        // Oldest first: age goes first, then the total.
+        spills.sort();
+        let mut total = own_total + spills.iter().map(|(_, len, _)| len).sum::<u64>();
+        for (written, len, path) in &spills {
+            let old = now.duration_since(*written).unwrap_or_default() > max_age;
+            if !old && total <= max_total {
+                break;
+            }
+            delete(path);
+            total = total.saturating_sub(*len);
+            deleted += 1;
+        }
+        for dir in dead_dirs {
+            // Spill directories left empty (by this sweep or a crash mid-spill), then the
+            // provider's directory itself; a non-empty one stays.
+            for spill in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let _ = fs::remove_dir(spill.path());
+            }
+            let _ = fs::remove_dir(&dir);
+        }
+        deleted
+    }
+}
