@@ -392,8 +392,7 @@ fn spill_of(text: &str) -> std::path::PathBuf {
 /// (extra `subprocess-local` keys).
 fn spilling(parent: &std::path::Path, limits: &str) -> conch_registry::Runtime {
     crate::runtime(&format!(
-        "plugins:\n  subprocess-local: {{ spill_dir: {:?}{limits} }}\n  bash-local: {{}}\n  jobs: {{}}\n  tool-bash: {{}}\n  tool-jobs: {{}}\n",
-        parent
+        "plugins:\n  subprocess-local: {{ spill_dir: {parent:?}{limits} }}\n  bash-local: {{}}\n  jobs: {{}}\n  tool-bash: {{}}\n  tool-jobs: {{}}\n"
     ))
 }
 

@@ -243,3 +243,48 @@ impl Home {
         deleted
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn a_home_others_can_enter_or_that_is_a_link_is_refused() {
+        let parent = tempfile::tempdir().unwrap();
+        let path = parent.path().join(format!("conch-spills-{}", euid()));
+        fs::create_dir(&path).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        let e = Home::open(parent.path()).unwrap_err().to_string();
+        assert!(e.contains("mode 755; only its owner may have access"), "{e}");
+        fs::remove_dir(&path).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), &path).unwrap();
+        let e = Home::open(parent.path()).unwrap_err().to_string();
+        assert!(e.contains("is not a directory"), "{e}");
+    }
+
+    #[test]
+    fn a_mark_is_alive_while_held_and_crashed_once_dropped_unretired() {
+        let parent = tempfile::tempdir().unwrap();
+        let home = Home::open(parent.path()).unwrap();
+        let mode = fs::metadata(&home.path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let held = home.register("a.0").unwrap();
+        let dropped = home.register("b.0").unwrap();
+        let retired = home.register("c.0").unwrap();
+        assert!(home.alive("a.0") && home.alive("b.0"));
+        drop(dropped);
+        retired.retire();
+        let crashed: Vec<String> = home.crashed("x").into_iter().map(|c| c.id).collect();
+        // Only the mark whose holder went without retiring it; never a living one.
+        assert_eq!(crashed, ["b.0"]);
+        assert!(home.alive("a.0") && !home.alive("b.0") && !home.alive("c.0"));
+        for c in home.crashed("x") {
+            c.done();
+        }
+        assert!(home.crashed("x").is_empty());
+        drop(held);
+    }
+}

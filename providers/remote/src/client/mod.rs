@@ -1,7 +1,7 @@
 //! The `remote-sandbox` provider: the subprocess seam, served by a `conch sandboxd`.
 //!
-//! Control calls go over HTTP ([`http`]); output and events stream over one WebSocket
-//! ([`conn`]) into per-process replicas ([`mirror`]), so reads are local and keep the local
+//! Control calls go over HTTP (`http`); output and events stream over one WebSocket
+//! (`conn`) into per-process replicas (`mirror`), so reads are local and keep the local
 //! semantics (offsets, `lossy`, retained tails), while everything that touches processes
 //! (spawn, signals, tree kill, the stdin-wait probe, teardown) runs on the daemon.
 //!
