@@ -447,6 +447,7 @@ mod conformance;
 mod logs;
 mod mcp;
 mod remote;
+mod schemas;
 
 /// `conch sandbox-exec` is the runners' helper: it confines before it execs (a write inside
 /// the root lands, one outside does not) and fails closed on a bad policy.
