@@ -534,3 +534,40 @@ fn a_killed_send_whose_command_ignores_sigint_says_it_still_runs() {
     assert_eq!(results[6]["structured"]["wait_reason"], "stdin_read", "{:?}", results[6]);
     assert!(results[6]["structured"]["output"].as_str().unwrap().contains("42"));
 }
+
+#[test]
+fn batch_answers_every_input_line_in_order_with_its_id_and_line_number() {
+    let results = run_batch(&[
+        r#"{"tool":"bash","args":{"command":"echo one"},"id":"a"}"#,
+        "",
+        "   ",
+        r#"{"tool":"bash","args":{"command":"echo two"},"id":{"n":7}}"#,
+        "{not json",
+        r#"{"tool":"bash","args":{"command":"echo x"},"id":3,"extra":1}"#,
+        r#"{"args":{},"id":null}"#,
+        r#"[1]"#,
+        r#"{"tool":"bash","args":{"command":"echo last"}}"#,
+    ]);
+    assert_eq!(results.len(), 9, "one output line per input line: {results:?}");
+    assert_eq!(results[0]["text"], "one\n");
+    assert_eq!(results[0]["id"], "a");
+    for (i, blank) in [(1, 2), (2, 3)] {
+        assert_eq!(results[i]["error"]["code"], "invalid_argument", "{}", results[i]);
+        let message = results[i]["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(&format!("line {blank} is blank")), "{message}");
+    }
+    assert_eq!(results[3]["text"], "two\n");
+    assert_eq!(results[3]["id"], serde_json::json!({"n": 7}));
+    let message = results[4]["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("line 5 is not JSON: "), "{message}");
+    assert!(results[4].get("id").is_none());
+    let message = results[5]["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("line 6: unknown key `extra`"), "{message}");
+    assert_eq!(results[5]["id"], 3, "the id of a refused call is echoed too");
+    assert!(results[6]["error"]["message"].as_str().unwrap().starts_with("line 7: `tool`"));
+    assert_eq!(results[6]["id"], serde_json::Value::Null);
+    assert!(results[6].as_object().unwrap().contains_key("id"), "a null id is echoed");
+    assert!(results[7]["error"]["message"].as_str().unwrap().starts_with("line 8: "));
+    assert_eq!(results[8]["text"], "last\n");
+    assert!(results[8].get("id").is_none(), "no id, none echoed");
+}
