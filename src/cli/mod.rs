@@ -57,7 +57,8 @@ enum Command {
     /// stdin/stdout, nothing else on stdout) until stdin closes or SIGTERM/SIGINT; every job
     /// and terminal of the session is stopped before exit.
     Mcp,
-    /// Validate a composition file (or embedded name): exit non-zero with the error.
+    /// Validate a composition file (or embedded name): it must build and offer at least one
+    /// tool; exit non-zero with the error otherwise.
     Check {
         /// File path or embedded name (default: the `--composition` one).
         file: Option<String>,
@@ -150,6 +151,13 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The registered plugins that offer tools (by the `tool-` naming rule).
+fn tool_plugins() -> Vec<&'static str> {
+    crate::plugins()
+        .map(|all| all.iter().map(|p| p.name).filter(|n| n.starts_with("tool-")).collect())
+        .unwrap_or_default()
+}
+
 fn print_line(value: &serde_json::Value) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{value}")?;
@@ -170,8 +178,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match crate::build_runtime(file.as_deref().unwrap_or(&cli.composition)) {
                 Ok(runtime) => {
                     let names: Vec<&str> = runtime.tools().iter().map(|t| t.name()).collect();
-                    println!("ok: {} (tools: {})", runtime.source_name(), names.join(", "));
+                    let source = runtime.source_name().to_string();
                     runtime.shutdown().await;
+                    if names.is_empty() {
+                        // It builds, but a model given it could call nothing.
+                        eprintln!(
+                            "error[{}]: {source}: the composition has no tools, so a model \
+                             could call nothing; add a tool plugin ({})",
+                            ErrorCode::InvalidComposition,
+                            tool_plugins().join(", ")
+                        );
+                        return Ok(ExitCode::from(1));
+                    }
+                    println!("ok: {source} (tools: {})", names.join(", "));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {

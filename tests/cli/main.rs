@@ -193,6 +193,15 @@ fn readme_error_examples_are_what_the_binary_prints() {
         ("typo.yaml", "plugins: { subprocess-local: {}, bash-locl: {} }\n"),
         ("alone.yaml", "plugins: { bash-local: {} }\n"),
         ("two.yaml", "plugins: { subprocess-local: {}, bash-local: {}, pwsh-local: {} }\n"),
+        (
+            "dup.yaml",
+            "plugins: { subprocess-local: {}, bash-local: {}, tool-bash: {}, bash-local: {} }\n",
+        ),
+        (
+            "slow.yaml",
+            "plugins: { subprocess-local: {}, bash-local: { timeout_ms: 700000 }, tool-bash: {} }\n",
+        ),
+        ("notools.yaml", "plugins: { subprocess-local: {}, bash-local: {} }\n"),
     ];
     for (name, yaml) in files {
         assert!(readme.contains(&format!("`{}`", yaml.trim())), "README shows {name}");
@@ -217,7 +226,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
         assert_eq!(got.trim_end(), *want, "README example `{cmd}`");
         checked += 1;
     }
-    assert!(checked >= 5, "{checked} examples");
+    assert!(checked >= 10, "{checked} examples");
 }
 
 #[test]
@@ -570,4 +579,31 @@ fn batch_answers_every_input_line_in_order_with_its_id_and_line_number() {
     assert!(results[7]["error"]["message"].as_str().unwrap().starts_with("line 8: "));
     assert_eq!(results[8]["text"], "last\n");
     assert!(results[8].get("id").is_none(), "no id, none echoed");
+}
+
+#[test]
+fn check_refuses_a_composition_without_tools_and_places_a_duplicate_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, yaml) in
+        [("empty.yaml", "plugins: {}\n"), ("exec.yaml", "plugins:\n  subprocess-local: {}\n")]
+    {
+        let path = dir.path().join(name);
+        std::fs::write(&path, yaml).unwrap();
+        let out = conch().args(["check", path.to_str().unwrap()]).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        assert!(out.stdout.is_empty(), "{name}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error[invalid_composition]: "), "{err}");
+        assert!(err.contains("the composition has no tools"), "{err}");
+        assert!(err.contains("tool-bash, "), "{err}");
+    }
+    let path = dir.path().join("dup.yaml");
+    std::fs::write(
+        &path,
+        "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  tool-bash: {}\n  bash-local: {}\n",
+    )
+    .unwrap();
+    let out = conch().args(["check", path.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.ends_with("duplicate key `bash-local` at line 5 column 3\n"), "{err}");
 }

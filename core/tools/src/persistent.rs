@@ -39,10 +39,12 @@ impl Default for PersistentBashConfig {
 
 impl PluginConfig for PersistentBashConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
-        if self.timeout_ms == 0 || self.max_timeout_ms < self.timeout_ms {
-            return Err(ConfigIssue::new("timeout_ms", "must be > 0 and <= max_timeout_ms"));
-        }
-        Ok(())
+        ConfigIssue::positive("timeout_ms", self.timeout_ms)?;
+        ConfigIssue::timeout_within_max(
+            self.timeout_ms,
+            self.max_timeout_ms,
+            Self::default().timeout_ms,
+        )
     }
 }
 
