@@ -104,7 +104,10 @@ fn unknown_selector_lists_embedded_names() {
     assert!(err.to_string().contains("standard"), "{err}");
     assert!(!err.to_string().contains("did you mean"), "nothing is close: {err}");
     let err = Composition::load("termnal").unwrap_err().to_string();
-    assert!(err.starts_with("composition `termnal` not found (did you mean `terminal`?): "), "{err}");
+    assert!(
+        err.starts_with("composition `termnal` not found (did you mean `terminal`?): "),
+        "{err}"
+    );
 }
 
 fn with_env(yaml: &str, env: &[(&str, &str)]) -> Result<Composition, CompositionError> {
@@ -200,4 +203,14 @@ fn a_setting_wins_over_file_and_env_and_skips_unlisted_plugins() {
     // An entry empty in the file gets the setting.
     assert_eq!(c.plugin_config::<Cfg>("jobs").unwrap().name.as_deref(), Some("set"));
     assert_eq!(c.plugins(), ["bash-local", "jobs"], "no plugin is added");
+}
+
+#[test]
+fn edit_distance_counts_single_edits_and_suggestions_need_closeness() {
+    assert_eq!(edit_distance("bash-locl", "bash-local"), 1);
+    assert_eq!(edit_distance("jobs", "jobs"), 0);
+    assert_eq!(edit_distance("", "abc"), 3);
+    assert_eq!(did_you_mean("termnal", &["standard", "terminal"]), " (did you mean `terminal`?)");
+    assert_eq!(did_you_mean("zzzzzzzz", &["standard", "terminal"]), "");
+    assert_eq!(did_you_mean("", &["standard-long-name"]), "");
 }

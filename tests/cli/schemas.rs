@@ -159,7 +159,9 @@ fn terminal_read_max_lines_zero_is_refused_as_its_schema_says() {
     );
     assert_eq!(results[2]["ok"], false, "{}", results[2]);
     assert_eq!(results[2]["error"]["code"], "invalid_argument");
-    assert!(results[2]["error"]["message"].as_str().unwrap().contains("max_lines must be at least 1"));
+    assert!(
+        results[2]["error"]["message"].as_str().unwrap().contains("max_lines must be at least 1")
+    );
     assert_eq!(results[3]["ok"], true, "{}", results[3]);
 }
 

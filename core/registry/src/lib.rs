@@ -694,15 +694,3 @@ impl Runtime {
         .await;
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn edit_distance_counts_single_edits() {
-        assert_eq!(edit_distance("bash-locl", "bash-local"), 1);
-        assert_eq!(edit_distance("jobs", "jobs"), 0);
-        assert_eq!(edit_distance("", "abc"), 3);
-    }
-}

@@ -71,12 +71,16 @@ impl ConfigIssue {
         Err(if timeout_ms == default_timeout_ms {
             Self::new(
                 "max_timeout_ms",
-                format!("{max_timeout_ms} is below timeout_ms ({timeout_ms}); it must be at least timeout_ms"),
+                format!(
+                    "{max_timeout_ms} is below timeout_ms ({timeout_ms}); it must be at least timeout_ms"
+                ),
             )
         } else {
             Self::new(
                 "timeout_ms",
-                format!("{timeout_ms} is above max_timeout_ms ({max_timeout_ms}); raise max_timeout_ms too"),
+                format!(
+                    "{timeout_ms} is above max_timeout_ms ({max_timeout_ms}); raise max_timeout_ms too"
+                ),
             )
         })
     }

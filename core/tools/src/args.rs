@@ -228,7 +228,9 @@ mod tests {
         );
         // A field the type knows but the schema withholds is refused the same way.
         let e = parse_args::<Outer>("t", json!({"a": {"b": []}, "pick": "one"}), &schema);
-        assert!(e.unwrap_err().message().contains("unknown field `pick`, expected one of `a`, `n`"));
+        assert!(
+            e.unwrap_err().message().contains("unknown field `pick`, expected one of `a`, `n`")
+        );
     }
 
     #[test]

@@ -231,8 +231,7 @@ impl Tool for PersistentBashTool {
                 format!("the {} tool call was aborted", self.dialect.name),
             ));
         }
-        let (mut text, reset) =
-            render_outcome(outcome, timeout_ms, self.config.max_output_bytes);
+        let (mut text, reset) = render_outcome(outcome, timeout_ms, self.config.max_output_bytes);
         let clamped =
             crate::render::timeout_clamp_note(args.timeout_ms, Duration::from_millis(timeout_ms));
         if let Some(note) = clamped {

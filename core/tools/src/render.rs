@@ -42,9 +42,7 @@ const WAITING: &str = "[command is waiting for input";
 /// `None` when the call got what it asked for (or asked for nothing).
 pub(crate) fn timeout_clamp_note(asked: Option<u64>, used: std::time::Duration) -> Option<String> {
     let used = u64::try_from(used.as_millis()).unwrap_or(u64::MAX);
-    asked
-        .filter(|&a| a > used)
-        .map(|a| format!("[timeout_ms {a} is above the limit; used {used}]"))
+    asked.filter(|&a| a > used).map(|a| format!("[timeout_ms {a} is above the limit; used {used}]"))
 }
 
 /// The marker for a non-zero exit.
