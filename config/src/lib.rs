@@ -28,6 +28,34 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("pwsh-minimal", include_str!("../../compositions/pwsh-minimal.yaml")),
 ];
 
+/// ` (did you mean `x`?)` for the candidate closest to `name` (a few edits away, or one
+/// containing the other), or empty when none is close: the one suggestion rule for every
+/// name a composition or a command line gets wrong.
+pub fn did_you_mean(name: &str, candidates: &[&str]) -> String {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(name, c), *c))
+        .filter(|(d, c)| *d <= 3 || (!name.is_empty() && (c.contains(name) || name.contains(c))))
+        .min()
+        .map(|(_, c)| format!(" (did you mean `{c}`?)"))
+        .unwrap_or_default()
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// The composition used when none is named.
 pub const DEFAULT_COMPOSITION: &str = "standard";
 
@@ -40,10 +68,14 @@ pub const ENV_OVERRIDE_PREFIX: &str = "CONCH_PLUGINS__";
 #[derive(Debug, thiserror::Error)]
 pub enum CompositionError {
     /// The selector is neither an embedded name nor a readable file.
-    #[error("composition `{selector}` not found: not an embedded name ({known}) and no such file")]
+    #[error(
+        "composition `{selector}` not found{suggestion}: not an embedded name ({known}) and no such file"
+    )]
     NotFound {
         /// What was asked for.
         selector: String,
+        /// ` (did you mean `terminal`?)` when an embedded name is close, else empty.
+        suggestion: String,
         /// Embedded names.
         known: String,
     },
@@ -93,8 +125,147 @@ impl Format for StrictYaml {
     const NAME: &'static str = "YAML";
 
     fn from_str<T: DeserializeOwned>(s: &str) -> Result<T, Self::Error> {
+        // yaml_serde's own duplicate check reports the line of the mapping that holds the
+        // duplicate; this walk fails while reading the second key itself, so the error
+        // carries that key's line and column.
+        yaml_serde::from_str::<NoDuplicateKeys>(s)?;
         let value: yaml_serde::Value = yaml_serde::from_str(s)?;
         yaml_serde::from_value(value)
+    }
+}
+
+/// A YAML document walked only to refuse a mapping key seen twice, at the second one.
+struct NoDuplicateKeys;
+
+impl<'de> Deserialize<'de> for NoDuplicateKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicateKeys)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicateKeys {
+    type Value = NoDuplicateKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_none<E>(self) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicateKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self, A::Error> {
+        while seq.next_element::<NoDuplicateKeys>()?.is_some() {}
+        Ok(self)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self, A::Error> {
+        let mut seen = BTreeSet::new();
+        while map.next_key_seed(UniqueKey(&mut seen))?.is_some() {
+            map.next_value::<NoDuplicateKeys>()?;
+        }
+        Ok(self)
+    }
+
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, data: A) -> Result<Self, A::Error> {
+        // A tagged value (`!tag x`): only its content can hold mappings.
+        use serde::de::VariantAccess;
+        let (_, variant) = data.variant::<serde::de::IgnoredAny>()?;
+        variant.newtype_variant::<NoDuplicateKeys>()?;
+        Ok(self)
+    }
+}
+
+/// One mapping key, refused (while the parser is at it) when `.0` already holds it.
+struct UniqueKey<'a>(&'a mut BTreeSet<(u8, String)>);
+
+impl UniqueKey<'_> {
+    /// Keeps `key` of scalar kind `kind` (so `1` and `"1"` stay different keys).
+    fn insert<E: serde::de::Error>(self, kind: u8, key: String) -> Result<(), E> {
+        if self.0.insert((kind, key.clone())) {
+            Ok(())
+        } else {
+            Err(E::custom(format_args!("duplicate key `{key}`")))
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKey<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKey<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a mapping key")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<(), E> {
+        self.insert(0, key.to_string())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
+        self.insert(1, v.to_string())
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        self.insert(2, v.to_string())
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        self.insert(2, v.to_string())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        self.insert(3, v.to_string())
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.insert(4, "~".into())
+    }
+
+    // Complex keys are rare and left to yaml_serde's own check.
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(())
     }
 }
 
@@ -221,9 +392,11 @@ impl Composition {
         if path.is_file() {
             return Self::from_path(path);
         }
+        let names: Vec<&str> = EMBEDDED.iter().map(|(n, _)| *n).collect();
         Err(CompositionError::NotFound {
             selector: selector.into(),
-            known: EMBEDDED.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+            suggestion: did_you_mean(selector, &names),
+            known: names.join(", "),
         })
     }
 

@@ -24,6 +24,19 @@ fn duplicate_yaml_keys_are_rejected_with_the_file_name() {
 }
 
 #[test]
+fn a_duplicate_key_is_reported_at_its_own_line() {
+    let yaml = "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  tool-bash: {}\n  bash-local:\n    timeout_ms: 5\n";
+    let msg = Composition::from_yaml("dup.yaml", yaml).unwrap_err().to_string();
+    assert!(msg.starts_with("dup.yaml: "), "{msg}");
+    assert!(msg.contains("duplicate key `bash-local`"), "{msg}");
+    assert!(msg.contains("line 5"), "{msg}");
+    // Nested and flow mappings too.
+    let yaml = "plugins:\n  p: { a: 1,\n       a: 2 }\n";
+    let msg = Composition::from_yaml("dup.yaml", yaml).unwrap_err().to_string();
+    assert!(msg.contains("duplicate key `a`") && msg.contains("line 3"), "{msg}");
+}
+
+#[test]
 fn unknown_top_level_key_is_rejected() {
     let err = Composition::from_yaml("x.yaml", "plugins: {}\nplugns: {}\n").unwrap_err();
     assert_eq!(err.to_string(), "x.yaml: key `plugns`: unknown key; expected one of `plugins`");
@@ -89,6 +102,12 @@ fn bad_plugin_names_are_rejected() {
 fn unknown_selector_lists_embedded_names() {
     let err = Composition::load("no-such-composition").unwrap_err();
     assert!(err.to_string().contains("standard"), "{err}");
+    assert!(!err.to_string().contains("did you mean"), "nothing is close: {err}");
+    let err = Composition::load("termnal").unwrap_err().to_string();
+    assert!(
+        err.starts_with("composition `termnal` not found (did you mean `terminal`?): "),
+        "{err}"
+    );
 }
 
 fn with_env(yaml: &str, env: &[(&str, &str)]) -> Result<Composition, CompositionError> {
@@ -184,4 +203,14 @@ fn a_setting_wins_over_file_and_env_and_skips_unlisted_plugins() {
     // An entry empty in the file gets the setting.
     assert_eq!(c.plugin_config::<Cfg>("jobs").unwrap().name.as_deref(), Some("set"));
     assert_eq!(c.plugins(), ["bash-local", "jobs"], "no plugin is added");
+}
+
+#[test]
+fn edit_distance_counts_single_edits_and_suggestions_need_closeness() {
+    assert_eq!(edit_distance("bash-locl", "bash-local"), 1);
+    assert_eq!(edit_distance("jobs", "jobs"), 0);
+    assert_eq!(edit_distance("", "abc"), 3);
+    assert_eq!(did_you_mean("termnal", &["standard", "terminal"]), " (did you mean `terminal`?)");
+    assert_eq!(did_you_mean("zzzzzzzz", &["standard", "terminal"]), "");
+    assert_eq!(did_you_mean("", &["standard-long-name"]), "");
 }

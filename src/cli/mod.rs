@@ -50,14 +50,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Read one JSON tool call per stdin line (`{"tool": ..., "args": {...}}`), run them in one
-    /// runtime as one owner, print one JSON result per line.
+    /// Read one JSON tool call per stdin line (`{"tool": ..., "args": {...}, "id": ...}`, `id`
+    /// optional), run them in one runtime as one owner, and print exactly one JSON result
+    /// per input line (a blank or malformed line gets an error naming its line number),
+    /// echoing `id`.
     Batch,
     /// Serve the composition's tools to one MCP client over stdio (JSON-RPC frames on
     /// stdin/stdout, nothing else on stdout) until stdin closes or SIGTERM/SIGINT; every job
     /// and terminal of the session is stopped before exit.
     Mcp,
-    /// Validate a composition file (or embedded name): exit non-zero with the error.
+    /// Validate a composition file (or embedded name): it must build and offer at least one
+    /// tool; exit non-zero with the error otherwise.
     Check {
         /// File path or embedded name (default: the `--composition` one).
         file: Option<String>,
@@ -150,6 +153,13 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The registered plugins that offer tools (by the `tool-` naming rule).
+fn tool_plugins() -> Vec<&'static str> {
+    crate::plugins()
+        .map(|all| all.iter().map(|p| p.name).filter(|n| n.starts_with("tool-")).collect())
+        .unwrap_or_default()
+}
+
 fn print_line(value: &serde_json::Value) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{value}")?;
@@ -170,8 +180,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match crate::build_runtime(file.as_deref().unwrap_or(&cli.composition)) {
                 Ok(runtime) => {
                     let names: Vec<&str> = runtime.tools().iter().map(|t| t.name()).collect();
-                    println!("ok: {} (tools: {})", runtime.source_name(), names.join(", "));
+                    let source = runtime.source_name().to_string();
                     runtime.shutdown().await;
+                    if names.is_empty() {
+                        // It builds, but a model given it could call nothing.
+                        eprintln!(
+                            "error[{}]: {source}: the composition has no tools, so a model \
+                             could call nothing; add a tool plugin ({})",
+                            ErrorCode::InvalidComposition,
+                            tool_plugins().join(", ")
+                        );
+                        return Ok(ExitCode::from(1));
+                    }
+                    println!("ok: {source} (tools: {})", names.join(", "));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -465,6 +486,56 @@ fn notices_json(notices: Vec<(NoticeRoute, Notice)>) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The keys a batch call object may have.
+const BATCH_KEYS: &[&str] = &["tool", "args", "id"];
+
+/// Runs input line `number` of a batch: the call's `id` (when the line is an object that
+/// has one) and its result.
+async fn batch_call(
+    runtime: &conch_registry::Runtime,
+    owner: &Arc<Owner>,
+    number: u64,
+    line: &str,
+) -> (Option<serde_json::Value>, Result<ToolOutput, Error>) {
+    let invalid = |message: String| Err(Error::new(ErrorCode::InvalidArgument, message));
+    if line.trim().is_empty() {
+        return (
+            None,
+            invalid(format!(
+                "line {number} is blank; each line must be one call {{\"tool\": NAME, \"args\": {{...}}}}"
+            )),
+        );
+    }
+    let v = match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(v) => v,
+        Err(e) => return (None, invalid(format!("line {number} is not JSON: {e}"))),
+    };
+    let Some(obj) = v.as_object() else {
+        return (
+            None,
+            invalid(format!(
+                "line {number}: each line must be an object {{\"tool\": NAME, \"args\": {{...}}, \"id\": ANY}}"
+            )),
+        );
+    };
+    let id = obj.get("id").cloned();
+    if let Some(key) = obj.keys().find(|k| !BATCH_KEYS.contains(&k.as_str())) {
+        return (
+            id,
+            invalid(format!(
+                "line {number}: unknown key `{key}`; a call object has `tool`, `args` and an \
+                 optional `id`"
+            )),
+        );
+    }
+    let Some(tool) = obj.get("tool").and_then(|t| t.as_str()) else {
+        return (id, invalid(format!("line {number}: `tool` must name a tool (a string)")));
+    };
+    let _turn = owner.begin_turn();
+    let args = obj.get("args").cloned().unwrap_or(serde_json::Value::Null);
+    (id, runtime.call(owner, tool, args).await)
+}
+
 async fn batch(
     runtime: &conch_registry::Runtime,
     owner: &Arc<Owner>,
@@ -479,34 +550,20 @@ async fn batch(
             }
         }
     });
+    let mut number = 0_u64;
     while let Some(line) = rx.recv().await {
         let line = line.context("reading stdin")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let r = match serde_json::from_str::<serde_json::Value>(&line) {
-            Ok(v) => match (v.get("tool").and_then(|t| t.as_str()), v.as_object()) {
-                (Some(tool), Some(obj)) if obj.keys().all(|k| k == "tool" || k == "args") => {
-                    let _turn = owner.begin_turn();
-                    runtime
-                        .call(
-                            owner,
-                            tool,
-                            v.get("args").cloned().unwrap_or(serde_json::Value::Null),
-                        )
-                        .await
-                }
-                _ => Err(Error::new(
-                    ErrorCode::InvalidArgument,
-                    "each line must be an object {\"tool\": NAME, \"args\": {...}} with no other keys",
-                )),
-            },
-            Err(e) => Err(Error::new(ErrorCode::InvalidArgument, format!("line is not JSON: {e}"))),
-        };
+        number += 1;
+        // Every input line gets exactly one output line, so a harness can pair them by
+        // position; a call may also carry an `id`, echoed back.
+        let (id, r) = batch_call(runtime, owner, number, &line).await;
         let mut out = result_json(&r);
         let notices = notices_json(sink.take());
         if !notices.is_empty() {
             out["notices"] = serde_json::Value::Array(notices);
+        }
+        if let Some(id) = id {
+            out["id"] = id;
         }
         print_line(&out)?;
     }

@@ -193,6 +193,15 @@ fn readme_error_examples_are_what_the_binary_prints() {
         ("typo.yaml", "plugins: { subprocess-local: {}, bash-locl: {} }\n"),
         ("alone.yaml", "plugins: { bash-local: {} }\n"),
         ("two.yaml", "plugins: { subprocess-local: {}, bash-local: {}, pwsh-local: {} }\n"),
+        (
+            "dup.yaml",
+            "plugins: { subprocess-local: {}, bash-local: {}, tool-bash: {}, bash-local: {} }\n",
+        ),
+        (
+            "slow.yaml",
+            "plugins: { subprocess-local: {}, bash-local: { timeout_ms: 700000 }, tool-bash: {} }\n",
+        ),
+        ("notools.yaml", "plugins: { subprocess-local: {}, bash-local: {} }\n"),
     ];
     for (name, yaml) in files {
         assert!(readme.contains(&format!("`{}`", yaml.trim())), "README shows {name}");
@@ -217,7 +226,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
         assert_eq!(got.trim_end(), *want, "README example `{cmd}`");
         checked += 1;
     }
-    assert!(checked >= 5, "{checked} examples");
+    assert!(checked >= 10, "{checked} examples");
 }
 
 #[test]
@@ -447,6 +456,7 @@ mod conformance;
 mod logs;
 mod mcp;
 mod remote;
+mod schemas;
 
 /// `conch sandbox-exec` is the runners' helper: it confines before it execs (a write inside
 /// the root lands, one outside does not) and fails closed on a bad policy.
@@ -629,4 +639,68 @@ fn what_a_killed_conch_left_running_is_stopped_by_the_next_conch() {
         .unwrap();
     assert!(out.status.success());
     assert!(pid_gone(pid), "the killed run's sleep {pid} was stopped by the next run");
+}
+
+#[test]
+fn batch_answers_every_input_line_in_order_with_its_id_and_line_number() {
+    let results = run_batch(&[
+        r#"{"tool":"bash","args":{"command":"echo one"},"id":"a"}"#,
+        "",
+        "   ",
+        r#"{"tool":"bash","args":{"command":"echo two"},"id":{"n":7}}"#,
+        "{not json",
+        r#"{"tool":"bash","args":{"command":"echo x"},"id":3,"extra":1}"#,
+        r#"{"args":{},"id":null}"#,
+        r#"[1]"#,
+        r#"{"tool":"bash","args":{"command":"echo last"}}"#,
+    ]);
+    assert_eq!(results.len(), 9, "one output line per input line: {results:?}");
+    assert_eq!(results[0]["text"], "one\n");
+    assert_eq!(results[0]["id"], "a");
+    for (i, blank) in [(1, 2), (2, 3)] {
+        assert_eq!(results[i]["error"]["code"], "invalid_argument", "{}", results[i]);
+        let message = results[i]["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(&format!("line {blank} is blank")), "{message}");
+    }
+    assert_eq!(results[3]["text"], "two\n");
+    assert_eq!(results[3]["id"], serde_json::json!({"n": 7}));
+    let message = results[4]["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("line 5 is not JSON: "), "{message}");
+    assert!(results[4].get("id").is_none());
+    let message = results[5]["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("line 6: unknown key `extra`"), "{message}");
+    assert_eq!(results[5]["id"], 3, "the id of a refused call is echoed too");
+    assert!(results[6]["error"]["message"].as_str().unwrap().starts_with("line 7: `tool`"));
+    assert_eq!(results[6]["id"], serde_json::Value::Null);
+    assert!(results[6].as_object().unwrap().contains_key("id"), "a null id is echoed");
+    assert!(results[7]["error"]["message"].as_str().unwrap().starts_with("line 8: "));
+    assert_eq!(results[8]["text"], "last\n");
+    assert!(results[8].get("id").is_none(), "no id, none echoed");
+}
+
+#[test]
+fn check_refuses_a_composition_without_tools_and_places_a_duplicate_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, yaml) in
+        [("empty.yaml", "plugins: {}\n"), ("exec.yaml", "plugins:\n  subprocess-local: {}\n")]
+    {
+        let path = dir.path().join(name);
+        std::fs::write(&path, yaml).unwrap();
+        let out = conch().args(["check", path.to_str().unwrap()]).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        assert!(out.stdout.is_empty(), "{name}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error[invalid_composition]: "), "{err}");
+        assert!(err.contains("the composition has no tools"), "{err}");
+        assert!(err.contains("tool-bash, "), "{err}");
+    }
+    let path = dir.path().join("dup.yaml");
+    std::fs::write(
+        &path,
+        "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  tool-bash: {}\n  bash-local: {}\n",
+    )
+    .unwrap();
+    let out = conch().args(["check", path.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.ends_with("duplicate key `bash-local` at line 5 column 3\n"), "{err}");
 }

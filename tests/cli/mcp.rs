@@ -662,6 +662,34 @@ fn mcp_stdin_closed_before_the_handshake_is_a_clean_exit() {
 }
 
 #[test]
+fn mcp_a_request_before_initialize_is_told_to_initialize_first_and_the_session_goes_on() {
+    let mut s = Server::spawn("standard");
+    let early = s.request("tools/list", json!({}));
+    let r = s.response(early);
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("initialize first: `tools/list` arrived before"), "{r}");
+    assert_eq!(r["error"]["data"]["code"], "protocol", "{r}");
+    // A ping before initialize is still answered, and the handshake still works after.
+    let ping = s.request("ping", json!({}));
+    assert!(s.response(ping)["result"].is_object());
+    let init = s.request(
+        "initialize",
+        json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "conch-cli-test", "version": "0"},
+        }),
+    );
+    assert_eq!(s.response(init)["result"]["serverInfo"]["name"], "conch");
+    s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let list = s.request("tools/list", json!({}));
+    let r = s.response(list);
+    assert_eq!(r["result"]["tools"][0]["name"], "bash", "{r}");
+    assert!(s.close_and_wait().success());
+}
+
+#[test]
 fn mcp_bad_composition_is_a_typed_error_on_stderr_and_nothing_on_stdout() {
     let out = conch()
         .args(["mcp", "--composition", "no-such-composition"])

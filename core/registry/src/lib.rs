@@ -421,28 +421,9 @@ pub fn plugins() -> Result<Vec<&'static PluginEntry>, RegistryError> {
     Ok(all)
 }
 
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
 fn suggest(name: &str, entries: &[&'static PluginEntry]) -> String {
-    entries
-        .iter()
-        .map(|e| (edit_distance(name, e.name), e.name))
-        .filter(|(d, n)| *d <= 3 || n.contains(name) || name.contains(n))
-        .min()
-        .map(|(_, n)| format!(" (did you mean `{n}`?)"))
-        .unwrap_or_default()
+    let names: Vec<&str> = entries.iter().map(|e| e.name).collect();
+    conch_config::did_you_mean(name, &names)
 }
 
 /// The resolution plan: entries in build order.
@@ -711,17 +692,5 @@ impl Runtime {
         }
         .instrument(tracing::debug_span!("runtime_shutdown", source = %self.source_name))
         .await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn edit_distance_counts_single_edits() {
-        assert_eq!(edit_distance("bash-locl", "bash-local"), 1);
-        assert_eq!(edit_distance("jobs", "jobs"), 0);
-        assert_eq!(edit_distance("", "abc"), 3);
     }
 }

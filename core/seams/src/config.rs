@@ -53,6 +53,38 @@ impl ConfigIssue {
         if value <= max { Ok(()) } else { Err(Self::new(key, format!("must be at most {max}"))) }
     }
 
+    /// `Err` unless a default `timeout_ms` fits under `max_timeout_ms`, blaming the key the
+    /// user changed: `timeout_ms` unless it still has its default `default_timeout_ms`, so
+    /// `{timeout_ms: 700000}` names `timeout_ms` and `{max_timeout_ms: 10}` names
+    /// `max_timeout_ms`.
+    ///
+    /// # Errors
+    /// The issue, naming both values.
+    pub fn timeout_within_max(
+        timeout_ms: u64,
+        max_timeout_ms: u64,
+        default_timeout_ms: u64,
+    ) -> Result<(), ConfigIssue> {
+        if max_timeout_ms >= timeout_ms {
+            return Ok(());
+        }
+        Err(if timeout_ms == default_timeout_ms {
+            Self::new(
+                "max_timeout_ms",
+                format!(
+                    "{max_timeout_ms} is below timeout_ms ({timeout_ms}); it must be at least timeout_ms"
+                ),
+            )
+        } else {
+            Self::new(
+                "timeout_ms",
+                format!(
+                    "{timeout_ms} is above max_timeout_ms ({max_timeout_ms}); raise max_timeout_ms too"
+                ),
+            )
+        })
+    }
+
     /// The `invalid_composition` error for `plugin` (the registry prefixes the file).
     pub fn into_error(self, plugin: &str) -> Error {
         Error::new(

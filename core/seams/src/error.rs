@@ -188,9 +188,18 @@ pub enum ErrorReason {
     /// A spawn's program was not found (not on the PATH it was looked up on, or no such
     /// file), so an executor can say which program its user has to install.
     MissingProgram,
+    /// A spawn's working directory exists but is not a directory (a file, say): the
+    /// caller's mistake, like [`ErrorReason::MissingWorkdir`], with its own words.
+    WorkdirNotDirectory,
 }
 
 impl ErrorReason {
+    /// Whether this reason says a spawn's working directory is unusable (missing, or not a
+    /// directory): the caller's mistake wherever the command runs.
+    pub fn is_bad_workdir(self) -> bool {
+        matches!(self, ErrorReason::MissingWorkdir | ErrorReason::WorkdirNotDirectory)
+    }
+
     /// Every reason, in declaration order.
     pub const ALL: &'static [ErrorReason] = &[
         ErrorReason::NoSession,
@@ -205,6 +214,7 @@ impl ErrorReason {
         ErrorReason::BootChanged,
         ErrorReason::MissingWorkdir,
         ErrorReason::MissingProgram,
+        ErrorReason::WorkdirNotDirectory,
     ];
 
     /// The stable upper-case spelling.
@@ -222,6 +232,7 @@ impl ErrorReason {
             ErrorReason::BootChanged => "BOOT_CHANGED",
             ErrorReason::MissingWorkdir => "MISSING_WORKDIR",
             ErrorReason::MissingProgram => "MISSING_PROGRAM",
+            ErrorReason::WorkdirNotDirectory => "WORKDIR_NOT_A_DIRECTORY",
         }
     }
 }
@@ -528,7 +539,8 @@ mod tests {
                 "SESSION_EXITED",
                 "BOOT_CHANGED",
                 "MISSING_WORKDIR",
-                "MISSING_PROGRAM"
+                "MISSING_PROGRAM",
+                "WORKDIR_NOT_A_DIRECTORY"
             ]
         );
         for r in ErrorReason::ALL {

@@ -23,6 +23,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::args::{parse_args, schema_of};
+use crate::render::timeout_clamp_note;
 
 /// Arguments of `bash`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -36,8 +37,11 @@ pub struct BashArgs {
     /// Working directory (absolute, or relative to the default); state does not persist between calls.
     #[serde(default)]
     pub workdir: Option<String>,
-    /// Foreground timeout in milliseconds (default 120000, max 600000).
+    /// Foreground timeout in milliseconds, at least 1. The default and the limit are the
+    /// executor's (120000 and 600000 unless configured); a larger value is lowered to the
+    /// limit and the result says so.
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
     /// Start as a background job and return its id at once.
     #[serde(default)]
@@ -166,12 +170,20 @@ impl BashTool {
                 props.remove("justification");
             }
         }
-        if confining.is_none()
-            && let Some(defs) = schema.get_mut("$defs").and_then(|d| d.as_object_mut())
-        {
-            defs.remove("SandboxPermissions");
-        }
         Self { shell, jobs, approval, confining, schema, shell_env, config, dialect, description }
+    }
+
+    /// The jobs seam, when this tool offers `run_in_background`.
+    fn background_offered(&self) -> Result<&Arc<dyn Jobs>> {
+        if !self.config.enable_run_in_background {
+            return Err(Error::invalid("run_in_background is disabled in this composition"));
+        }
+        self.jobs.as_ref().ok_or_else(|| {
+            Error::new(
+                ErrorCode::Unsupported,
+                "run_in_background needs the jobs plugin in the composition",
+            )
+        })
     }
 
     /// Decides an escalation the call asked for: `Ok` to run it unconfined once.
@@ -415,17 +427,21 @@ impl Tool for BashTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: BashArgs = parse_args(self.dialect.name, args)?;
-        let background = args.run_in_background.unwrap_or(false);
-        if self.confining.is_none()
-            && (args.sandbox_permissions.is_some() || args.justification.is_some())
-        {
+        // Fields the type knows but this composition withholds get their own reason
+        // rather than parse_args' "unknown field".
+        let given = |k: &str| args.get(k).is_some();
+        if self.confining.is_none() && (given("sandbox_permissions") || given("justification")) {
             return Err(Error::invalid(format!(
                 "invalid arguments for `{}`: sandbox_permissions and justification apply only \
                  under a sandboxed executor, and this one confines nothing",
                 self.dialect.name
             )));
         }
+        if given("run_in_background") {
+            self.background_offered()?;
+        }
+        let args: BashArgs = parse_args(self.dialect.name, args, &self.schema)?;
+        let background = args.run_in_background.unwrap_or(false);
         let escalated = args.sandbox_permissions.is_some();
         if escalated && background {
             return Err(Error::invalid(format!(
@@ -438,6 +454,7 @@ impl Tool for BashTool {
             .with_managed_env(self.shell_env.snapshot(ctx.owner.session_id()));
         req.workdir = args.workdir.map(PathBuf::from);
         req.timeout_ms = args.timeout_ms;
+        let asked_timeout = args.timeout_ms;
         if let Some(permissions) = args.sandbox_permissions {
             self.escalate(ctx, &args.command, permissions, args.justification).await?;
             // Approved: this one run, and only it, goes without confinement.
@@ -446,6 +463,7 @@ impl Tool for BashTool {
         if !background {
             req.cancel = Some(ctx.cancel.clone());
             let mut spec = self.shell.resolve(req)?;
+            let clamped = timeout_clamp_note(asked_timeout, spec.timeout);
             spec.progress = ctx.progress.clone();
             let mut result = self.shell.run(spec).await?;
             if escalated && let Some(info) = result.sandbox.as_mut() {
@@ -457,7 +475,10 @@ impl Tool for BashTool {
                     format!("the {} tool call was aborted", self.dialect.name),
                 ));
             }
-            let text = render_run(&result);
+            let mut text = render_run(&result);
+            if let Some(note) = clamped {
+                text = if text.is_empty() { note } else { format!("{note}\n{text}") };
+            }
             return Ok(ToolOutput {
                 text,
                 structured: Some(serde_json::json!({
@@ -475,15 +496,7 @@ impl Tool for BashTool {
                 })),
             });
         }
-        if !self.config.enable_run_in_background {
-            return Err(Error::invalid("run_in_background is disabled in this composition"));
-        }
-        let Some(jobs) = &self.jobs else {
-            return Err(Error::new(
-                ErrorCode::Unsupported,
-                "run_in_background needs the jobs plugin in the composition",
-            ));
-        };
+        let jobs = self.background_offered()?;
         // The tool call's own cancellation applies only until the job id is published.
         if ctx.cancel.is_cancelled() {
             return Err(Error::new(
@@ -492,6 +505,7 @@ impl Tool for BashTool {
             ));
         }
         let spec = self.shell.resolve(req)?;
+        let clamped = timeout_clamp_note(asked_timeout, spec.timeout);
         let label = args
             .description
             .filter(|d| !d.trim().is_empty())
@@ -523,11 +537,15 @@ impl Tool for BashTool {
                 }),
             )
             .await?;
+        let started = format!(
+            "started background job {}; read its output with job_output and stop it with job_kill",
+            info.id
+        );
         Ok(ToolOutput {
-            text: format!(
-                "started background job {}; read its output with job_output and stop it with job_kill",
-                info.id
-            ),
+            text: match clamped {
+                Some(note) => format!("{note}\n{started}"),
+                None => started,
+            },
             structured: Some(
                 serde_json::json!({ "job_id": info.id, "status": info.status.as_str() }),
             ),

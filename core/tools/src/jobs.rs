@@ -77,8 +77,9 @@ pub struct JobOutputArgs {
     /// Wait for the job to finish (up to timeout_ms) before reading.
     #[serde(default)]
     pub wait: bool,
-    /// How long a wait may take, in milliseconds (default 30000, max 600000). A wait that
-    /// runs out returns the job still running; it does not kill it.
+    /// How long a wait may take, in milliseconds (default 30000, limit 600000; a larger
+    /// value is lowered to the limit and the result says so). A wait that runs out returns
+    /// the job still running; it does not kill it.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
 }
@@ -108,9 +109,11 @@ impl Tool for JobOutputTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: JobOutputArgs = parse_args("job_output", args)?;
+        let args: JobOutputArgs = parse_args("job_output", args, &schema_of::<JobOutputArgs>())?;
+        let mut clamped = None;
         if args.wait {
             let ms = args.timeout_ms.unwrap_or(30_000).min(MAX_WAIT_MS);
+            clamped = crate::render::timeout_clamp_note(args.timeout_ms, Duration::from_millis(ms));
             // This tool owns its deadline: running out is a normal "still running" answer.
             tokio::select! {
                 r = self.jobs.wait(&ctx.owner, &args.job_id, Duration::from_millis(ms)) => { r?; }
@@ -118,7 +121,11 @@ impl Tool for JobOutputTool {
             }
         }
         let (info, read) = self.jobs.read_output(&ctx.owner, &args.job_id)?;
-        Ok(render(&info, &read))
+        let mut out = render(&info, &read);
+        if let Some(note) = clamped {
+            out.text = format!("{note}\n{}", out.text);
+        }
+        Ok(out)
     }
 }
 
@@ -148,7 +155,7 @@ impl Tool for JobListTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let _: JobListArgs = parse_args("job_list", args)?;
+        let _: JobListArgs = parse_args("job_list", args, &schema_of::<JobListArgs>())?;
         let list = self.jobs.list(&ctx.owner);
         let text = if list.is_empty() {
             "no jobs".to_string()
@@ -200,7 +207,7 @@ impl Tool for JobKillTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: JobKillArgs = parse_args("job_kill", args)?;
+        let args: JobKillArgs = parse_args("job_kill", args, &schema_of::<JobKillArgs>())?;
         self.jobs.kill(&ctx.owner, &args.job_id)?;
         // A non-consuming snapshot, so the remaining output is still there for job_output.
         let (info, read) = self.jobs.peek_output(&ctx.owner, &args.job_id)?;

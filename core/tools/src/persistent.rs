@@ -39,10 +39,12 @@ impl Default for PersistentBashConfig {
 
 impl PluginConfig for PersistentBashConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
-        if self.timeout_ms == 0 || self.max_timeout_ms < self.timeout_ms {
-            return Err(ConfigIssue::new("timeout_ms", "must be > 0 and <= max_timeout_ms"));
-        }
-        Ok(())
+        ConfigIssue::positive("timeout_ms", self.timeout_ms)?;
+        ConfigIssue::timeout_within_max(
+            self.timeout_ms,
+            self.max_timeout_ms,
+            Self::default().timeout_ms,
+        )
     }
 }
 
@@ -52,8 +54,10 @@ impl PluginConfig for PersistentBashConfig {
 pub struct PersistentBashArgs {
     /// The command; cwd, exported variables and functions persist to the next call.
     pub command: String,
-    /// Timeout in milliseconds (default 120000, max 600000); on timeout the shell is reset.
+    /// Timeout in milliseconds, at least 1 (the tool states its default and limit); on
+    /// timeout the shell is reset.
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
 }
 
@@ -102,16 +106,26 @@ impl PersistentBashTool {
         let mut schema = schema_of::<PersistentBashArgs>();
         schema["title"] = format!("persistent {} arguments", dialect.name).into();
         schema["description"] = format!("Arguments of the persistent `{}`.", dialect.name).into();
-        if let Some(command) = schema
-            .get_mut("properties")
-            .and_then(|p| p.get_mut("command"))
-            .and_then(|c| c.as_object_mut())
-        {
-            command.insert(
-                "description".into(),
-                format!("The command; {} persist to the next call.", dialect.persistent_state)
+        if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+            if let Some(command) = props.get_mut("command").and_then(|c| c.as_object_mut()) {
+                command.insert(
+                    "description".into(),
+                    format!("The command; {} persist to the next call.", dialect.persistent_state)
+                        .into(),
+                );
+            }
+            if let Some(timeout) = props.get_mut("timeout_ms").and_then(|c| c.as_object_mut()) {
+                timeout.insert(
+                    "description".into(),
+                    format!(
+                        "Timeout in milliseconds, at least 1 (default {}, limit {}; a larger \
+                         value is lowered to the limit and the result says so); on timeout \
+                         the shell is reset.",
+                        config.timeout_ms, config.max_timeout_ms
+                    )
                     .into(),
-            );
+                );
+            }
         }
         Self {
             terminals,
@@ -169,7 +183,7 @@ impl Tool for PersistentBashTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: PersistentBashArgs = parse_args(self.dialect.name, args)?;
+        let args: PersistentBashArgs = parse_args(self.dialect.name, args, &self.schema)?;
         if args.command.trim().is_empty() {
             return Err(self.invalid("command is empty"));
         }
@@ -217,7 +231,12 @@ impl Tool for PersistentBashTool {
                 format!("the {} tool call was aborted", self.dialect.name),
             ));
         }
-        let (text, reset) = render_outcome(outcome, timeout_ms, self.config.max_output_bytes);
+        let (mut text, reset) = render_outcome(outcome, timeout_ms, self.config.max_output_bytes);
+        let clamped =
+            crate::render::timeout_clamp_note(args.timeout_ms, Duration::from_millis(timeout_ms));
+        if let Some(note) = clamped {
+            text = if text.is_empty() { note } else { format!("{note}\n{text}") };
+        }
         if reset {
             self.reset(&ctx.owner, &mut session).await;
         }

@@ -37,6 +37,14 @@ const SIGNAL: &str = "[killed by signal: ";
 const TIMED_OUT: &str = "[timed out after ";
 const WAITING: &str = "[command is waiting for input";
 
+/// The note a result starts with when the `timeout_ms` a call asked for was above the
+/// limit and a lower one was used: `[timeout_ms 9999999 is above the limit; used 600000]`.
+/// `None` when the call got what it asked for (or asked for nothing).
+pub(crate) fn timeout_clamp_note(asked: Option<u64>, used: std::time::Duration) -> Option<String> {
+    let used = u64::try_from(used.as_millis()).unwrap_or(u64::MAX);
+    asked.filter(|&a| a > used).map(|a| format!("[timeout_ms {a} is above the limit; used {used}]"))
+}
+
 /// The marker for a non-zero exit.
 pub(crate) fn exit_code_marker(code: i32) -> String {
     format!("{EXIT_CODE}{code}]")

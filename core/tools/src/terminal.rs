@@ -141,17 +141,41 @@ struct Ctx {
     config: TerminalToolsConfig,
 }
 
+impl Ctx {
+    /// The jobs seam, when `run_in_background` is offered on terminal_send.
+    fn background(&self) -> Result<&Arc<dyn Jobs>> {
+        if !self.config.enable_run_in_background {
+            return Err(Error::invalid("run_in_background is disabled in this composition"));
+        }
+        self.jobs.as_ref().ok_or_else(|| {
+            Error::new(ErrorCode::Unsupported, "run_in_background needs the jobs plugin")
+        })
+    }
+}
+
+/// A tool's schema without `run_in_background` when this composition cannot honour it.
+fn offered_schema(mut schema: serde_json::Value, ctx: &Ctx) -> serde_json::Value {
+    if ctx.background().is_err()
+        && let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut())
+    {
+        props.remove("run_in_background");
+    }
+    schema
+}
+
 /// Defines one terminal tool. `{shell}` in the description becomes the backend dialect's
 /// name, so the words match the shell the sessions really run.
 macro_rules! tool {
     ($ty:ident, $name:literal, $args:ty, $desc:literal) => {
         #[derive(Debug)]
-        struct $ty(Arc<Ctx>, String);
+        struct $ty(Arc<Ctx>, String, serde_json::Value);
 
         impl $ty {
             fn new(ctx: Arc<Ctx>) -> Self {
                 let description = $desc.replace("{shell}", ctx.terminals.dialect().name);
-                Self(ctx, description)
+                // Built once: what is offered depends on the composition, not on the call.
+                let schema = offered_schema(schema_of::<$args>(), &ctx);
+                Self(ctx, description, schema)
             }
         }
 
@@ -166,11 +190,15 @@ macro_rules! tool {
             }
 
             fn input_schema(&self) -> serde_json::Value {
-                schema_of::<$args>()
+                self.2.clone()
             }
 
             async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-                let args: $args = parse_args($name, args)?;
+                if args.get("run_in_background").is_some() {
+                    // Withheld (see `offered_schema`): say why rather than "unknown field".
+                    self.0.background()?;
+                }
+                let args: $args = parse_args($name, args, &self.2)?;
                 self.run(ctx, args).await
             }
         }
@@ -282,15 +310,7 @@ impl SendTool {
                 SendOutcome::Interrupted(i) => Err(interrupted_error(&i)),
             };
         }
-        if !self.0.config.enable_run_in_background {
-            return Err(Error::invalid("run_in_background is disabled in this composition"));
-        }
-        let Some(jobs) = &self.0.jobs else {
-            return Err(Error::new(
-                ErrorCode::Unsupported,
-                "run_in_background needs the jobs plugin",
-            ));
-        };
+        let jobs = self.0.background()?;
         // The exclusive send slot is taken before the job id exists, so no other send can
         // slip in between publication and the write.
         let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
@@ -381,8 +401,9 @@ struct ReadArgs {
     /// How many lines back from the newest the page ends (default 0).
     #[serde(default)]
     offset_lines: Option<usize>,
-    /// Lines per page (default 200).
+    /// Lines per page, at least 1 (default 200).
     #[serde(default)]
+    #[schemars(range(min = 1))]
     max_lines: Option<usize>,
 }
 
@@ -396,6 +417,11 @@ tool!(
 
 impl ReadTool {
     async fn run(&self, ctx: &ToolContext, a: ReadArgs) -> Result<ToolOutput> {
+        if a.max_lines == Some(0) {
+            return Err(Error::invalid(
+                "invalid arguments for `terminal_read`: max_lines must be at least 1",
+            ));
+        }
         let p = self.0.terminals.read(
             &ctx.owner,
             &a.session_id,
@@ -459,7 +485,9 @@ enum SignalName {
 struct SignalArgs {
     /// The session id (`pty-N`), or the name given at terminal_open.
     session_id: String,
-    /// The signal for the terminal's current foreground process group.
+    /// The signal for the terminal's current foreground process group: SIGINT (interrupt),
+    /// SIGTERM (terminate), SIGKILL (kill; rejected when the shell itself is in the
+    /// foreground), SIGTSTP (suspend) or SIGHUP (hang up).
     signal: SignalName,
 }
 

@@ -115,6 +115,73 @@ pub async fn serve_stdio(
     serve((reader, writer), input_closed, runtime, identity, shutdown).await
 }
 
+/// The server's side of a transport that answers a request sent before `initialize` with
+/// "initialize first" itself, before rmcp sees it: rmcp would take it for a request of the
+/// stateless 2026 lifecycle and complain about missing `_meta` fields, which tells a client
+/// that merely skipped the handshake nothing useful. Pings, `server/discover` and requests
+/// that do carry an inline protocol version still go to rmcp, as does everything once
+/// `initialize` has passed.
+struct InitializeFirst<T> {
+    inner: T,
+    initialized: bool,
+}
+
+/// The JSON-RPC error a request before `initialize` gets.
+fn initialize_first_error(method: &str) -> McpError {
+    McpError::invalid_request(
+        format!(
+            "initialize first: `{method}` arrived before the `initialize` request; send \
+             `initialize`, then `notifications/initialized`, then other requests"
+        ),
+        Some(serde_json::json!({ "code": ErrorCode::Protocol.as_str(), "method": method })),
+    )
+}
+
+impl<T> rmcp::transport::Transport<RoleServer> for InitializeFirst<T>
+where
+    T: rmcp::transport::Transport<RoleServer>,
+{
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleServer>> {
+        use rmcp::model::{ClientRequest, GetMeta, JsonRpcMessage, ServerJsonRpcMessage};
+        loop {
+            let message = self.inner.receive().await?;
+            if self.initialized {
+                return Some(message);
+            }
+            let JsonRpcMessage::Request(request) = &message else { return Some(message) };
+            match &request.request {
+                ClientRequest::InitializeRequest(_) => {
+                    self.initialized = true;
+                    return Some(message);
+                }
+                ClientRequest::PingRequest(_) | ClientRequest::DiscoverRequest(_) => {
+                    return Some(message);
+                }
+                other if other.get_meta().protocol_version().is_some() => return Some(message),
+                other => {
+                    let error = initialize_first_error(other.method());
+                    let reply = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
+                    // A client that cannot be answered is gone; its next read says so.
+                    let _ = self.inner.send(reply).await;
+                }
+            }
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
 async fn serve<R, W>(
     transport: (R, W),
     input_closed: CancellationToken,
@@ -141,6 +208,11 @@ where
     let service_ct = CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
 
+    let (reader, writer) = transport;
+    let transport = InitializeFirst {
+        inner: rmcp::transport::async_rw::AsyncRwTransport::new_server(reader, writer),
+        initialized: false,
+    };
     let started = tokio::select! {
         r = handler.clone().serve_with_ct(transport, service_ct.clone()) => r,
         () = &mut shutdown => {

@@ -62,6 +62,9 @@ pub trait Flavor: Send + Sync + std::fmt::Debug + 'static {
     fn missing_program(program: &str) -> Option<String>;
 }
 
+/// The default foreground timeout of every flavour.
+pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+
 /// The settings every local shell executor has (each flavour's config maps onto them, so
 /// the keys and their checks are the same for all).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,9 +96,7 @@ impl Settings {
     /// The first key whose value is out of range.
     pub fn validate(&self, program_key: &'static str) -> std::result::Result<(), ConfigIssue> {
         ConfigIssue::positive("timeout_ms", self.timeout_ms)?;
-        if self.max_timeout_ms < self.timeout_ms {
-            return Err(ConfigIssue::new("max_timeout_ms", "must be at least timeout_ms"));
-        }
+        ConfigIssue::timeout_within_max(self.timeout_ms, self.max_timeout_ms, DEFAULT_TIMEOUT_MS)?;
         ConfigIssue::positive("max_output_bytes", self.max_output_bytes as u64)?;
         if self.max_spill_bytes < self.max_output_bytes as u64 {
             return Err(ConfigIssue::new("max_spill_bytes", "must be at least max_output_bytes"));
@@ -461,7 +462,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
         let process = match self.subprocess.spawn(sspec).await {
             Ok(p) => p,
             // A missing workdir is the caller's mistake wherever the command runs.
-            Err(e) if wrapped && e.reason() != Some(ErrorReason::MissingWorkdir) => {
+            Err(e) if wrapped && !e.reason().is_some_and(ErrorReason::is_bad_workdir) => {
                 return Err(unavailable(
                     self.name(),
                     format!("the sandbox runner could not be launched: {e}"),
@@ -569,7 +570,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
                     }),
                 ))
             }
-            Err(e) if wrapped && e.reason() != Some(ErrorReason::MissingWorkdir) => {
+            Err(e) if wrapped && !e.reason().is_some_and(ErrorReason::is_bad_workdir) => {
                 runner_failed(format!(
                     "{}\n",
                     unavailable(
@@ -864,7 +865,7 @@ macro_rules! local_shell_config {
             fn default() -> Self {
                 Self {
                     cwd: None,
-                    timeout_ms: 120_000,
+                    timeout_ms: $crate::engine::DEFAULT_TIMEOUT_MS,
                     max_timeout_ms: 600_000,
                     max_output_bytes: 64_000,
                     max_spill_bytes: 64 * 1024 * 1024,

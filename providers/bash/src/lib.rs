@@ -203,7 +203,14 @@ mod tests {
         let c = BashLocalConfig { max_timeout_ms: 10, ..BashLocalConfig::default() };
         let err = c.check(NAME).unwrap_err();
         assert_eq!(err.code(), conch_seams::ErrorCode::InvalidComposition);
-        assert!(err.message().contains("max_timeout_ms"), "{err}");
+        assert!(err.message().contains("key `plugins.bash-local.max_timeout_ms`"), "{err}");
+        // The key the user set is the one blamed: a default timeout above the default limit.
+        let c = BashLocalConfig { timeout_ms: 700_000, ..BashLocalConfig::default() };
+        assert_eq!(
+            c.check(NAME).unwrap_err().message(),
+            "plugin `bash-local`: key `plugins.bash-local.timeout_ms`: 700000 is above \
+             max_timeout_ms (600000); raise max_timeout_ms too"
+        );
         let c = BashLocalConfig { bash: String::new(), ..BashLocalConfig::default() };
         assert!(c.check(NAME).unwrap_err().message().contains("bash"));
     }

@@ -365,11 +365,18 @@ pub(crate) fn resolve_cwd(cwd: Option<&Path>, op: &'static str) -> Result<std::p
             cwd.map_or(here.clone(), |c| here.join(c))
         }
     };
-    if !dir.is_dir() {
-        return Err(failed(format!("working directory `{}` does not exist", dir.display()))
-            .with_reason(conch_seams::ErrorReason::MissingWorkdir));
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => Ok(dir),
+        Ok(_) => Err(failed(format!("working directory `{}` is not a directory", dir.display()))
+            .with_reason(conch_seams::ErrorReason::WorkdirNotDirectory)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(failed(format!("working directory `{}` does not exist", dir.display()))
+                .with_reason(conch_seams::ErrorReason::MissingWorkdir))
+        }
+        // A path through a file (`/etc/passwd/x`), or one this user may not look into.
+        Err(e) => Err(failed(format!("working directory `{}` is unusable: {e}", dir.display()))
+            .with_reason(conch_seams::ErrorReason::MissingWorkdir)),
     }
-    Ok(dir)
 }
 
 /// Spawns `spec`.
