@@ -952,6 +952,7 @@ pub async fn other_terminals_are_not_writable(
     let (screen, input) = foreign.drain();
     assert!(screen.is_empty(), "a one-shot command wrote to another terminal: {screen:?} ({out})");
     assert!(input.is_empty(), "a one-shot command pushed input into another terminal: {input:?}");
+    assert!(out.contains("write-status=") && out.contains("tiocsti-"), "both ran: {out}");
     assert!(!out.contains("write-status=0"), "the write was not refused: {out}");
     assert!(!out.contains("tiocsti ok"), "TIOCSTI was not refused: {out}");
     // Making a new terminal still works (`script`, python's `pty`): it lands in a devpts
