@@ -11,10 +11,15 @@
 //!    cannot push keystrokes into conch's controlling terminal with `TIOCSTI`;
 //! 3. alone (the `landlock` runner), the helper builds its mount layer (`mounts.rs`): a
 //!    private mount namespace where everything outside the writable roots is read-only,
-//!    the read-only paths under a root are read-only mount points, and the pathname unix
-//!    sockets outside the roots are covered; when this user can have no mount namespace,
-//!    Landlock confines alone and the runner's enforcement says what is then not denied;
-//! 4. the Landlock ruleset is built (path descriptors opened while we still can);
+//!    the read-only paths under a root are read-only mount points, the pathname unix
+//!    sockets outside the roots are covered, and `/dev/pts` is a devpts instance of the
+//!    sandbox's own (its own controlling terminal, if any, bound onto `/dev/console`); when
+//!    this user can have no mount namespace, Landlock confines alone and the runner's
+//!    enforcement says what is then not denied;
+//! 4. the Landlock ruleset is built (path descriptors opened while we still can). Of the
+//!    terminals, only the command's own controlling terminal (found on its stdin, stdout or
+//!    stderr), `/dev/tty` and `/dev/ptmx` are writable, and `/dev/pts` as a whole only
+//!    where it is the sandbox's own instance: a command on a pipe can write to no terminal;
 //! 5. every capability is dropped (bounding and ambient sets cleared, then `capset` to
 //!    nothing): as root, a kept capability would let the command remount, `mknod` a disk or
 //!    `chown` anything;
@@ -23,7 +28,8 @@
 //!    without network; signals and abstract unix sockets scoped to the sandbox; from ABI 9,
 //!    pathname unix sockets outside the roots refused);
 //! 7. seccomp filters: `chown` and the xattr writers are refused everywhere (Landlock does
-//!    not cover metadata), `io_uring` is refused (its socket operations bypass seccomp),
+//!    not cover metadata), `ioctl(TIOCSTI)` is refused (no input pushed into any terminal,
+//!    the own one included), `io_uring` is refused (its socket operations bypass seccomp),
 //!    every x32 system call is refused, and without network `socket`/`socketpair` accept
 //!    only `AF_UNIX` (Landlock's TCP rules miss UDP, ICMP, MPTCP and raw sockets);
 //! 8. `execvp`.
@@ -32,7 +38,8 @@
 //! `conch-sandbox: unavailable: <why>` on stderr: the command never runs unconfined.
 //!
 //! Runners: `landlock` (the default) does all of the above. `bwrap` is used inside
-//! bubblewrap, whose mounts are the mount layer (read-only binds, sockets covered), so only
+//! bubblewrap, whose mounts are the mount layer (read-only binds, sockets covered, a fresh
+//! `/dev` with a devpts of its own and the caller's terminal at `/dev/console`), so only
 //! the read-only paths that do not exist yet (which cannot be bound) are kept by Landlock;
 //! Landlock is still applied there as a second layer (FIFOs on read-only binds, signal
 //! scoping) but its absence is tolerated, since bubblewrap is the primary confinement.
@@ -47,8 +54,9 @@
 //!   bound later outside the roots is reachable before Landlock ABI 9.
 //! - A hard link that already exists inside a root and points at a file outside is written
 //!   through (rules and binds follow paths); making such a link from inside is denied.
-//! - `/dev/pts` is writable (terminals need it), so a command can write to (not inject
-//!   into) another terminal of the same user.
+//! - Without the mount layer (or where devpts cannot be mounted), `/dev/pts` is the
+//!   machine's, so only the own terminal in it is granted: a new terminal's master opens
+//!   (`/dev/ptmx`) but not its slave, so `script` and python's `pty` fail there.
 //! - The shared `/tmp` is read-only unless it is a writable root; in workspace-write mode the
 //!   runners give each command a private `TMPDIR` instead (see `tmp.rs`).
 
@@ -233,15 +241,28 @@ pub fn sandbox_exec_main(args: &[String]) -> i32 {
 fn confine(inv: &Invocation) -> Result<(), String> {
     close_inherited_fds()?;
     leave_callers_session();
+    let own_tty = controlling_terminal();
     let writable = inv.policy.writable();
     let points = mounts::read_only_points(&writable, &inv.policy.read_only_paths);
-    // Inside bubblewrap the mounts are bubblewrap's; alone, the helper builds its own view.
-    let layer = match inv.runner {
-        Runner::Landlock => mounts::apply(&writable, &points.mount)?,
+    // Inside bubblewrap the mounts are bubblewrap's (its `/dev/pts` is a devpts instance of
+    // the sandbox's own); alone, the helper builds its own view, with a private devpts.
+    let (layer, private_pts) = match inv.runner {
+        Runner::Landlock => match mounts::apply(&writable, &points.mount)? {
+            Layer::Applied => {
+                let private = mounts::private_devpts(own_tty.as_ref().map(|t| t.fd))?;
+                (Layer::Applied, private)
+            }
+            unavailable => (unavailable, false),
+        },
         Runner::Bwrap => {
             mounts::cover_in_new_namespace(&inv.cover)?;
-            Layer::Applied
+            (Layer::Applied, true)
         }
+    };
+    let terminals = Terminals {
+        // Looked up in the final view: the own terminal may now be at `/dev/console`.
+        own: own_tty.and_then(|t| t.path()),
+        private_pts,
     };
     // With a mount layer (bubblewrap's or our own) the existing read-only paths are
     // read-only mount points already; one that does not exist yet (a `.git` without
@@ -250,7 +271,7 @@ fn confine(inv: &Invocation) -> Result<(), String> {
         Layer::Unavailable(_) => &inv.policy.read_only_paths,
         Layer::Applied => &points.missing,
     };
-    let ruleset = build_ruleset(inv, &writable, kept_by_landlock)?;
+    let ruleset = build_ruleset(inv, &writable, kept_by_landlock, &terminals)?;
     let filters = seccomp_filters(&inv.policy)?;
     drop_capabilities()?;
     set_no_new_privs()?;
@@ -340,6 +361,58 @@ fn leave_callers_session() {
     }
 }
 
+/// Which terminals the command may open by path (besides `/dev/tty` and `/dev/ptmx`).
+#[derive(Debug)]
+struct Terminals {
+    /// Its own controlling terminal, where this mount view shows it.
+    own: Option<PathBuf>,
+    /// `/dev/pts` is a devpts instance of the sandbox's own (holding only the terminals the
+    /// command makes), so it may be granted whole; otherwise it holds every terminal of the
+    /// machine and none but the own one is granted.
+    private_pts: bool,
+}
+
+/// The command's controlling terminal, as one of its standard descriptors (after
+/// [`leave_callers_session`], so it is the sandbox's own terminal or none).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OwnTerminal {
+    /// A standard descriptor (0-2) open on the terminal.
+    pub fd: i32,
+    dev: u64,
+    ino: u64,
+}
+
+/// Finds the controlling terminal (field 7 of `/proc/self/stat`) among the standard
+/// descriptors. One that is not on stdin, stdout or stderr is not looked for: it stays
+/// reachable through `/dev/tty`, and a device number alone does not name one terminal
+/// (every devpts instance numbers its terminals from 0).
+fn controlling_terminal() -> Option<OwnTerminal> {
+    use std::os::unix::fs::MetadataExt;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let tty_nr: i64 = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().nth(4)?.parse().ok()?;
+    if tty_nr == 0 {
+        return None;
+    }
+    (0..=2).find_map(|fd| {
+        let meta = std::fs::metadata(format!("/proc/self/fd/{fd}")).ok()?;
+        (meta.rdev() == tty_nr as u64).then(|| OwnTerminal { fd, dev: meta.dev(), ino: meta.ino() })
+    })
+}
+
+impl OwnTerminal {
+    /// The terminal's path in the current mount view: the name its descriptor was opened by,
+    /// or `/dev/console` (where bubblewrap, and the helper under a private devpts, bind it),
+    /// if that path is this very terminal.
+    fn path(&self) -> Option<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let named = std::fs::read_link(format!("/proc/self/fd/{}", self.fd)).ok();
+        named.into_iter().chain([PathBuf::from("/dev/console")]).find(|p| {
+            p.is_absolute()
+                && std::fs::metadata(p).is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino)
+        })
+    }
+}
+
 /// The kernel's Landlock ABI version, or why there is none.
 pub fn landlock_abi() -> Result<i32, String> {
     // SAFETY: the version query takes no attribute and creates no descriptor.
@@ -365,6 +438,7 @@ fn build_ruleset(
     inv: &Invocation,
     writable: &[PathBuf],
     protected: &[PathBuf],
+    terminals: &Terminals,
 ) -> Result<Option<RulesetCreated>, String> {
     if landlock_abi().is_err() {
         return Ok(None);
@@ -385,9 +459,20 @@ fn build_ruleset(
         .create()
         .map_err(err)?;
     created = add(created, Path::new("/"), AccessFs::from_read(abi))?;
-    for dev in ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"] {
-        if Path::new(dev).exists() {
-            created = add(created, Path::new(dev), AccessFs::from_all(abi))?;
+    // `/dev/tty` always names the caller's own controlling terminal; `/dev/ptmx` only makes
+    // new terminals, whose slaves are usable only where `/dev/pts` is private.
+    let mut devices: Vec<PathBuf> =
+        ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx"]
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+    if terminals.private_pts {
+        devices.push(PathBuf::from("/dev/pts"));
+    }
+    devices.extend(terminals.own.iter().cloned());
+    for dev in &devices {
+        if dev.exists() {
+            created = add(created, dev, AccessFs::from_all(abi))?;
         }
     }
     for path in writable_grants(writable, protected) {
@@ -488,6 +573,17 @@ fn seccomp_filters(policy: &SandboxPolicy) -> Result<Vec<BpfProgram>, String> {
         denied.insert(n, Vec::new());
     }
     let err = |e: seccompiler::BackendError| format!("seccomp: {e}");
+    // `TIOCSTI` pushes input into a terminal as if typed: into the sandbox's own terminal it
+    // would feed whatever reads it next, so it is refused outright (the kernel already
+    // refuses it on any other terminal once capabilities are gone). The request is
+    // compared on its low 32 bits, as the kernel's `unsigned int cmd` sees it.
+    // `Ioctl` is `c_ulong` with glibc but `c_int` with musl.
+    #[allow(clippy::unnecessary_cast)]
+    let request = libc::TIOCSTI as u64;
+    let tiocsti = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .map_err(err)?;
+    denied.insert(libc::SYS_ioctl, vec![tiocsti]);
     let mut out = vec![compile(denied, libc::EPERM, arch).map_err(err)?];
     #[cfg(target_arch = "x86_64")]
     out.push(no_x32());

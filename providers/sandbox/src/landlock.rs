@@ -81,8 +81,8 @@ impl LandlockSandbox {
             (Ok(abi), None) => format!("landlock ABI {abi} + seccomp + read-only mount namespace"),
             (Ok(abi), Some(why)) => format!(
                 "landlock ABI {abi} + seccomp; no mount layer ({why}): chmod and utime \
-                 outside the roots are not denied, and new entries cannot be created directly \
-                 in a git workspace's root"
+                 outside the roots are not denied, new entries cannot be created directly \
+                 in a git workspace's root, and new terminals (ptys) cannot be opened"
             ),
             (Err(_), _) => "none (no landlock)".into(),
         }

@@ -1,6 +1,7 @@
 //! The `landlock` runner's mount layer: a private mount namespace in which everything
 //! outside the writable roots is read-only, the read-only paths under a root are read-only
-//! mount points, and the pathname unix sockets outside the roots are masked.
+//! mount points, the pathname unix sockets outside the roots are masked, and `/dev/pts` is
+//! a devpts instance of the sandbox's own ([`private_devpts`]).
 //!
 //! Landlock decides opens, creates, renames and unlinks, but it has no right for `chmod`,
 //! `utime` or file flags, and before ABI 9 none for connecting to a pathname unix socket.
@@ -26,8 +27,9 @@
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// What the mount layer did.
@@ -170,6 +172,77 @@ pub fn apply(writable: &[PathBuf], protected: &[PathBuf]) -> Result<Layer, Strin
         }
     }
     Ok(Layer::Applied)
+}
+
+/// Mounts a devpts instance of the sandbox's own on `/dev/pts` and points `/dev/ptmx` at it,
+/// as bubblewrap does: the command can still make terminals (`script`, python's `pty`), and
+/// no other terminal of the machine is there to be named. The command's own controlling
+/// terminal (`own`, a standard descriptor on it), hidden by the new instance, is bound onto
+/// `/dev/console` so that `tty` still names it.
+///
+/// Returns false, having changed nothing, when no devpts can be mounted here: `/dev/pts`
+/// then stays the machine's, and Landlock grants only the own terminal in it.
+pub(crate) fn private_devpts(own: Option<i32>) -> Result<bool, String> {
+    let pts = Path::new("/dev/pts");
+    if !pts.is_dir() {
+        return Ok(false);
+    }
+    // Held by path before the new instance hides it: a descriptor inherited from before the
+    // namespace names a mount of the caller's namespace, which cannot be bound from here.
+    let own_in_pts = own
+        .and_then(|fd| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok())
+        .filter(|p| p.starts_with(pts))
+        .and_then(|p| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(p)
+                .ok()
+        });
+    let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
+    if mount_fs("devpts", pts, "devpts", flags, "newinstance,ptmxmode=0666,mode=620").is_err() {
+        return Ok(false);
+    }
+    // From here on a failure is fatal (the view is half built).
+    let ptmx = Path::new("/dev/ptmx");
+    if ptmx.symlink_metadata().is_ok_and(|m| m.file_type().is_char_device()) {
+        // A symlink (`pts/ptmx`) already leads to the new instance.
+        bind(&pts.join("ptmx"), ptmx)?;
+    }
+    let console = Path::new("/dev/console");
+    if let Some(held) = &own_in_pts
+        && console.symlink_metadata().is_ok()
+    {
+        let source = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        mount(Some(&source), console, libc::MS_BIND)
+            .map_err(|e| format!("cannot bind the own terminal onto /dev/console: {e}"))?;
+    }
+    Ok(true)
+}
+
+fn mount_fs(
+    source: &str,
+    target: &Path,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> std::io::Result<()> {
+    let target_c = cstring(target).map_err(std::io::Error::other)?;
+    let [source_c, fstype_c, data_c] =
+        [source, fstype, data].map(|s| CString::new(s).map_err(std::io::Error::other));
+    let (source_c, fstype_c, data_c) = (source_c?, fstype_c?, data_c?);
+    // SAFETY: valid NUL-terminated strings that outlive the call; devpts takes its options
+    // as a string.
+    let r = unsafe {
+        libc::mount(
+            source_c.as_ptr(),
+            target_c.as_ptr(),
+            fstype_c.as_ptr(),
+            flags,
+            data_c.as_ptr().cast(),
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 /// Inside bubblewrap (whose mounts are the rest of the layer): covers `sockets` in a mount

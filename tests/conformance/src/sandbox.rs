@@ -853,3 +853,161 @@ pub async fn a_private_tmpdir_is_writable_and_the_shared_tmp_is_not(
     assert_ne!(status.code, Some(0), "mktemp found somewhere to write in read-only: {out}");
     Ok(())
 }
+
+/// A terminal the test owns outside the sandbox (another terminal of the same user), raw so
+/// every byte written to it (master side) or pushed into its input (`TIOCSTI`, slave side)
+/// is there to read, both ends non-blocking for the drain.
+struct ForeignPty {
+    master: std::fs::File,
+    slave: std::fs::File,
+    path: PathBuf,
+}
+
+impl ForeignPty {
+    fn open() -> Self {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let mut raw = nix::sys::termios::tcgetattr(
+            nix::pty::openpty(None, None).expect("a pty for the template").slave,
+        )
+        .expect("tcgetattr");
+        nix::sys::termios::cfmakeraw(&mut raw);
+        let pty = nix::pty::openpty(None, &raw).expect("openpty");
+        let path = nix::unistd::ttyname(&pty.slave).expect("the slave's path");
+        for fd in [&pty.master, &pty.slave] {
+            fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).expect("O_NONBLOCK");
+        }
+        Self { master: pty.master.into(), slave: pty.slave.into(), path }
+    }
+
+    /// What reached the terminal's screen (master) and its input queue (slave) so far:
+    /// read after the command finished, until the kernel has nothing more.
+    fn drain(&self) -> (String, String) {
+        let read = |mut f: &std::fs::File| {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                match std::io::Read::read(&mut f, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("draining the test's pty: {e}"),
+                }
+            }
+            String::from_utf8_lossy(&got).into_owned()
+        };
+        (read(&self.master), read(&self.slave))
+    }
+}
+
+/// Python that opens a terminal (`argv[1]`, or stdin when it is `-`) and pushes a byte into
+/// its input with `TIOCSTI`, printing what happened (`tiocsti ok`, or the errno); then again
+/// with junk in the request's high 32 bits, which the kernel ignores (`tiocsti-high`).
+const TIOCSTI_PY: &str = "import fcntl,os,sys,termios\n\
+try:\n    fd = 0 if sys.argv[1] == '-' else os.open(sys.argv[1], os.O_RDWR | os.O_NOCTTY)\n\
+except OSError as e:\n    print('tiocsti-open-errno', e.errno); sys.exit(0)\n\
+try:\n    fcntl.ioctl(fd, termios.TIOCSTI, b'Q'); print('tiocsti ok')\n\
+except OSError as e:\n    print('tiocsti-errno', e.errno)\n\
+import ctypes\n\
+libc = ctypes.CDLL(None, use_errno=True)\n\
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_char_p]\n\
+r = libc.ioctl(fd, (0xdead << 32) | termios.TIOCSTI, b'Q')\n\
+print('tiocsti-high ok' if r == 0 else 'tiocsti-high-errno %d' % ctypes.get_errno())\n";
+
+/// A confined command cannot write to another terminal of the same user (a PTY the test
+/// owns outside the sandbox) nor push input into it, whether it runs on a pipe (a one-shot
+/// command) or on a terminal of its own (a sandboxed terminal session); on its own terminal
+/// it can still write (`tty` names it, `/dev/tty` reaches it), and `TIOCSTI` is refused
+/// there too. Judged by what the test's PTY received, read after the command finished.
+pub async fn other_terminals_are_not_writable(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) -> Outcome {
+    confining(sandbox)?;
+    if !has_python() {
+        return skip("needs python3 for TIOCSTI");
+    }
+    let f = Fixture::new();
+    let foreign = ForeignPty::open();
+    let pts = foreign.path.display().to_string();
+    let py = f.root.join("tiocsti.py");
+    std::fs::write(&py, TIOCSTI_PY).unwrap();
+    let py = py.display();
+    let policy = f.policy(SandboxMode::WorkspaceWrite);
+    // `$((6*7))`: the marks are made when the command runs, so the script text itself (were
+    // it ever echoed) cannot pass for them.
+    let attack = format!(
+        "echo {MARK}; echo escaped-$((6*7)) > '{pts}'; echo write-status=$?; \
+         python3 '{py}' '{pts}'"
+    );
+    let line = |script: &str| {
+        CommandLine::new(vec!["bash".into(), "-c".into(), script.into()])
+            .with_cwd(Some(f.root.clone()))
+    };
+
+    // On a pipe: no terminal of its own, so no terminal at all is writable.
+    let wrapped = sandbox.wrap(&policy, line(&attack)).expect("the runner wraps here");
+    let (out, status, _) =
+        spawn_wrapped(sandbox, sub, &policy, wrapped.argv, wrapped.cwd, wrapped.env).await;
+    assert!(out.contains(MARK), "the command ran: {out} {status:?}");
+    let (screen, input) = foreign.drain();
+    assert!(screen.is_empty(), "a one-shot command wrote to another terminal: {screen:?} ({out})");
+    assert!(input.is_empty(), "a one-shot command pushed input into another terminal: {input:?}");
+    assert!(out.contains("write-status=") && out.contains("tiocsti-"), "both ran: {out}");
+    assert!(!out.contains("write-status=0"), "the write was not refused: {out}");
+    assert!(!out.contains("tiocsti ok"), "TIOCSTI was not refused: {out}");
+    // Making a new terminal still works (`script`, python's `pty`): it lands in a devpts
+    // instance of the sandbox's own, where the landlock runner has its mount layer.
+    let new_pty = "python3 -c 'import os; m, s = os.openpty(); os.write(s, b\"pty-\" + b\"ok\"); \
+                   print(os.read(m, 16).decode())'";
+    let (out, status, _) = run(sandbox, sub, &policy, &f.root, new_pty).await;
+    let new_pty_refused = !out.contains("pty-ok");
+    if new_pty_refused {
+        let enforcement = sandbox.capabilities().enforcement;
+        assert!(enforcement.contains("no mount layer"), "a new pty failed ({status:?}): {out}");
+    }
+
+    // On a terminal of its own (how terminal-bash runs a sandboxed shell).
+    if !sub.capabilities().terminals {
+        return skip(format!(
+            "{} has no terminals: only the one-shot half ran",
+            sub.provider_name()
+        ));
+    }
+    let own = format!(
+        "{attack}; t=$(tty) && echo own-tty-ok && echo own-$((6*7)) > \"$t\"; \
+         echo dev-tty-$((6*7)) > /dev/tty; python3 '{py}' -"
+    );
+    let wrapped = sandbox.wrap(&policy, line(&own)).expect("the runner wraps here");
+    let mut spec = conch_seams::TerminalSpawnSpec::in_default_dir(wrapped.argv);
+    spec.cwd = wrapped.cwd;
+    spec.env = wrapped.env;
+    let term = within("spawn_terminal", sub.spawn_terminal(spec)).await.expect("a terminal");
+    let mut bytes = Vec::new();
+    // EOF on the master: the command and everything holding its terminal are done.
+    while let Some(chunk) = within("the terminal's output", term.read_chunk()).await.expect("read")
+    {
+        bytes.extend_from_slice(&chunk);
+    }
+    let status = within("the terminal's exit", term.wait()).await.expect("exit status");
+    let out = String::from_utf8_lossy(&bytes).replace('\r', "");
+    assert!(out.contains(MARK), "the command ran: {out} {status:?}");
+    let (screen, input) = foreign.drain();
+    assert!(screen.is_empty(), "a terminal session wrote to another terminal: {screen:?} ({out})");
+    assert!(input.is_empty(), "a terminal session pushed input into another terminal: {input:?}");
+    assert!(!out.contains("write-status=0"), "the write was not refused: {out}");
+    // Its own terminal stays usable, by name and through /dev/tty.
+    assert!(out.contains("dev-tty-42"), "/dev/tty did not reach the own terminal: {out}");
+    assert!(out.contains("own-tty-ok") && out.contains("own-42"), "tty / own write: {out}");
+    // TIOCSTI into its own terminal is refused by the filter (EPERM), not merely unused.
+    assert!(out.contains("tiocsti-errno 1\n"), "TIOCSTI on the own terminal: {out}");
+    assert!(out.contains("tiocsti-high-errno 1\n"), "TIOCSTI with high bits: {out}");
+    assert!(!out.contains("tiocsti ok") && !out.contains("tiocsti-high ok"), "{out}");
+    if new_pty_refused {
+        return skip(format!(
+            "{} refuses new terminals here: no private devpts without its mount layer ({})",
+            sandbox.provider_name(),
+            sandbox.capabilities().enforcement
+        ));
+    }
+    Ok(())
+}
