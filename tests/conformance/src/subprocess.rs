@@ -398,11 +398,18 @@ pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subpr
     Ok(())
 }
 
+/// Shell text that waits until the background job `$!` runs `comm`, then prints its pid.
+fn echo_once_execd(comm: &str) -> String {
+    format!("p=$!; until [ \"$(cat /proc/$p/comm 2>/dev/null)\" = {comm} ]; do :; done; echo $p")
+}
+
 pub async fn stop_leftovers_stops_a_background_child_holding_the_output(
     p: &dyn Subprocess,
 ) -> Outcome {
-    let proc =
-        p.spawn(merged("sleep 1000 & echo $!").with_after_exit(stop_leftovers(100))).await.unwrap();
+    // The leftover is named as it is when the stop finds it: the shell exits only once its
+    // child has exec'd `sleep` (on a loaded machine the fork can outlast the drain).
+    let script = format!("sleep 1000 & {}", echo_once_execd("sleep"));
+    let proc = p.spawn(merged(&script).with_after_exit(stop_leftovers(100))).await.unwrap();
     let status = within("settlement despite the held pipe", proc.wait())
         .await
         .expect("the provider keeps track of its process");
@@ -437,10 +444,8 @@ pub async fn stop_leftovers_stops_group_members_that_redirected_output(
 
 pub async fn stop_leftovers_reaches_a_pipe_holder_outside_the_group(p: &dyn Subprocess) -> Outcome {
     has_setsid(p).await?;
-    let proc = p
-        .spawn(merged("setsid sleep 1000 & echo $!").with_after_exit(stop_leftovers(100)))
-        .await
-        .unwrap();
+    let script = format!("setsid sleep 1000 & {}", echo_once_execd("sleep"));
+    let proc = p.spawn(merged(&script).with_after_exit(stop_leftovers(100))).await.unwrap();
     within("settlement despite an escaped holder", proc.wait())
         .await
         .expect("the provider keeps track of its process");
