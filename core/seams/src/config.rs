@@ -1,5 +1,5 @@
 //! Plugin configuration: one convention for how every plugin's config is validated and how a
-//! bad value is reported (`<file>: plugin `<name>`: key `plugins.<name>.<key>`: <problem>`,
+//! bad value is reported (``<file>: plugin `<name>`: key `plugins.<name>.<key>`: <problem>``,
 //! the key spelled as in a composition).
 
 use serde::de::DeserializeOwned;

@@ -125,7 +125,7 @@ impl SandboxPolicy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CommandLine {
-    /// argv[0] is the executable; no shell interpretation.
+    /// `argv[0]` is the executable; no shell interpretation.
     pub argv: Vec<String>,
     /// Working directory (`None`: the subprocess provider's default).
     pub cwd: Option<PathBuf>,

@@ -179,7 +179,7 @@ impl fmt::Display for SpillRef {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct SpawnSpec {
-    /// argv[0] is the executable (resolved on the provider's PATH); no shell interpretation.
+    /// `argv[0]` is the executable (resolved on the provider's PATH); no shell interpretation.
     pub argv: Vec<String>,
     /// Working directory; must exist in the provider's world. `None` is the provider's
     /// default directory, and a relative path is resolved against it.
@@ -485,7 +485,7 @@ impl Default for TerminalSize {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct TerminalSpawnSpec {
-    /// argv[0] is the executable.
+    /// `argv[0]` is the executable.
     pub argv: Vec<String>,
     /// Working directory, validated by the provider (never silently replaced by $HOME);
     /// `None` is the provider's default directory, a relative path is resolved against it.

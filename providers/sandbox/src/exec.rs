@@ -7,7 +7,7 @@
 //!
 //! 1. every inherited descriptor above 2 is closed (neither Landlock nor read-only mounts
 //!    stop a write through a descriptor that is already open);
-//! 2. the command leaves the caller's terminal session (see [`leave_callers_session`]), so it
+//! 2. the command leaves the caller's terminal session (see `leave_callers_session`), so it
 //!    cannot push keystrokes into conch's controlling terminal with `TIOCSTI`;
 //! 3. alone (the `landlock` runner), the helper builds its mount layer (`mounts.rs`): a
 //!    private mount namespace where everything outside the writable roots is read-only,

@@ -1,7 +1,7 @@
 //! The `remote-sandbox` provider: the subprocess seam, served by a `conch sandboxd`.
 //!
-//! Control calls go over HTTP ([`http`]); output and events stream over one WebSocket
-//! ([`conn`]) into per-process replicas ([`mirror`]), so reads are local and keep the local
+//! Control calls go over HTTP (`http`); output and events stream over one WebSocket
+//! (`conn`) into per-process replicas (`mirror`), so reads are local and keep the local
 //! semantics (offsets, `lossy`, retained tails), while everything that touches processes
 //! (spawn, signals, tree kill, the stdin-wait probe, teardown) runs on the daemon.
 //!
@@ -13,7 +13,7 @@
 //!   `give_up_ms` as `remote_unavailable`, and so do pending waits once the stream
 //!   connection has been down that long. A daemon known to be gone (its address refuses
 //!   connections) or replaced (another boot id) fails them within seconds instead, not
-//!   retryable ([`health`]).
+//!   retryable (`health`).
 //! - Kill, release and closing stdin wait for the daemon's answer: one that could not be
 //!   delivered is the caller's error, never assumed done.
 //! - The token is never logged or shown (`Debug` redacts it).
