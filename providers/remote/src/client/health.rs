@@ -136,7 +136,12 @@ impl Health {
             st.gone = Some(e.to_body());
             e
         };
-        tracing::warn!(cause = %why, "sandbox daemon refuses connections; failing pending calls");
+        // Loud only when work is lost: at build, the error itself says it all.
+        if conn::live(&self.mirrors).is_empty() {
+            tracing::debug!(cause = %why, "sandbox daemon refuses connections; known gone");
+        } else {
+            tracing::warn!(cause = %why, "sandbox daemon refuses connections; failing pending calls");
+        }
         self.fail_pending(&newly_gone);
         self.verdicts.send_modify(|n| *n += 1);
         Some(newly_gone)
