@@ -15,10 +15,12 @@ pub struct Args {
     /// which).
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// File holding the bearer token clients must send (required off loopback).
+    /// File holding the bearer token clients must send (required on every address, loopback
+    /// too, unless --insecure-no-auth is given).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
-    /// Accept requests without a token; only allowed on a loopback address.
+    /// Accept requests without a token (an explicit opt-in); only allowed on a loopback
+    /// address.
     #[arg(long)]
     pub insecure_no_auth: bool,
     /// A client silent this long (ms) loses its processes.

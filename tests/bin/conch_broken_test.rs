@@ -54,7 +54,7 @@ impl Subprocess for Broken {
         self.inner.capabilities()
     }
 
-    async fn which(&self, program: &str) -> Option<PathBuf> {
+    async fn which(&self, program: &str) -> Result<Option<PathBuf>> {
         if self.config.hang_which.as_deref() == Some(program) {
             std::future::pending::<()>().await;
         }

@@ -31,10 +31,15 @@ impl Daemon {
     pub(crate) fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let token = format!("tok-{}-{}", std::process::id(), "s3cr3t-never-logged-0123456789");
+        std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+        Self::spawn("127.0.0.1:0", dir, token)
+    }
+
+    /// A daemon on `listen` with the token file in `dir`.
+    fn spawn(listen: &str, dir: tempfile::TempDir, token: String) -> Self {
         let token_file = dir.path().join("token");
-        std::fs::write(&token_file, format!("{token}\n")).unwrap();
         let mut child = conch()
-            .args(["sandboxd", "--listen", "127.0.0.1:0", "--token-file"])
+            .args(["sandboxd", "--listen", listen, "--token-file"])
             .arg(&token_file)
             .env("CONCH_LOG", "debug")
             .stdin(Stdio::null())
@@ -103,6 +108,23 @@ impl Daemon {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// SIGKILL: the daemon dies on the spot (a crash, the OOM killer), with no teardown;
+    /// what it ran is left behind. Returns once it exited.
+    fn kill9(&mut self) {
+        let status =
+            Command::new("kill").args(["-KILL", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        self.stderr_closed.recv_timeout(LIMIT).expect("the daemon exits after SIGKILL");
+        self.child.wait().unwrap();
+    }
+
+    /// A new daemon on this (killed) one's address with the same token: a restart, so the
+    /// same URL with a new boot id.
+    fn restart(mut self) -> Self {
+        let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap());
+        Self::spawn(&self.addr, dir, self.token.clone())
+    }
+
     /// SIGTERM, then waits for the daemon to close its stderr and exit.
     fn terminate(&mut self) -> std::process::ExitStatus {
         let status =
@@ -152,9 +174,19 @@ impl Batch {
     }
 
     fn call(&mut self, line: &str) -> serde_json::Value {
+        self.send(line);
+        self.answer()
+    }
+
+    /// Sends a line without waiting for its answer.
+    fn send(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().unwrap();
         writeln!(stdin, "{line}").unwrap();
         stdin.flush().unwrap();
+    }
+
+    /// The next answer line.
+    fn answer(&mut self) -> serde_json::Value {
         let answer = self.lines.recv_timeout(LIMIT).expect("an answer line");
         serde_json::from_str(&answer).unwrap()
     }
@@ -391,6 +423,134 @@ fn sigterm_stops_the_daemon_and_what_it_still_runs() {
     drop(client);
 }
 
+/// Asserts `answer` is the error of a daemon that is gone or was replaced: `remote_unavailable`
+/// (or, for a terminal session that lost its world, `connection_failed`) with a reason that
+/// says so, and not retryable: nothing can succeed before the runtime is rebuilt.
+fn expect_world_gone(what: &str, answer: &serde_json::Value, reasons: &[&str]) {
+    assert_eq!(answer["ok"], false, "{what}: {answer:?}");
+    let e = &answer["error"];
+    assert!(
+        ["remote_unavailable", "connection_failed"].contains(&e["code"].as_str().unwrap_or("")),
+        "{what}: {answer:?}"
+    );
+    assert!(reasons.contains(&e["reason"].as_str().unwrap_or("")), "{what}: {answer:?}");
+    assert_eq!(e["retryable"], false, "{what}: {answer:?}");
+}
+
+/// Kills (SIGKILL) a process group this test left behind on purpose.
+fn kill_group(pgid: u64) {
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status();
+}
+
+/// `kill -9` of the daemon while a foreground `sleep 30` runs and a background job waits:
+/// the running call, the next call and the job all end as `remote_unavailable` with reason
+/// `REMOTE_GONE`, not retryable, and the job is `lost`. `give_up_ms` is ten minutes, far
+/// beyond the 60 s an answer is awaited here, so only the refused reconnects can have ended
+/// the call: the reason proves it. (The call used to fail after `give_up_ms`, retryable, and
+/// the job settled `killed` with the reason only in its text.)
+#[test]
+fn a_killed_daemon_is_known_gone_for_the_running_call_the_next_one_and_the_job() {
+    let mut daemon = Daemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("started");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let bg_pid = dir.path().join("bg");
+    let mut env = daemon.env();
+    env.push(("CONCH_PLUGINS__REMOTE_SANDBOX__GIVE_UP_MS".into(), "600000".into()));
+    let mut client = Batch::start("remote-sandbox", &env);
+    let started = client.call(&call(
+        "bash",
+        serde_json::json!({
+            "command": format!("echo $$ > {}; exec sleep 1000", bg_pid.display()),
+            "run_in_background": true,
+        }),
+    ));
+    assert_eq!(started["structured"]["job_id"], "bash-1", "{started:?}");
+    // The foreground call says (through the fifo, which blocks it until this side reads)
+    // that it runs, then sleeps.
+    let (bg, f) = (bg_pid.display(), fifo.display());
+    client.send(&call(
+        "bash",
+        serde_json::json!({
+            "command": format!(
+                "while [ ! -s {bg} ]; do sleep 0.01; done; echo $BASHPID $(cat {bg}) > {f}; sleep 30"
+            ),
+        }),
+    ));
+    let (tx, rx) = mpsc::channel();
+    let reader = fifo.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::read_to_string(reader));
+    });
+    let pids = rx.recv_timeout(LIMIT).expect("the call runs").unwrap();
+    let pids: Vec<u64> = pids.split_whitespace().map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+
+    daemon.kill9();
+    let running = client.answer();
+    expect_world_gone("the running call", &running, &["REMOTE_GONE"]);
+    let msg = running["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("is gone") && msg.contains("refused"), "{msg}");
+    let next = client.call(&call("bash", serde_json::json!({"command": "echo again"})));
+    expect_world_gone("the next call", &next, &["REMOTE_GONE"]);
+
+    let listed = client.call(&call("job_list", serde_json::json!({})));
+    let jobs = listed["structured"]["jobs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(jobs.len(), 1, "{listed:?}");
+    assert_eq!(jobs[0]["status"], "lost", "{listed:?}");
+    let output = client.call(&call("job_output", serde_json::json!({"job_id": "bash-1"})));
+    assert_eq!(output["structured"]["status"], "lost", "{output:?}");
+    let detail = output["structured"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.starts_with("remote_unavailable: REMOTE_GONE: "), "{output:?}");
+    assert!(output["text"].as_str().unwrap().starts_with("[job bash-1: lost; "), "{output:?}");
+
+    drop(client);
+    for pid in pids {
+        kill_group(pid);
+    }
+}
+
+/// A daemon that restarts (same URL, new boot id) under an open terminal session: opening
+/// another fails `BOOT_CHANGED`, not retryable, the session's next send fails not retryable
+/// either (typing into a lost world could run the command twice), and `terminal_list`
+/// shows the session `lost` instead of `running`.
+#[test]
+fn a_restarted_daemon_leaves_the_terminal_session_lost_and_errors_not_retryable() {
+    let mut daemon = Daemon::start();
+    let mut client = Batch::start("remote-terminal", &daemon.env());
+    let opened = client.call(&call("terminal_open", serde_json::json!({"name": "main"})));
+    assert_eq!(opened["structured"]["session_id"], "pty-1", "{opened:?}");
+    let shell = client.call(&call(
+        "terminal_send",
+        serde_json::json!({"session_id": "pty-1", "text": "echo shell=$$"}),
+    ));
+    let out = shell["structured"]["output"].as_str().unwrap_or_default().to_owned();
+    let shell_pid: u64 = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("shell="))
+        .find_map(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the shell's pid: {shell:?}"));
+
+    daemon.kill9();
+    let daemon = daemon.restart();
+    let another = client.call(&call("terminal_open", serde_json::json!({"name": "other"})));
+    expect_world_gone("opening another session", &another, &["BOOT_CHANGED"]);
+    let send = client.call(&call(
+        "terminal_send",
+        serde_json::json!({"session_id": "pty-1", "text": "echo again"}),
+    ));
+    expect_world_gone("a send to the lost session", &send, &["BOOT_CHANGED", "REMOTE_GONE"]);
+    let listed = client.call(&call("terminal_list", serde_json::json!({})));
+    let sessions = listed["structured"]["sessions"].as_array().cloned().unwrap_or_default();
+    assert_eq!(sessions.len(), 1, "{listed:?}");
+    assert_eq!(sessions[0]["status"]["state"], "lost", "{listed:?}");
+    assert_eq!(sessions[0]["status"]["code"], "remote_unavailable", "{listed:?}");
+
+    drop(client);
+    drop(daemon);
+    kill_group(shell_pid);
+}
+
 #[test]
 fn sandboxd_help_describes_the_daemon_and_not_the_benchmarks() {
     // Regression: the `bench` doc comment had slid onto `sandboxd`.
@@ -398,6 +558,20 @@ fn sandboxd_help_describes_the_daemon_and_not_the_benchmarks() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.starts_with("Serve this composition's subprocess provider"), "{help}");
     assert!(!help.contains("Benchmarks"), "{help}");
+    // Regression: the help said the token was required off loopback only, while the daemon
+    // refuses to start without one on loopback too unless told --insecure-no-auth.
+    assert!(help.contains("required on every address, loopback too"), "{help}");
+    assert!(!help.contains("required off loopback"), "{help}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = conch()
+        .args(["sandboxd", "--listen", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "no token and no --insecure-no-auth: refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--token-file") && err.contains("--insecure-no-auth"), "{err}");
     let out = conch().args(["bench", "--help"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("Benchmarks"));
 }

@@ -88,7 +88,7 @@ async fn round(side: &str, round: usize, p: &LocalSubprocess) {
         .await
         .expect("terminate");
     assert!(report.survivors.is_empty(), "{report:?}");
-    victim_p.kill();
+    victim_p.kill().await.expect("the kill is delivered");
     let status = within("killed pipe", victim_p.wait()).await.unwrap();
     assert!(status.signal.is_some(), "{side} round {round}: the killed child: {status:?}");
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use conch_seams::{
-    Error, JobInfo, JobOutput, JobRead, JobSettlement, JobStatus, Notice, Owner, Result,
+    Error, JobCancel, JobInfo, JobOutput, JobRead, JobSettlement, JobStatus, Notice, Owner, Result,
 };
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -45,7 +45,7 @@ pub(crate) struct JobSpec {
     pub(crate) output_cap: usize,
     pub(crate) owner: Weak<Owner>,
     pub(crate) owner_key: u64,
-    pub(crate) cancel: Box<dyn Fn() -> Result<()> + Send + Sync>,
+    pub(crate) cancel: JobCancel,
     pub(crate) output: Option<Arc<dyn JobOutput>>,
     /// The registry's shutdown flag: notices are not sent into a harness that is tearing down.
     pub(crate) service_disposing: Arc<AtomicBool>,
@@ -63,7 +63,7 @@ pub(crate) struct Job {
     /// Weak so a record never keeps a dropped agent alive just to notify it.
     owner: Weak<Owner>,
     started: Instant,
-    cancel: Box<dyn Fn() -> Result<()> + Send + Sync>,
+    cancel: JobCancel,
     output: Option<Arc<dyn JobOutput>>,
     service_disposing: Arc<AtomicBool>,
     state: Mutex<JobState>,
@@ -196,19 +196,23 @@ impl Job {
     }
 
     /// Requests cancellation of a running job; a settled job is left alone. A cancel hook
-    /// that errs force-fails the record, since the registry can no longer vouch for the work.
-    pub(crate) fn request_cancel(&self) {
+    /// that errs (the request could not be delivered) force-fails the record, since the
+    /// registry can no longer vouch for the work, and the error is returned so the caller
+    /// is told rather than left to assume the kill happened.
+    pub(crate) async fn request_cancel(&self) -> Result<()> {
         {
             let mut st = self.lock();
             if st.status != JobStatus::Running {
-                return;
+                return Ok(());
             }
             st.cancel_requested = true;
         }
         // Called without the state lock: producer code must be free to look at the job.
-        if let Err(e) = (self.cancel)() {
-            self.force_fail(&e);
+        let delivered = (self.cancel)().await;
+        if let Err(e) = &delivered {
+            self.force_fail(e);
         }
+        delivered
     }
 
     fn force_fail(&self, err: &Error) {
@@ -243,9 +247,13 @@ impl Job {
     }
 
     /// The record is deleted: the producer may drop retained output (spill files).
-    pub(crate) fn release_output(&self) {
-        if let Some(o) = &self.output {
-            o.release();
+    ///
+    /// # Errors
+    /// The producer could not deliver the release (its world is unreachable).
+    pub(crate) async fn release_output(&self) -> Result<()> {
+        match &self.output {
+            Some(o) => o.release().await,
+            None => Ok(()),
         }
     }
 

@@ -286,21 +286,29 @@ impl Inner {
     /// The quiescence protocol: request cancel on every job, await every settlement, then
     /// delete the records.
     async fn teardown(&self, jobs: Vec<Arc<Job>>) {
-        for job in &jobs {
-            job.request_cancel();
+        // Every cancel is requested before any is awaited to settle; one that could not be
+        // delivered has force-failed its record, so the wait below does not hang on it.
+        let cancels = futures::future::join_all(jobs.iter().map(|j| j.request_cancel())).await;
+        for (job, r) in jobs.iter().zip(cancels) {
+            if let Err(e) = r {
+                tracing::warn!(job = %job.id, error = %e, "teardown could not deliver a job's cancellation; its work may be orphaned");
+            }
         }
         for job in &jobs {
             job.finished().await;
         }
-        let mut st = self.lock();
-        for job in &jobs {
-            st.jobs.remove(&job.id);
-            job.abort_task();
+        {
+            let mut st = self.lock();
+            for job in &jobs {
+                st.jobs.remove(&job.id);
+                job.abort_task();
+            }
         }
-        drop(st);
         // Nobody can address these records any more, so nothing can read their output.
         for job in &jobs {
-            job.release_output();
+            if let Err(e) = job.release_output().await {
+                tracing::warn!(job = %job.id, error = %e, "teardown could not release a job's output");
+            }
         }
     }
 
@@ -374,10 +382,15 @@ impl Jobs for JobRegistry {
         Ok((info, job.snapshot()))
     }
 
-    fn kill(&self, owner: &Owner, id: &str) -> Result<JobInfo> {
+    async fn kill(&self, owner: &Owner, id: &str) -> Result<JobInfo> {
         let job = self.lookup(owner, id, "kill")?;
-        let _span = tracing::debug_span!("job_kill", job = id).entered();
-        job.request_cancel();
+        let span = tracing::debug_span!("job_kill", job = id);
+        job.request_cancel().instrument(span).await.map_err(|e| {
+            // The producer's code and reason stay, so the caller can tell a lost world
+            // from a refused signal.
+            e.prefixed(format!("the kill of job {id} could not be delivered"))
+                .with_context("job", "marked failed; its work may still run")
+        })?;
         Ok(job.info())
     }
 

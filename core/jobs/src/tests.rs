@@ -43,6 +43,7 @@ impl FakeOutput {
     }
 }
 
+#[async_trait::async_trait]
 impl JobOutput for FakeOutput {
     fn read(&self) -> JobRead {
         JobRead { text: std::mem::take(&mut *self.pending.lock().unwrap()), ..JobRead::default() }
@@ -52,8 +53,9 @@ impl JobOutput for FakeOutput {
         JobRead { text: self.all.lock().unwrap().clone(), ..JobRead::default() }
     }
 
-    fn release(&self) {
+    async fn release(&self) -> conch_seams::Result<()> {
         self.released.store(true, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -121,10 +123,11 @@ impl Fake {
                 let cancel = move || {
                     cancels.fetch_add(1, Ordering::SeqCst);
                     if on_cancel == OnCancel::Throw {
-                        return Err(Error::internal("kill(2) failed"));
+                        return futures::future::ready(Err(Error::internal("kill(2) failed")))
+                            .boxed();
                     }
                     stop.notify_one();
-                    Ok(())
+                    futures::future::ready(Ok(())).boxed()
                 };
                 let done = async move {
                     let settlement = done_rx.await.unwrap_or_else(|_| failed("producer task vanished"));
@@ -249,7 +252,7 @@ async fn another_owner_with_the_same_session_id_is_refused_as_foreign() {
     foreign(reg.wait(&impostor, &id, LONG).await.map(drop));
     foreign(reg.read_output(&impostor, &id).map(drop));
     foreign(reg.peek_output(&impostor, &id).map(drop));
-    foreign(reg.kill(&impostor, &id).map(drop));
+    foreign(reg.kill(&impostor, &id).await.map(drop));
     assert!(reg.list(&impostor).is_empty());
     assert_eq!(p.cancels.load(Ordering::SeqCst), 0, "a foreign kill must not reach the producer");
     assert_eq!(reg.get(&alice, &id).unwrap().status, JobStatus::Running);
@@ -264,7 +267,7 @@ async fn an_unknown_id_is_not_found_and_points_at_job_list() {
         reg.wait(&owner, "bash-9", LONG).await.unwrap_err(),
         reg.read_output(&owner, "bash-9").unwrap_err(),
         reg.peek_output(&owner, "bash-9").unwrap_err(),
-        reg.kill(&owner, "bash-9").unwrap_err(),
+        reg.kill(&owner, "bash-9").await.unwrap_err(),
     ] {
         assert_eq!(err.code(), ErrorCode::NotFound);
         assert!(err.message().contains("job_list"), "{err}");
@@ -461,7 +464,8 @@ async fn settlement_is_first_wins() {
     let (owner, sink) = new_owner("s");
     let (run, mut p) = producer(OnCancel::Throw);
     let id = reg.start(&owner, bash("x"), run).await.unwrap().id;
-    assert_eq!(reg.kill(&owner, &id).unwrap().status, JobStatus::Failed);
+    assert_eq!(reg.kill(&owner, &id).await.unwrap_err().code(), ErrorCode::Internal);
+    assert_eq!(reg.get(&owner, &id).unwrap().status, JobStatus::Failed);
 
     // The producer settles later; the force-failed record does not change.
     p.finish(completed("exit code: 0"));
@@ -472,6 +476,27 @@ async fn settlement_is_first_wins() {
     assert_eq!(sink.take().len(), 1, "one settlement, one notice");
 }
 
+/// A producer whose world was lost settles `lost`: the record and the completion notice
+/// say so by status, with the cause as detail, not as a `killed` whose reason hides in text.
+#[tokio::test]
+async fn a_job_whose_world_was_lost_is_lost_in_its_record_and_notice() {
+    let reg = JobRegistry::new(10);
+    let (owner, sink) = new_owner("s");
+    let (run, mut p) = producer(OnCancel::Ignore);
+    let id = reg.start(&owner, bash("sleep 30"), run).await.unwrap().id;
+    let why = "remote_unavailable: REMOTE_GONE: the sandbox daemon is gone";
+    p.finish(JobSettlement { status: JobStatus::Lost, detail: Some(why.into()) });
+    let info = reg.wait(&owner, &id, LONG).await.unwrap();
+    assert_eq!(info.status, JobStatus::Lost);
+    assert_eq!(info.status.as_str(), "lost");
+    assert_eq!(info.detail.as_deref(), Some(why));
+    assert_eq!(reg.list(&owner)[0].status, JobStatus::Lost);
+    notice_step(&reg, &id).await;
+    let notices = sink.take();
+    assert_eq!(notices.len(), 1);
+    assert_eq!(notices[0].1.text, format!("job bash-1 (sleep 30) lost: {why}"));
+}
+
 #[tokio::test]
 async fn killing_a_settled_job_is_a_no_op() {
     let reg = JobRegistry::new(10);
@@ -480,7 +505,7 @@ async fn killing_a_settled_job_is_a_no_op() {
     let id = reg.start(&owner, bash("x"), run).await.unwrap().id;
     p.finish(completed("exit code: 0"));
     reg.wait(&owner, &id, LONG).await.unwrap();
-    let info = reg.kill(&owner, &id).unwrap();
+    let info = reg.kill(&owner, &id).await.unwrap();
     assert_eq!(info.status, JobStatus::Completed);
     assert!(!info.cancel_requested);
     assert_eq!(p.cancels.load(Ordering::SeqCst), 0);
@@ -510,7 +535,7 @@ async fn kill_returns_cancellation_requested_then_the_job_settles_killed() {
     let (run, p) = producer(OnCancel::SettleKilled);
     let id = reg.start(&owner, bash("sleep 100"), run).await.unwrap().id;
 
-    let info = reg.kill(&owner, &id).unwrap();
+    let info = reg.kill(&owner, &id).await.unwrap();
     assert_eq!(p.cancels.load(Ordering::SeqCst), 1, "the cancel hook is called immediately");
     assert_eq!(info.status, JobStatus::Running, "requested is not stopped");
     assert!(info.cancel_requested);
@@ -531,7 +556,15 @@ async fn a_throwing_cancel_hook_force_fails_the_job_as_possibly_orphaned() {
     let (run, p) = producer(OnCancel::Throw);
     let id = reg.start(&owner, bash("x"), run).await.unwrap().id;
 
-    let info = reg.kill(&owner, &id).unwrap();
+    // The caller is told the kill was not delivered, with the producer's code.
+    let err = reg.kill(&owner, &id).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Internal);
+    assert_eq!(
+        err.to_string(),
+        "the kill of job bash-1 could not be delivered: kill(2) failed; job: marked failed; \
+         its work may still run"
+    );
+    let info = reg.get(&owner, &id).unwrap();
     assert_eq!(p.cancels.load(Ordering::SeqCst), 1);
     assert_eq!(info.status, JobStatus::Failed);
     assert!(info.cancel_requested);

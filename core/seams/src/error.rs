@@ -51,8 +51,9 @@ pub enum ErrorCode {
     Disposing,
     /// A remote peer refused the credentials (missing or wrong token).
     Unauthenticated,
-    /// A remote world stayed unreachable past the provider's give-up time, or it restarted
-    /// and lost what it held (reason `BOOT_CHANGED`).
+    /// A remote world stayed unreachable past the provider's give-up time, restarted and
+    /// lost what it held (reason `BOOT_CHANGED`), or is known to be gone (reason
+    /// `REMOTE_GONE`: its daemon refuses connections).
     RemoteUnavailable,
     /// The sandbox cannot be enforced here (no Landlock, no bubblewrap, a blocked user
     /// namespace) or its runner failed to launch; never answered by running unconfined.
@@ -191,6 +192,9 @@ pub enum ErrorReason {
     /// A spawn's working directory exists but is not a directory (a file, say): the
     /// caller's mistake, like [`ErrorReason::MissingWorkdir`], with its own words.
     WorkdirNotDirectory,
+    /// The remote world is known to be gone: its daemon refuses connections (nothing
+    /// listens at its address), so what it ran cannot be reached.
+    RemoteGone,
 }
 
 impl ErrorReason {
@@ -215,6 +219,7 @@ impl ErrorReason {
         ErrorReason::MissingWorkdir,
         ErrorReason::MissingProgram,
         ErrorReason::WorkdirNotDirectory,
+        ErrorReason::RemoteGone,
     ];
 
     /// The stable upper-case spelling.
@@ -233,7 +238,14 @@ impl ErrorReason {
             ErrorReason::MissingWorkdir => "MISSING_WORKDIR",
             ErrorReason::MissingProgram => "MISSING_PROGRAM",
             ErrorReason::WorkdirNotDirectory => "WORKDIR_NOT_A_DIRECTORY",
+            ErrorReason::RemoteGone => "REMOTE_GONE",
         }
+    }
+
+    /// True when the reason rules out that an identical retry succeeds, whatever the code
+    /// (a world that restarted or is gone must be rebuilt first).
+    pub fn is_final(self) -> bool {
+        matches!(self, ErrorReason::BootChanged | ErrorReason::RemoteGone)
     }
 }
 
@@ -371,9 +383,10 @@ impl Error {
         &self.context
     }
 
-    /// Whether an identical retry could succeed.
+    /// Whether an identical retry could succeed: the code says so and no final reason
+    /// ([`ErrorReason::is_final`]) rules it out.
     pub fn retryable(&self) -> bool {
-        self.code.retryable()
+        self.code.retryable() && !self.reason.is_some_and(ErrorReason::is_final)
     }
 
     /// The `{code, message, retryable}` object tools hand to models (plus `reason` when set).
@@ -437,7 +450,7 @@ pub struct ErrorBody {
     /// Extra facts, in order.
     #[cfg_attr(feature = "serde", serde(default))]
     pub context: Vec<(String, String)>,
-    /// Informational on the wire; the receiver recomputes it from the code.
+    /// Informational on the wire; the receiver recomputes it from the code and reason.
     #[cfg_attr(feature = "serde", serde(default))]
     pub retryable: bool,
 }
@@ -540,7 +553,8 @@ mod tests {
                 "BOOT_CHANGED",
                 "MISSING_WORKDIR",
                 "MISSING_PROGRAM",
-                "WORKDIR_NOT_A_DIRECTORY"
+                "WORKDIR_NOT_A_DIRECTORY",
+                "REMOTE_GONE"
             ]
         );
         for r in ErrorReason::ALL {
@@ -573,6 +587,18 @@ mod tests {
         assert_eq!(back.to_body(), e.to_body());
         assert_eq!(back.to_string(), e.to_string());
         assert_eq!(back.provider(), "remote-sandbox");
+    }
+
+    #[test]
+    fn a_final_reason_makes_a_retryable_code_not_retryable() {
+        let silent = Error::new(ErrorCode::RemoteUnavailable, "no answer");
+        assert!(silent.retryable());
+        for r in [ErrorReason::BootChanged, ErrorReason::RemoteGone] {
+            let e = Error::new(ErrorCode::RemoteUnavailable, "gone").with_reason(r);
+            assert!(!e.retryable(), "{r}");
+            assert_eq!(e.to_json()["retryable"], false);
+            assert!(!e.to_body().retryable);
+        }
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub enum JobStatus {
     Failed,
     /// Stopped by cancellation.
     Killed,
+    /// The producer's world was lost (a remote daemon that restarted or went away): how the
+    /// work ended is unknown; the detail says why.
+    Lost,
 }
 
 impl JobStatus {
@@ -33,6 +36,7 @@ impl JobStatus {
             JobStatus::Completed => "completed",
             JobStatus::Failed => "failed",
             JobStatus::Killed => "killed",
+            JobStatus::Lost => "lost",
         }
     }
 }
@@ -63,6 +67,7 @@ pub struct JobRead {
 }
 
 /// Output hooks a producer may supply.
+#[async_trait]
 pub trait JobOutput: Send + Sync {
     /// Consuming delta read.
     fn read(&self) -> JobRead;
@@ -70,13 +75,17 @@ pub trait JobOutput: Send + Sync {
     fn snapshot(&self) -> JobRead;
     /// The record is being deleted: release retained output (spill files). Reads after it
     /// may return less.
-    fn release(&self);
+    ///
+    /// # Errors
+    /// The release could not be delivered (the producer's world is unreachable).
+    async fn release(&self) -> Result<()>;
 }
 
 /// What a producer hands the registry once it actually started.
 pub struct JobHooks {
-    /// Requests cancellation; an `Err` makes the registry force-fail the record.
-    pub cancel: Box<dyn Fn() -> Result<()> + Send + Sync>,
+    /// Requests cancellation and resolves once the request was delivered; an `Err` (it
+    /// could not be) makes the registry force-fail the record and report the error.
+    pub cancel: JobCancel,
     /// Resolves at settlement; never fails.
     pub done: BoxFuture<'static, JobSettlement>,
     /// Optional output.
@@ -88,6 +97,9 @@ impl fmt::Debug for JobHooks {
         f.debug_struct("JobHooks").field("output", &self.output.is_some()).finish_non_exhaustive()
     }
 }
+
+/// A producer's cancel hook: resolves once the cancellation request was delivered.
+pub type JobCancel = Box<dyn Fn() -> BoxFuture<'static, Result<()>> + Send + Sync>;
 
 /// Runs the producer; called only after every preflight passed.
 pub type JobRun = Box<dyn FnOnce() -> BoxFuture<'static, Result<JobHooks>> + Send>;
@@ -167,11 +179,13 @@ pub trait Jobs: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// `not_found`, `foreign_owner`.
     fn peek_output(&self, owner: &Owner, id: &str) -> Result<(JobInfo, JobRead)>;
-    /// Requests cancellation; returns the record (usually still running).
+    /// Requests cancellation; returns the record (usually still running) once the request
+    /// was delivered.
     ///
     /// # Errors
-    /// `not_found`, `foreign_owner`.
-    fn kill(&self, owner: &Owner, id: &str) -> Result<JobInfo>;
+    /// `not_found`, `foreign_owner`; the producer's error when the cancellation could not be
+    /// delivered (the record is then force-failed: the work may still run).
+    async fn kill(&self, owner: &Owner, id: &str) -> Result<JobInfo>;
     /// The caller's jobs, live and settled.
     fn list(&self, owner: &Owner) -> Vec<JobInfo>;
     /// Cancels and awaits every job, then deletes the records.

@@ -19,7 +19,8 @@ mod wire_tests;
 pub use config::{ConfigIssue, NoConfig, PluginConfig};
 pub use error::{Error, ErrorBody, ErrorCode, ErrorReason, Result};
 pub use jobs::{
-    JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus, Jobs,
+    JobCancel, JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,
+    Jobs,
 };
 pub use owner::{
     CollectingSink, DEFAULT_WAKE_BUDGET, Notice, NoticeRoute, NoticeSink, Owner, TurnGuard,

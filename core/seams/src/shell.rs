@@ -142,6 +142,9 @@ pub enum ShellProcessStatus {
     Completed,
     /// Killed (by kill/cancel, a signal, or it never spawned).
     Killed,
+    /// The subprocess provider lost the process's world (a remote daemon that restarted or
+    /// went away): how it ended is unknown, and [`ShellProcess::world_lost`] says why.
+    Lost,
 }
 
 impl ShellProcessStatus {
@@ -151,6 +154,7 @@ impl ShellProcessStatus {
             ShellProcessStatus::Running => "running",
             ShellProcessStatus::Completed => "completed",
             ShellProcessStatus::Killed => "killed",
+            ShellProcessStatus::Lost => "lost",
         }
     }
 }
@@ -189,14 +193,23 @@ pub trait ShellProcess: Send + Sync + fmt::Debug {
     fn read_output(&self) -> ShellProcessRead;
     /// Non-consuming view of everything retained.
     fn snapshot(&self) -> ShellProcessRead;
-    /// Requests a tree kill; false if already settled.
-    fn kill(&self) -> bool;
+    /// Requests a tree kill; `Ok(false)` if already settled.
+    ///
+    /// # Errors
+    /// The kill could not be delivered (the subprocess provider lost its world): the
+    /// process may still run.
+    async fn kill(&self) -> Result<bool>;
     /// Sandbox facts.
     fn sandbox(&self) -> Option<SandboxInfo>;
     /// Processes left running when the shell exited and stopped (final after `wait`).
     fn leftovers(&self) -> Vec<Leftover>;
+    /// Why the process's world was lost, once the status is [`ShellProcessStatus::Lost`].
+    fn world_lost(&self) -> Option<crate::ErrorBody>;
     /// Releases retained output (the spill file is deleted); for owners done with it.
-    fn release(&self);
+    ///
+    /// # Errors
+    /// The request could not be delivered (the subprocess provider lost its world).
+    async fn release(&self) -> Result<()>;
 }
 
 /// The words a shell dialect gives the tools built on it: their names and how they tell a

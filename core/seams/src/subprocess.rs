@@ -391,9 +391,12 @@ pub struct SubprocessCapabilities {
 /// - `wait_exit` resolves when the direct child exits; `wait` resolves at settlement:
 ///   the child exited and its collected streams reached EOF or were sealed as
 ///   [`SpawnSpec::after_exit`] says.
-/// - `kill` is idempotent and returns at once; the TERM → grace → KILL escalation runs in
+/// - `kill` is idempotent and returns once the provider has taken the request (for a remote
+///   provider: once the daemon confirmed it); the TERM → grace → KILL escalation runs in
 ///   the background and keeps probing group liveness after the direct child is gone.
 ///   After a kill, settlement is bounded even when an escaped process holds a pipe.
+/// - `kill`, `close_stdin` and `release` report a request that could not be delivered as an
+///   `Err`: a caller never assumes a kill happened.
 ///
 /// # Errors
 /// The waits fail only when the provider lost its world (a remote daemon went away): that is
@@ -436,10 +439,17 @@ pub trait Process: Send + Sync + fmt::Debug {
     /// # Errors
     /// `invalid_argument` when stdin is not a pipe; `io` when the child closed it.
     async fn write_stdin(&self, data: &[u8]) -> Result<()>;
-    /// Closes a piped stdin (EOF for the child).
-    fn close_stdin(&self);
+    /// Closes a piped stdin (EOF for the child); a no-op when stdin is not a pipe.
+    ///
+    /// # Errors
+    /// The request could not be delivered (a remote provider lost its daemon).
+    async fn close_stdin(&self) -> Result<()>;
     /// Requests a tree kill (TERM, grace, KILL).
-    fn kill(&self);
+    ///
+    /// # Errors
+    /// The request could not be delivered (a remote provider lost its daemon): the process
+    /// may still run.
+    async fn kill(&self) -> Result<()>;
     /// Resolves once the whole process group is gone (the liveness proof).
     ///
     /// # Errors
@@ -448,7 +458,10 @@ pub trait Process: Send + Sync + fmt::Debug {
     /// Releases retained output: a spill file is deleted and never published again. For
     /// owners that are done with the output (a deleted job record); reads keep working on
     /// what is still in memory.
-    fn release(&self);
+    ///
+    /// # Errors
+    /// The request could not be delivered (a remote provider lost its daemon).
+    async fn release(&self) -> Result<()>;
 }
 
 /// Terminal size in cells.
@@ -655,8 +668,12 @@ pub trait Subprocess: Send + Sync + fmt::Debug + 'static {
     fn provider_name(&self) -> &'static str;
     /// What this provider supports.
     fn capabilities(&self) -> SubprocessCapabilities;
-    /// Resolves an executable on the provider's PATH.
-    async fn which(&self, program: &str) -> Option<PathBuf>;
+    /// Resolves an executable on the provider's PATH: `Ok(None)` when it is not there.
+    ///
+    /// # Errors
+    /// The provider could not look (a remote provider lost its daemon): never reported as
+    /// "not found".
+    async fn which(&self, program: &str) -> Result<Option<PathBuf>>;
     /// Starts a process.
     ///
     /// # Errors

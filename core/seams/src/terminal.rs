@@ -48,6 +48,14 @@ pub enum SessionStatus {
     Running,
     /// Exited with a code or signal.
     Exited(ExitStatus),
+    /// The provider lost the session's world (a remote daemon that restarted or went
+    /// away): the shell cannot be reached and how it ended is unknown.
+    Lost {
+        /// The error code of the loss (`remote_unavailable`, `connection_failed`).
+        code: crate::ErrorCode,
+        /// The loss as a message (reason in front, as errors show it).
+        message: String,
+    },
 }
 
 /// The result of one send that reached readiness.

@@ -341,6 +341,7 @@ fn to_job_read(r: conch_seams::ShellProcessRead) -> JobRead {
     }
 }
 
+#[async_trait]
 impl JobOutput for ProcessOutput {
     fn read(&self) -> JobRead {
         to_job_read(self.0.read_output())
@@ -350,8 +351,8 @@ impl JobOutput for ProcessOutput {
         to_job_read(self.0.snapshot())
     }
 
-    fn release(&self) {
-        self.0.release();
+    async fn release(&self) -> Result<()> {
+        self.0.release().await
     }
 }
 
@@ -384,6 +385,13 @@ fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
         };
     }
     match p.status() {
+        ShellProcessStatus::Lost => JobSettlement {
+            status: JobStatus::Lost,
+            detail: p.world_lost().map(|b| {
+                let code = b.code;
+                format!("{code}: {}", Error::from_body(b))
+            }),
+        },
         ShellProcessStatus::Killed => JobSettlement {
             status: JobStatus::Killed,
             detail: Some(match p.exit() {
@@ -523,9 +531,11 @@ impl Tool for BashTool {
                         let killer = Arc::clone(&process);
                         let waiter = Arc::clone(&process);
                         Ok(JobHooks {
+                            // Resolves once the kill was delivered; an undelivered one is
+                            // the caller's error (job_kill reports it).
                             cancel: Box::new(move || {
-                                killer.kill();
-                                Ok(())
+                                let killer = Arc::clone(&killer);
+                                Box::pin(async move { killer.kill().await.map(drop) })
                             }),
                             done: Box::pin(async move {
                                 waiter.wait().await;

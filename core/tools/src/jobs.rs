@@ -198,7 +198,8 @@ impl Tool for JobKillTool {
     }
 
     fn description(&self) -> &'static str {
-        "Request that a background job stop. Returns once cancellation is requested; use \
+        "Request that a background job stop. Returns once the request was delivered (an error \
+         when it could not be: the job is then marked failed and may still run); use \
          job_output with wait: true to see its final state."
     }
 
@@ -208,7 +209,7 @@ impl Tool for JobKillTool {
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
         let args: JobKillArgs = parse_args("job_kill", args, &schema_of::<JobKillArgs>())?;
-        self.jobs.kill(&ctx.owner, &args.job_id)?;
+        self.jobs.kill(&ctx.owner, &args.job_id).await?;
         // A non-consuming snapshot, so the remaining output is still there for job_output.
         let (info, read) = self.jobs.peek_output(&ctx.owner, &args.job_id)?;
         let mut out = render(&info, &read);

@@ -292,7 +292,9 @@ pub(crate) fn render_outcome(
                     None => exited.to_string(),
                 }
             }
-            conch_seams::SessionStatus::Running => exited.to_string(),
+            conch_seams::SessionStatus::Running | conch_seams::SessionStatus::Lost { .. } => {
+                exited.to_string()
+            }
         },
         CommandEnd::WaitingForInput => "[command is waiting for input; the shell was reset — \
              use the terminal tools for interactive programs]"

@@ -60,6 +60,9 @@ pub(crate) fn status_json(s: &SessionStatus) -> serde_json::Value {
         SessionStatus::Exited(e) => {
             serde_json::json!({ "state": "exited", "code": e.code, "signal": e.signal })
         }
+        SessionStatus::Lost { code, message } => {
+            serde_json::json!({ "state": "lost", "code": code.as_str(), "message": message })
+        }
     }
 }
 
@@ -71,6 +74,7 @@ fn status_text(s: &SessionStatus) -> String {
             (None, Some(sig)) => format!("exited by signal {sig}"),
             (None, None) => "exited".into(),
         },
+        SessionStatus::Lost { code, message } => format!("lost ({code}: {message})"),
     }
 }
 
@@ -276,6 +280,7 @@ struct SendOutput {
     result: Mutex<Option<(String, bool)>>,
 }
 
+#[async_trait::async_trait]
 impl JobOutput for SendOutput {
     fn read(&self) -> JobRead {
         let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
@@ -296,7 +301,9 @@ impl JobOutput for SendOutput {
         }
     }
 
-    fn release(&self) {}
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl SendTool {
@@ -357,6 +364,21 @@ impl SendTool {
                                         ),
                                     },
                                 ),
+                                // The session's world went away: the send's fate is unknown.
+                                Err(e)
+                                    if matches!(
+                                        e.code(),
+                                        ErrorCode::RemoteUnavailable | ErrorCode::ConnectionFailed
+                                    ) =>
+                                {
+                                    (
+                                        e.to_string(),
+                                        JobSettlement {
+                                            status: JobStatus::Lost,
+                                            detail: Some(format!("{}: {e}", e.code())),
+                                        },
+                                    )
+                                }
                                 Err(e) => (
                                     e.to_string(),
                                     JobSettlement {
@@ -370,9 +392,10 @@ impl SendTool {
                             settlement
                         });
                         Ok(JobHooks {
+                            // A local token: cancelling it is delivered at once.
                             cancel: Box::new(move || {
                                 cancel.cancel();
-                                Ok(())
+                                Box::pin(async { Ok(()) })
                             }),
                             done: Box::pin(async move {
                                 task.await.unwrap_or(JobSettlement {

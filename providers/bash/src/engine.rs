@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_seams::{
-    AfterExit, CollectedOutput, CommandLine, ConfigIssue, EnvOverlay, Error, ErrorCode,
+    AfterExit, CollectedOutput, CommandLine, ConfigIssue, EnvOverlay, Error, ErrorBody, ErrorCode,
     ErrorReason, ExitStatus, Leftover, OutputSpec, Process, Result, Sandbox, SandboxInfo,
     SandboxMode, SandboxPolicy, SandboxRelease, ShellCapabilities, ShellDialect, ShellExecRequest,
     ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead, ShellProcessStatus,
@@ -250,7 +250,8 @@ impl<F: Flavor> LocalShell<F> {
             return Ok(());
         }
         let Some(missing) = self.missing() else { return Ok(()) };
-        if self.subprocess.which(&self.settings.program).await.is_none() {
+        // A provider that could not look says so; that is not "missing".
+        if self.subprocess.which(&self.settings.program).await?.is_none() {
             return Err(missing);
         }
         self.program_found.store(true, Ordering::Release);
@@ -626,8 +627,8 @@ struct Background {
     max_read: usize,
     cursor: Mutex<(u64, Vec<u8>)>,
     /// Set when the provider lost the process (its world went away): the job settles as
-    /// killed with this text, instead of waiting forever or faking an exit.
-    lost: Mutex<Option<String>>,
+    /// lost with this error, instead of waiting forever or faking an exit.
+    lost: Mutex<Option<ErrorBody>>,
     /// The lost note was handed to a consuming read (it is delivered once).
     lost_read: AtomicBool,
 }
@@ -651,8 +652,16 @@ impl Background {
         }
     }
 
-    fn lost(&self) -> Option<String> {
+    fn lost(&self) -> Option<ErrorBody> {
         self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The note the output carries once the world was lost.
+    fn lost_note(&self) -> Option<String> {
+        self.lost().map(|b| {
+            let code = b.code;
+            format!("\n[{code}: {}]\n", Error::from_body(b))
+        })
     }
 
     /// The sandbox's verdict on the settled process (`None` while it runs or unconfined).
@@ -675,7 +684,10 @@ impl Background {
 #[async_trait]
 impl ShellProcess for Background {
     fn status(&self) -> ShellProcessStatus {
-        if self.lost().is_some() || self.runner_failed() {
+        if self.lost().is_some() {
+            return ShellProcessStatus::Lost;
+        }
+        if self.runner_failed() {
             return ShellProcessStatus::Killed;
         }
         match self.process.try_status() {
@@ -696,7 +708,7 @@ impl ShellProcess for Background {
 
     async fn wait(&self) {
         if let Err(e) = self.process.wait().await {
-            *self.lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("\n[{e}]\n"));
+            *self.lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_body());
         }
     }
 
@@ -725,7 +737,7 @@ impl ShellProcess for Background {
             .map(|c| c.total_bytes)
             .unwrap_or(r.next_offset);
         let mut text = String::from_utf8_lossy(&bytes).into_owned();
-        if let Some(lost) = self.lost()
+        if let Some(lost) = self.lost_note()
             && !self.lost_read.swap(true, Ordering::AcqRel)
         {
             text.push_str(&lost);
@@ -743,7 +755,7 @@ impl ShellProcess for Background {
     fn snapshot(&self) -> ShellProcessRead {
         let c = self.process.collected(StreamId::Stdout).unwrap_or_default();
         let mut text = c.text;
-        if let Some(lost) = self.lost() {
+        if let Some(lost) = self.lost_note() {
             text.push_str(&lost);
         }
         ShellProcessRead {
@@ -756,13 +768,17 @@ impl ShellProcess for Background {
         }
     }
 
-    fn kill(&self) -> bool {
+    async fn kill(&self) -> Result<bool> {
         if self.process.try_status().is_some() {
-            return false;
+            return Ok(false);
         }
         self.kill_requested.store(true, Ordering::Release);
+        // Asked directly rather than through the spawn's cancel token, whose watcher can
+        // only log a kill that could not be delivered; the token is cancelled too, so the
+        // caller-token watcher of `start` ends.
+        let delivered = self.process.kill().await;
         self.kill.cancel();
-        true
+        delivered.map(|()| true)
     }
 
     fn sandbox(&self) -> Option<SandboxInfo> {
@@ -774,8 +790,12 @@ impl ShellProcess for Background {
         self.process.leftovers()
     }
 
-    fn release(&self) {
-        self.process.release();
+    fn world_lost(&self) -> Option<ErrorBody> {
+        self.lost()
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.process.release().await
     }
 }
 
@@ -815,8 +835,8 @@ impl ShellProcess for FailedStart {
         }
     }
 
-    fn kill(&self) -> bool {
-        false
+    async fn kill(&self) -> Result<bool> {
+        Ok(false)
     }
 
     fn sandbox(&self) -> Option<SandboxInfo> {
@@ -827,7 +847,13 @@ impl ShellProcess for FailedStart {
         Vec::new()
     }
 
-    fn release(&self) {}
+    fn world_lost(&self) -> Option<ErrorBody> {
+        None
+    }
+
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Declares a flavour's config: the [`Settings`] keys, with the executable under `$key`.

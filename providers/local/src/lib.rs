@@ -321,9 +321,9 @@ impl Subprocess for LocalSubprocess {
         c
     }
 
-    async fn which(&self, program: &str) -> Option<PathBuf> {
+    async fn which(&self, program: &str) -> Result<Option<PathBuf>> {
         let env = conch_env::child_env(&Default::default());
-        resolve_on_path(program, env.get("PATH").map(String::as_str))
+        Ok(resolve_on_path(program, env.get("PATH").map(String::as_str)))
     }
 
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {

@@ -606,19 +606,15 @@ impl Process for LocalProcess {
         w.flush().await.map_err(|e| Error::io("flush stdin", e).with_provider(NAME))
     }
 
-    fn close_stdin(&self) {
-        if let Ok(mut guard) = self.inner.stdin.try_lock() {
-            guard.take();
-        } else {
-            let inner = Arc::clone(&self.inner);
-            tokio::spawn(async move {
-                inner.stdin.lock().await.take();
-            });
-        }
+    async fn close_stdin(&self) -> Result<()> {
+        // Waits for a write in progress, so the close lands after every byte written.
+        self.inner.stdin.lock().await.take();
+        Ok(())
     }
 
-    fn kill(&self) {
+    async fn kill(&self) -> Result<()> {
         self.inner.request_kill();
+        Ok(())
     }
 
     async fn wait_group_gone(&self) -> Result<()> {
@@ -626,8 +622,9 @@ impl Process for LocalProcess {
         Ok(())
     }
 
-    fn release(&self) {
+    async fn release(&self) -> Result<()> {
         // Nothing to free early: the spills outlive the handle on purpose (a result may have
         // named them), bounded by the spill limits, and the rest goes with the last handle.
+        Ok(())
     }
 }

@@ -334,7 +334,7 @@ impl TerminalBackend for TerminalBash {
         // as the runner's exit; say what is missing instead, as the unconfined open does.
         if self.shell == Shell::Pwsh
             && self.confinement.is_some()
-            && self.subprocess.which(&self.config.pwsh).await.is_none()
+            && self.subprocess.which(&self.config.pwsh).await?.is_none()
         {
             return Err(missing_pwsh(&self.config.pwsh));
         }

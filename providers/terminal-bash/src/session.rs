@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use conch_output::{Strategy, TextRetainer};
 use conch_seams::{
-    CloseReport, CommandEnd, CommandOutcome, Error, ErrorCode, ForegroundTarget, Interrupted,
-    Probe, Result, SandboxMode, ScrollbackPage, SendOutcome, SendSettle, SessionStatus, Signal,
-    SignalDelivery, StdinWait, TerminalProcess, TerminalSession, WaitReason,
+    CloseReport, CommandEnd, CommandOutcome, Error, ErrorBody, ErrorCode, ForegroundTarget,
+    Interrupted, Probe, Result, SandboxMode, ScrollbackPage, SendOutcome, SendSettle,
+    SessionStatus, Signal, SignalDelivery, StdinWait, TerminalProcess, TerminalSession, WaitReason,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -79,9 +79,19 @@ async fn pause(
     true
 }
 
-fn lost(message: &str) -> Error {
-    Error::new(ErrorCode::ConnectionFailed, format!("the terminal's world was lost: {message}"))
-        .with_provider(NAME)
+/// The error every operation on a session whose world was lost gets: `connection_failed`,
+/// never a session exit, carrying the cause's reason (so a world that restarted or is gone
+/// is not retryable) and naming the cause's code.
+fn lost(cause: &ErrorBody) -> Error {
+    let e = Error::new(
+        ErrorCode::ConnectionFailed,
+        format!("the terminal's world was lost ({}): {}", cause.code, cause.message),
+    )
+    .with_provider(NAME);
+    match cause.reason {
+        Some(r) => e.with_reason(r),
+        None => e,
+    }
 }
 
 #[derive(Debug)]
@@ -97,8 +107,9 @@ struct State {
     prompts: u64,
     marker_armed: bool,
     eof: bool,
-    /// Set when reading the terminal failed for a reason other than EOF.
-    lost: Option<String>,
+    /// Set when reading the terminal failed for a reason other than EOF, or an operation
+    /// found the world unreachable (`remote_unavailable`).
+    lost: Option<ErrorBody>,
     /// Bytes taken in from `read_chunk` so far (compared with the provider's count).
     ingested: u64,
     /// The echo the current op waits for, and whether it came.
@@ -217,10 +228,26 @@ impl Shared {
     }
 
     fn status(&self) -> SessionStatus {
-        match self.process.try_status() {
-            Some(s) => SessionStatus::Exited(s),
+        if let Some(s) = self.process.try_status() {
+            return SessionStatus::Exited(s);
+        }
+        match &self.lock().lost {
+            Some(b) => SessionStatus::Lost {
+                code: b.code,
+                message: Error::from_body(b.clone()).to_string(),
+            },
             None => SessionStatus::Running,
         }
+    }
+
+    /// Records `e` as the session's loss when it says the world is unreachable, so the
+    /// session reads as lost from the failed operation on, not only once the output pump
+    /// noticed.
+    fn note_loss(&self, e: &Error) {
+        if e.code() == ErrorCode::RemoteUnavailable {
+            self.lock().lost.get_or_insert_with(|| e.to_body());
+        }
+        self.changed.notify_waiters();
     }
 
     async fn observe(&self, probe: Probe) -> Result<conch_seams::TerminalObservation> {
@@ -293,12 +320,12 @@ pub(crate) fn start(
                     // EOF alone is not exit: wait for the reaper so session_exit carries the
                     // status.
                     if let Err(e) = pump.process.wait().await {
-                        pump.lock().lost = Some(e.to_string());
+                        pump.lock().lost.get_or_insert_with(|| e.to_body());
                     }
                     break;
                 }
                 Err(e) => {
-                    pump.lock().lost = Some(e.to_string());
+                    pump.lock().lost.get_or_insert_with(|| e.to_body());
                     break;
                 }
             }
@@ -701,6 +728,7 @@ impl TerminalSession for BashSession {
         if !bytes.is_empty()
             && let Err(e) = self.shared.process.write(&bytes).await
         {
+            self.shared.note_loss(&e);
             self.abandon_op();
             return Err(e);
         }
@@ -721,6 +749,7 @@ impl TerminalSession for BashSession {
                 }));
             }
             Err(e) => {
+                self.shared.note_loss(&e);
                 self.abandon_op();
                 return Err(e);
             }
@@ -766,12 +795,14 @@ impl TerminalSession for BashSession {
         let mut line = framed.into_bytes();
         line.push(b'\r');
         if let Err(e) = self.shared.process.write(&line).await {
+            self.shared.note_loss(&e);
             self.abandon_op();
             return Err(e);
         }
         let ready = match self.readiness(start_prompts, timeout, true, true, &cancel).await {
             Ok(r) => r,
             Err(e) => {
+                self.shared.note_loss(&e);
                 self.abandon_op();
                 return Err(e);
             }

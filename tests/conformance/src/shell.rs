@@ -255,10 +255,16 @@ pub async fn background_ignores_timeout(p: &dyn ShellExecutor) -> Outcome {
 pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) -> Outcome {
     let cmd = script(p, "sleep 1000", "Start-Sleep 1000");
     let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
-    assert!(proc.kill(), "kill of a running process is accepted");
+    assert!(
+        proc.kill().await.expect("the kill is delivered"),
+        "kill of a running process is accepted"
+    );
     within("killed background exit", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Killed);
-    assert!(!proc.kill(), "kill after settlement reports false");
+    assert!(
+        !proc.kill().await.expect("the kill is delivered"),
+        "kill after settlement reports false"
+    );
     Ok(())
 }
 
@@ -589,7 +595,7 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(
             }
         })
         .await;
-        assert!(proc.kill(), "the job is still running");
+        assert!(proc.kill().await.expect("the kill is delivered"), "the job is still running");
         within("the killed job to settle", proc.wait()).await;
         assert_eq!(proc.status(), ShellProcessStatus::Killed);
         await_no_process_with("the killed job's detached child to be gone", &m).await;
@@ -600,7 +606,7 @@ pub async fn a_background_jobs_detached_child_is_stopped_when_it_is_killed(
     let cmd = format!("{} exec sleep 1000", crate::detach("setsid", &pidfile));
     let proc = p.start(p.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
     let (pid, start) = crate::pid_in(&pidfile).await;
-    assert!(proc.kill(), "the job is still running");
+    assert!(proc.kill().await.expect("the kill is delivered"), "the job is still running");
     within("the killed job to settle", proc.wait()).await;
     assert_eq!(proc.status(), ShellProcessStatus::Killed);
     crate::await_gone("the killed job's detached child to be stopped", pid, start).await;

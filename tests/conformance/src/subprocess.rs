@@ -178,7 +178,7 @@ pub async fn stdin_pipe_is_writable_and_closable(p: &dyn Subprocess) -> Outcome 
     let proc = p.spawn(spec).await.unwrap();
     proc.write_stdin(b"one ").await.unwrap();
     proc.write_stdin(b"two").await.unwrap();
-    proc.close_stdin();
+    proc.close_stdin().await.expect("closing stdin is delivered");
     within("cat to exit after EOF", proc.wait())
         .await
         .expect("the provider keeps track of its process");
@@ -249,7 +249,7 @@ pub async fn kill_terminates_group_when_children_ignore_sigterm(p: &dyn Subproce
     .await;
     let pids = grandchild_pids(&out);
     assert!(!pids.is_empty(), "script printed a child pid: {out}");
-    proc.kill();
+    proc.kill().await.expect("the kill is delivered");
     let status = within("killed process to exit", proc.wait())
         .await
         .expect("the provider keeps track of its process");
@@ -297,9 +297,9 @@ pub async fn shutdown_reaps_everything_live(p: &dyn Subprocess) -> Outcome {
 }
 
 pub async fn which_resolves_on_path(p: &dyn Subprocess) -> Outcome {
-    let sh = p.which("sh").await.expect("sh is on PATH");
+    let sh = p.which("sh").await.expect("which answers").expect("sh is on PATH");
     assert!(sh.is_absolute());
-    assert!(p.which("conch-no-such-program-xyz").await.is_none());
+    assert!(p.which("conch-no-such-program-xyz").await.expect("which answers").is_none());
     Ok(())
 }
 
@@ -374,7 +374,11 @@ fn merged(script: &str) -> SpawnSpec {
 
 /// Skips without the setsid utility on the provider's PATH.
 async fn has_setsid(p: &dyn Subprocess) -> Outcome {
-    if p.which("setsid").await.is_some() { Ok(()) } else { skip("needs the setsid utility") }
+    if p.which("setsid").await.expect("which answers").is_some() {
+        Ok(())
+    } else {
+        skip("needs the setsid utility")
+    }
 }
 
 pub async fn wait_for_eof_waits_for_descendants_holding_the_output(p: &dyn Subprocess) -> Outcome {
@@ -490,7 +494,7 @@ pub async fn kill_settles_even_when_an_escaped_process_holds_the_output(
     // `$!` is known once the child is forked, not once it ran `setsid`: until then it is
     // still a member of the group the kill signals, and would go with it unreported.
     await_own_session(pid).await;
-    proc.kill();
+    proc.kill().await.expect("the kill is delivered");
     within("settlement after the kill", proc.wait())
         .await
         .expect("the provider keeps track of its process");
@@ -523,7 +527,7 @@ pub async fn kill_stops_what_detached_from_the_group(p: &dyn Subprocess) -> Outc
     let script = format!("{} echo ready; exec sleep 1000", detach("setsid", &pidfile));
     let proc = p.spawn(merged(&script)).await.unwrap();
     let (pid, start) = pid_in(&pidfile).await;
-    proc.kill();
+    proc.kill().await.expect("the kill is delivered");
     within("settlement after the kill", proc.wait())
         .await
         .expect("the provider keeps track of its process");

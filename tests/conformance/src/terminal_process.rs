@@ -537,7 +537,11 @@ pub async fn probe_misses_waits_on_other_fds(p: &dyn Subprocess) -> Outcome {
 /// Skips without terminals or without the setsid utility.
 async fn terminals_and_setsid(p: &dyn Subprocess) -> Outcome {
     terminals(p)?;
-    if p.which("setsid").await.is_some() { Ok(()) } else { skip("needs the setsid utility") }
+    if p.which("setsid").await.expect("which answers").is_some() {
+        Ok(())
+    } else {
+        skip("needs the setsid utility")
+    }
 }
 
 pub async fn terminate_stops_what_detached_while_the_leader_runs(p: &dyn Subprocess) -> Outcome {

@@ -171,9 +171,52 @@ async fn a_503_at_connect_is_retried_then_remote_unavailable() {
     let took = started.elapsed();
     assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
     assert!(err.to_string().contains("503"), "names the last cause: {err}");
+    // The build-time limit is connect_timeout_ms, and the message says so (it used to name
+    // give_up_ms and its default).
+    let msg = err.to_string();
+    assert!(msg.contains("within connect_timeout_ms (3000 ms; gave up after "), "{msg}");
+    assert!(!msg.contains("give_up_ms"), "{msg}");
     let tries = requests_to(&server, "GET", "/v1/info").await.len();
     assert!(tries > 1, "retried: {tries} request(s)");
     assert!(took < Duration::from_secs(15), "gave up after the deadline, not later: {took:?}");
+}
+
+/// Nothing listens at the URL: the build fails at once, saying so, not after
+/// `connect_timeout_ms` (a minute here) with a `(<daemon>)` placeholder in the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_at_connect_is_said_plainly_without_waiting_for_the_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let cfg =
+        RemoteConfig { url: url.clone(), connect_timeout_ms: 60_000, ..RemoteConfig::default() };
+    let err = tokio::time::timeout(Duration::from_secs(60), connect_err(cfg))
+        .await
+        .expect("hang guard: the build waited out connect_timeout_ms");
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
+    assert_eq!(err.reason(), Some(conch_seams::ErrorReason::RemoteGone), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("nothing listens at {url}")), "{msg}");
+    assert!(msg.contains("conch sandboxd"), "says what should be there: {msg}");
+    assert!(!msg.contains("<daemon>"), "{msg}");
+}
+
+/// A URL that answers HTTP but is not a sandboxd is named as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_a_sandboxd_is_named_at_connect() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/info"))
+        .respond_with(ResponseTemplate::new(404).set_body_string("<html>not found</html>"))
+        .mount(&server)
+        .await;
+    let err = connect_err(config(&server)).await;
+    assert_eq!(err.code(), ErrorCode::Protocol, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("the server at {} is not a conch sandboxd", server.uri())),
+        "{msg}"
+    );
+    assert!(msg.contains("HTTP 404"), "names what it answered: {msg}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

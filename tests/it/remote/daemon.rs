@@ -28,7 +28,7 @@ async fn a_wrong_or_missing_token_is_refused_before_anything_runs() {
     let ok = with_token(Some("s3cret-token"), || d.client());
     let p = ok.spawn(sleeper()).await.unwrap();
     assert_eq!(d.state.live_count(), 1);
-    p.kill();
+    p.kill().await.unwrap();
     within("kill", p.wait()).await.unwrap();
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
 }
@@ -78,6 +78,9 @@ async fn a_restarted_daemon_is_a_typed_boot_change_not_a_fresh_start() {
     assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
     assert_eq!(err.reason(), Some(ErrorReason::BootChanged), "{err}");
     assert!(err.to_string().contains("restarted"), "{err}");
+    // Nothing can succeed until the runtime is rebuilt: not retryable (it used to say so).
+    assert!(!err.retryable(), "{err}");
+    assert_eq!(err.to_json()["retryable"], false);
     assert_eq!(second.state.live_count(), 0, "nothing ran on the new daemon");
     // Reads of the old process say what happened, or carry its settlement from before.
     if let Err(e) = within("wait on the old process", p.wait()).await {

@@ -16,7 +16,7 @@ use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
 use conch_provider_remote::server::{self, ServerConfig, State};
 use conch_seams::{
-    Error, ErrorCode, OutputSpec, Process, SpawnSpec, StdinSpec, StreamId, Subprocess,
+    Error, ErrorCode, ErrorReason, OutputSpec, Process, SpawnSpec, StdinSpec, StreamId, Subprocess,
 };
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -338,6 +338,20 @@ fn expect_unavailable(what: &str, r: Result<impl std::fmt::Debug, Error>) {
     }
 }
 
+/// The daemon is known gone: `remote_unavailable` with reason `REMOTE_GONE`, not retryable
+/// (nothing but a new daemon and a rebuilt runtime can help).
+fn expect_gone(what: &str, r: Result<impl std::fmt::Debug, Error>) {
+    match r {
+        Err(e) => {
+            assert_eq!(e.code(), ErrorCode::RemoteUnavailable, "{what}: {e}");
+            assert_eq!(e.reason(), Some(ErrorReason::RemoteGone), "{what}: {e}");
+            assert!(!e.retryable(), "{what}: a gone daemon is not retryable: {e}");
+            assert_eq!(e.to_json()["retryable"], false, "{what}");
+        }
+        Ok(v) => panic!("{what}: expected remote_unavailable (REMOTE_GONE), got {v:?}"),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 1. Output across cuts
 // ---------------------------------------------------------------------------------------
@@ -445,7 +459,7 @@ async fn a_client_far_behind_is_replayed_from_the_daemons_spill_exactly_once() {
     let p = client.spawn(spec).await.unwrap();
     let leader = p.pid().unwrap() as i32;
     within("the gate", p.write_stdin(b"go\n")).await.unwrap();
-    p.close_stdin();
+    p.close_stdin().await.unwrap();
     // The child wrote everything and exited while the client could read nothing.
     all_gone(&[leader], Duration::from_secs(120)).await.expect("the writer finished");
     assert_eq!(p.collected(StreamId::Stdout).unwrap().total_bytes, 0, "nothing arrived yet");
@@ -536,7 +550,7 @@ async fn stdin_resent_across_cuts_is_typed_once() {
     }
     assert_eq!(proxy.swallowed(), armed, "every armed answer was swallowed, and resent");
     assert!(cut.links > 0, "connections were cut: {cut:?}");
-    p.close_stdin();
+    p.close_stdin().await.unwrap();
     let status = within("settlement", p.wait()).await.unwrap();
     assert_eq!(status.code, Some(0), "{status:?}");
     let out = read_to_end(p.as_ref(), StreamId::Stdout).await;
@@ -684,6 +698,55 @@ async fn a_daemon_that_dies_mid_wait_gives_remote_unavailable_within_give_up() {
     assert!(call_took <= GIVE_UP + SLACK, "spawn failed after {call_took:?}");
 }
 
+/// A daemon that died (its address refuses every reconnect) is known gone: the pending wait,
+/// a new spawn, a kill and a `which` all fail `remote_unavailable` with reason `REMOTE_GONE`,
+/// not retryable. `give_up_ms` is a minute here, and the waits are bounded by it only as a
+/// hang guard: a failure without that reason is what silence would give, so the test
+/// proves the refusals were recognised rather than how fast. (The wait used to run out
+/// `give_up_ms`, a kill was fire-and-forget and `which` read the loss as "not found".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_known_gone_fails_waits_and_calls_without_waiting_for_give_up() {
+    const GIVE_UP: Duration = Duration::from_secs(60);
+    let mut d = Doomed::start(ServerConfig {
+        heartbeat: Duration::from_millis(500),
+        ..ServerConfig::default()
+    });
+    let mut cfg = d.client_config();
+    cfg.give_up_ms = GIVE_UP.as_millis() as u64;
+    let client = tokio::task::spawn_blocking(move || RemoteSubprocess::connect(&cfg))
+        .await
+        .unwrap()
+        .unwrap();
+    let client = Arc::new(client);
+    let mut spec = SpawnSpec::new(vec!["sleep".into(), "1000".into()], "/tmp");
+    spec.stdout = collect(4096);
+    let p = client.spawn(spec).await.unwrap();
+    let pid = p.pid().unwrap() as i32;
+    assert!(client.which("sh").await.unwrap().is_some(), "which answers while the daemon is up");
+    let waiting = {
+        let p = Arc::clone(&p);
+        tokio::spawn(async move { p.wait().await })
+    };
+
+    tokio::task::spawn_blocking(move || {
+        d.kill();
+        d
+    })
+    .await
+    .unwrap();
+    let waited = tokio::time::timeout(GIVE_UP, waiting).await.expect("hang guard").unwrap();
+    expect_gone("wait", waited);
+    let spawned = tokio::time::timeout(GIVE_UP, client.spawn(bash("true"))).await;
+    expect_gone("spawn", spawned.expect("hang guard").map(|p| p.pid()));
+    // A kill that cannot be delivered is the caller's error, never assumed done.
+    expect_gone("kill", tokio::time::timeout(GIVE_UP, p.kill()).await.expect("hang guard"));
+    // A lost daemon is not "program not found".
+    expect_gone("which", tokio::time::timeout(GIVE_UP, client.which("sh")).await.expect("guard"));
+
+    kill_group(pid);
+    assert!(all_gone(&[pid], Duration::from_secs(30)).await.is_ok(), "cleanup of {pid}");
+}
+
 /// The daemon stops answering without closing anything (a hung host, a black-holed
 /// network): heartbeats detect it, and pending waits fail `remote_unavailable` after
 /// two heartbeat intervals plus `give_up_ms`, however long one reconnect attempt may take
@@ -720,7 +783,16 @@ async fn a_daemon_that_hangs_mid_wait_gives_remote_unavailable_within_give_up() 
         .unwrap_or_else(|_| panic!("wait() still pending {bound:?} after the daemon hung"))
         .unwrap();
     let took = frozen.elapsed();
+    // Silence proves nothing: it is the give_up window, retryable, never `REMOTE_GONE`.
+    match &waited {
+        Err(e) => {
+            assert_eq!(e.reason(), None, "{e}");
+            assert!(e.retryable(), "{e}");
+        }
+        Ok(v) => panic!("wait: expected remote_unavailable, got {v:?}"),
+    }
     expect_unavailable("wait", waited);
+    assert!(took >= GIVE_UP, "silence waited out give_up_ms, not less: {took:?}");
     assert!(took <= bound, "wait failed after {took:?}");
 
     // The daemon itself is fine: stopping it reaps what the lost client left.
@@ -820,7 +892,7 @@ async fn every_cut_is_followed_by_a_prompt_reconnect() {
         }
         assert_eq!(String::from_utf8_lossy(&got), line);
     }
-    p.close_stdin();
+    p.close_stdin().await.unwrap();
     within("settlement", p.wait()).await.unwrap();
     drop(p);
     within("leave", client.shutdown()).await;

@@ -12,6 +12,9 @@
 //!   so is one that cannot be reached; after `give_up` of that, every pending wait fails
 //!   `remote_unavailable`. Reconnecting goes on with capped exponential backoff, for ids
 //!   started later.
+//! - Reconnects that are refused (nothing listens) feed the [`Health`] verdict: once the
+//!   daemon is known gone, every pending wait fails `REMOTE_GONE` at once, without waiting
+//!   for `give_up`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +22,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use conch_seams::{Error, ErrorCode, ErrorReason};
+
+use super::health::{Attempt, Health, REFUSED_RETRY};
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
@@ -65,8 +70,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 
 /// Why a session ended.
 enum End {
-    /// Reconnect.
-    Lost(String),
+    /// Reconnect; the attempt's kind feeds the health verdict.
+    Lost(String, Attempt),
     /// Stop for good (provider stopped, or the server is another one now).
     Stop,
 }
@@ -77,7 +82,7 @@ pub(crate) async fn run(
     mirrors: Mirrors,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     stop: CancellationToken,
-    dead: Arc<Mutex<Option<Error>>>,
+    health: Arc<Health>,
 ) {
     let mut backoff = FIRST_BACKOFF;
     let mut down_since: Option<Instant> = None;
@@ -93,7 +98,7 @@ pub(crate) async fn run(
         let up = AtomicBool::new(false);
         let mut armed = !gave_up;
         let outcome = {
-            let attempt = session(&dial, &mirrors, &mut cmds, &stop, &dead, &mut down_since, &up);
+            let attempt = session(&dial, &mirrors, &mut cmds, &stop, &health, &mut down_since, &up);
             tokio::pin!(attempt);
             loop {
                 tokio::select! {
@@ -105,7 +110,7 @@ pub(crate) async fn run(
                             gave_up = true;
                             let why = format!("{last_why}; reconnecting is still under way");
                             tracing::warn!(cause = %why, "sandbox daemon unreachable past give_up_ms; failing pending calls");
-                            fail_pending(&dial, &mirrors, &why);
+                            fail_pending(&dial, &mirrors, since.elapsed(), &why);
                         }
                     }
                 }
@@ -113,15 +118,18 @@ pub(crate) async fn run(
         };
         match outcome {
             End::Stop => return,
-            End::Lost(why) => {
+            End::Lost(why, attempt) => {
                 let since = *down_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= dial.give_up {
+                if let Some(gone) = health.failed(attempt, &why) {
+                    // Known gone: again after every attempt, so ids started meanwhile fail too.
+                    health.fail_pending(&gone);
+                } else if since.elapsed() >= dial.give_up {
                     if !gave_up {
                         tracing::warn!(cause = %why, "sandbox daemon unreachable past give_up_ms; failing pending calls");
                     }
                     gave_up = true;
                     // Again after every attempt: ids started meanwhile fail too.
-                    fail_pending(&dial, &mirrors, &why);
+                    fail_pending(&dial, &mirrors, since.elapsed(), &why);
                 } else {
                     gave_up = false;
                     tracing::debug!(cause = %why, "stream connection lost; reconnecting");
@@ -132,9 +140,11 @@ pub(crate) async fn run(
                 if up.load(Ordering::SeqCst) {
                     backoff = FIRST_BACKOFF;
                 }
+                // While refusals pile up the verdict is near: retry soon rather than back off.
+                let pause = if health.refusing() { backoff.min(REFUSED_RETRY) } else { backoff };
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(pause) => {}
                 }
                 backoff = (backoff * 2).min(dial.max_backoff);
                 // Commands that arrived while down are covered by the attach-all on connect.
@@ -151,8 +161,8 @@ pub(crate) async fn run(
 
 /// Fails every pending wait `remote_unavailable` (reconnecting goes on, for ids started
 /// later).
-fn fail_pending(dial: &Dial, mirrors: &Mirrors, why: &str) {
-    let e = super::http::unavailable(&dial.base, dial.give_up, why);
+fn fail_pending(dial: &Dial, mirrors: &Mirrors, down_for: Duration, why: &str) {
+    let e = super::http::unavailable(&dial.base, "give_up_ms", dial.give_up, down_for, why);
     for m in live(mirrors) {
         if !m.finished() {
             m.fail(&e);
@@ -160,7 +170,7 @@ fn fail_pending(dial: &Dial, mirrors: &Mirrors, why: &str) {
     }
 }
 
-fn live(mirrors: &Mirrors) -> Vec<Arc<Mirror>> {
+pub(crate) fn live(mirrors: &Mirrors) -> Vec<Arc<Mirror>> {
     let mut map = lock(mirrors);
     map.retain(|_, w| w.strong_count() > 0);
     map.values().filter_map(Weak::upgrade).collect()
@@ -176,13 +186,13 @@ async fn session(
     mirrors: &Mirrors,
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     stop: &CancellationToken,
-    dead: &Mutex<Option<Error>>,
+    health: &Health,
     down_since: &mut Option<Instant>,
     up: &AtomicBool,
 ) -> End {
     let mut req = match dial.ws_url.as_str().into_client_request() {
         Ok(r) => r,
-        Err(e) => return End::Lost(e.to_string()),
+        Err(e) => return End::Lost(e.to_string(), Attempt::Failed),
     };
     let headers = req.headers_mut();
     if let Some(t) = &dial.token
@@ -203,19 +213,28 @@ async fn session(
             if let tokio_tungstenite::tungstenite::Error::Http(resp) = &e
                 && resp.status() == 401
             {
-                let e = super::http::unauthenticated("GET /v1/ws");
-                fail_all(mirrors, dead, &e);
+                health.die(&super::http::unauthenticated("GET /v1/ws"));
                 return End::Stop;
             }
-            return End::Lost(format!("connecting failed: {e}"));
+            let attempt = match &e {
+                tokio_tungstenite::tungstenite::Error::Io(io) if super::health::is_refusal(io) => {
+                    Attempt::Refused
+                }
+                _ => Attempt::Failed,
+            };
+            return End::Lost(format!("connecting failed: {e}"), attempt);
         }
-        Err(_) => return End::Lost("connecting timed out (connect_timeout_ms)".into()),
+        Err(_) => {
+            return End::Lost("connecting timed out (connect_timeout_ms)".into(), Attempt::Failed);
+        }
     };
+    // Something answered at the daemon's address: whatever happens next, it is not gone.
+    health.reached();
     let hb_ms = u64::try_from(dial.heartbeat.as_millis()).unwrap_or(u64::MAX);
     let hello = ClientMsg::Hello { protocol: proto::PROTOCOL.into(), heartbeat_ms: hb_ms };
     let hello = Message::Text(serde_json::to_string(&hello).unwrap_or_default().into());
     if let Err(e) = ws.send(hello).await {
-        return End::Lost(format!("sending hello failed: {e}"));
+        return End::Lost(format!("sending hello failed: {e}"), Attempt::Failed);
     }
     let server_hb = match tokio::time::timeout(dial.connect_timeout, ws.next()).await {
         Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<ServerMsg>(&t) {
@@ -232,19 +251,18 @@ async fn session(
                     .with_reason(ErrorReason::BootChanged)
                     .with_provider(super::NAME);
                     tracing::warn!("sandbox daemon restarted; its processes are gone");
-                    fail_all(mirrors, dead, &e);
+                    health.die(&e);
                     return End::Stop;
                 }
                 Duration::from_millis(heartbeat_ms.max(10))
             }
             Ok(ServerMsg::Error { error, .. }) => {
-                let e = Error::from_body(error);
-                fail_all(mirrors, dead, &e);
+                health.die(&Error::from_body(error));
                 return End::Stop;
             }
-            _ => return End::Lost("the daemon did not answer hello".into()),
+            _ => return End::Lost("the daemon did not answer hello".into(), Attempt::Failed),
         },
-        _ => return End::Lost("the daemon did not answer hello".into()),
+        _ => return End::Lost("the daemon did not answer hello".into(), Attempt::Failed),
     };
     *down_since = None;
     up.store(true, Ordering::SeqCst);
@@ -255,7 +273,7 @@ async fn session(
             && !m.finished()
             && let Err(e) = ws.send(attach_msg(&m)).await
         {
-            return End::Lost(format!("attaching failed: {e}"));
+            return End::Lost(format!("attaching failed: {e}"), Attempt::Failed);
         }
     }
     let mut last_rx = Instant::now();
@@ -266,8 +284,8 @@ async fn session(
             m = ws.next() => {
                 let m = match m {
                     Some(Ok(m)) => m,
-                    Some(Err(e)) => return End::Lost(format!("stream connection failed: {e}")),
-                    None => return End::Lost("the daemon closed the stream connection".into()),
+                    Some(Err(e)) => return End::Lost(format!("stream connection failed: {e}"), Attempt::Failed),
+                    None => return End::Lost("the daemon closed the stream connection".into(), Attempt::Failed),
                 };
                 last_rx = Instant::now();
                 match m {
@@ -297,7 +315,7 @@ async fn session(
                     },
                     Message::Close(_) => {
                         while let Some(Ok(_)) = ws.next().await {}
-                        return End::Lost("the daemon closed the stream connection".into());
+                        return End::Lost("the daemon closed the stream connection".into(), Attempt::Failed);
                     }
                     Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
                 }
@@ -320,18 +338,18 @@ async fn session(
                     }
                 };
                 if let Err(e) = ws.send(msg).await {
-                    return End::Lost(format!("sending failed: {e}"));
+                    return End::Lost(format!("sending failed: {e}"), Attempt::Failed);
                 }
             }
             _ = tick.tick() => {
                 if last_rx.elapsed() > server_hb * 2 {
-                    return End::Lost("the daemon sent nothing for two heartbeat intervals".into());
+                    return End::Lost("the daemon sent nothing for two heartbeat intervals".into(), Attempt::Failed);
                 }
                 if last_hb.elapsed() >= dial.heartbeat / 2 {
                     last_hb = Instant::now();
                     let hb = Message::Text(serde_json::to_string(&ClientMsg::Hb).unwrap_or_default().into());
                     if let Err(e) = ws.send(hb).await {
-                        return End::Lost(format!("sending a heartbeat failed: {e}"));
+                        return End::Lost(format!("sending a heartbeat failed: {e}"), Attempt::Failed);
                     }
                 }
             }
@@ -340,16 +358,6 @@ async fn session(
                 return End::Stop;
             }
         }
-    }
-}
-
-fn fail_all(mirrors: &Mirrors, dead: &Mutex<Option<Error>>, e: &Error) {
-    for m in live(mirrors) {
-        m.fail(e);
-    }
-    let mut d = dead.lock().unwrap_or_else(|p| p.into_inner());
-    if d.is_none() {
-        *d = Some(Error::from_body(e.to_body()));
     }
 }
 

@@ -4,7 +4,10 @@
 //! offsets and operation numbers), so a call that fails in transport, or that a proxy or a
 //! busy server answers with 429/502/503/504 and no typed body, is sent again with
 //! exponential backoff until `give_up` has passed; then it fails as `remote_unavailable`.
+//! A daemon known to be gone ([`Health`]) fails a call at once instead, and so does one that
+//! was replaced (another boot id).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conch_seams::{Error, ErrorCode, Result};
@@ -12,6 +15,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::health::{Attempt, Health, REFUSED_RETRY, is_refusal};
 use crate::proto::{BOOT_HEADER, CLIENT_HEADER, ErrorReply};
 
 /// Everything a control call needs.
@@ -25,7 +29,12 @@ pub(crate) struct Http {
     /// instead of serving calls about processes it never had.
     pub(crate) boot_id: Option<String>,
     pub(crate) give_up: Duration,
+    /// The setting `give_up` comes from, for messages (`give_up_ms`, or
+    /// `connect_timeout_ms` for the build-time call).
+    pub(crate) give_up_setting: &'static str,
     pub(crate) max_backoff: Duration,
+    /// The shared verdict on the daemon: every attempt reports to it.
+    pub(crate) health: Arc<Health>,
 }
 
 /// First retry delay; doubles up to the configured maximum.
@@ -41,11 +50,17 @@ impl Http {
         body: Option<&(impl Serialize + Sync)>,
         extra: Duration,
     ) -> Result<T> {
+        if let Some(dead) = self.health.dead() {
+            return Err(dead);
+        }
         let started = Instant::now();
         let mut backoff = FIRST_BACKOFF;
         let url = format!("{}{path}", self.base);
         let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
         loop {
+            // Subscribed before the attempt, so a verdict reached meanwhile is not missed.
+            let verdict = self.health.changed();
+            tokio::pin!(verdict);
             // Each try gets what is left of the give-up deadline, not a whole one: a daemon
             // that starts hanging late in the retries stretched a call to almost twice
             // give_up_ms (found by `a_daemon_that_hangs_late_in_the_retries_...` in
@@ -65,18 +80,59 @@ impl Http {
             if let Some(b) = body {
                 req = req.json(b);
             }
-            let why = match req.send().await {
-                Ok(resp) => match self.answer(resp, &endpoint).await {
-                    Answer::Done(r) => return r,
-                    Answer::Retry(why) => why,
+            let sent = tokio::select! {
+                r = req.send() => r,
+                () = &mut verdict => match self.health.verdict() {
+                    Some(e) => return Err(e),
+                    None => continue,
                 },
-                Err(e) => without_url(&e),
             };
-            if started.elapsed() + backoff > self.give_up {
-                return Err(unavailable(&self.base, self.give_up, &why));
+            let why = match sent {
+                Ok(resp) => {
+                    self.health.reached();
+                    match self.answer(resp, &endpoint).await {
+                        Answer::Done(r) => {
+                            if let Err(e) = &r {
+                                self.health.answered_with(e);
+                            }
+                            return r;
+                        }
+                        Answer::Retry(why) => why,
+                    }
+                }
+                Err(e) => {
+                    let why = without_url(&e);
+                    let attempt = if e.is_connect() && is_refusal(&e) {
+                        Attempt::Refused
+                    } else {
+                        Attempt::Failed
+                    };
+                    if let Some(gone) = self.health.failed(attempt, &why) {
+                        return Err(gone);
+                    }
+                    why
+                }
+            };
+            // While refusals pile up the verdict is near: retry soon rather than back off.
+            let pause = if self.health.refusing() { backoff.min(REFUSED_RETRY) } else { backoff };
+            if started.elapsed() + pause > self.give_up {
+                return Err(unavailable(
+                    &self.base,
+                    self.give_up_setting,
+                    self.give_up,
+                    started.elapsed(),
+                    &why,
+                ));
             }
             tracing::debug!(endpoint = %endpoint, cause = %why, "retrying a control call");
-            tokio::time::sleep(backoff).await;
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = &mut verdict => {
+                    if let Some(e) = self.health.verdict() {
+                        return Err(e);
+                    }
+                }
+            }
             backoff = (backoff * 2).min(self.max_backoff);
         }
     }
@@ -133,11 +189,12 @@ enum Answer<T> {
     Retry(String),
 }
 
-/// A reqwest error's text without the URL (which may carry query values).
+/// A reqwest error's text without the URL (which may carry query values; the message
+/// names the daemon already).
 fn without_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(url) = e.url() {
-        s = s.replace(url.as_str(), "<daemon>");
+        s = s.replace(&format!(" for url ({url})"), "").replace(url.as_str(), "the daemon");
     }
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {
@@ -148,12 +205,22 @@ fn without_url(e: &reqwest::Error) -> String {
     s
 }
 
-pub(crate) fn unavailable(base: &str, give_up: Duration, why: &str) -> Error {
+/// The error of a daemon that stayed unreachable: `setting` names the limit (`give_up`),
+/// `tried` is how long the attempts took (the last retry would have passed the limit).
+pub(crate) fn unavailable(
+    base: &str,
+    setting: &str,
+    limit: Duration,
+    tried: Duration,
+    why: &str,
+) -> Error {
     Error::new(
         ErrorCode::RemoteUnavailable,
         format!(
-            "the sandbox daemon at {base} did not answer for {} ms (give_up_ms); last cause: {why}",
-            give_up.as_millis()
+            "the sandbox daemon at {base} did not answer within {setting} ({} ms; gave up \
+             after {} ms, as the next retry would have passed it); last cause: {why}",
+            limit.as_millis(),
+            tried.as_millis()
         ),
     )
     .with_provider(super::NAME)

@@ -11,10 +11,15 @@
 //!   streams), and the `boot_id` every later connection must match.
 //! - Nothing waits forever on a daemon that went away: control calls give up after
 //!   `give_up_ms` as `remote_unavailable`, and so do pending waits once the stream
-//!   connection has been down that long.
+//!   connection has been down that long. A daemon known to be gone (its address refuses
+//!   connections) or replaced (another boot id) fails them within seconds instead, not
+//!   retryable (`health`).
+//! - Kill, release and closing stdin wait for the daemon's answer: one that could not be
+//!   delivered is the caller's error, never assumed done.
 //! - The token is never logged or shown (`Debug` redacts it).
 
 mod conn;
+mod health;
 mod http;
 mod input;
 mod mirror;
@@ -31,8 +36,8 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    ConfigIssue, Error, ErrorCode, OutputSpec, PluginConfig, Process, Result, SpawnSpec, StdinSpec,
-    Subprocess, SubprocessCapabilities, TerminalProcess, TerminalSpawnSpec,
+    ConfigIssue, Error, ErrorCode, ErrorReason, OutputSpec, PluginConfig, Process, Result,
+    SpawnSpec, StdinSpec, Subprocess, SubprocessCapabilities, TerminalProcess, TerminalSpawnSpec,
 };
 use reqwest::Method;
 use serde::Deserialize;
@@ -45,6 +50,7 @@ pub use terminal::RemoteTerminal;
 
 use crate::proto::{self, Info, Started, Stream};
 use conn::{Cmd, Dial, Mirrors};
+use health::Health;
 use http::Http;
 use mirror::Mirror;
 
@@ -135,14 +141,14 @@ pub(crate) struct Shared {
     mirrors: Mirrors,
     conn: Mutex<Option<mpsc::UnboundedSender<Cmd>>>,
     stop: CancellationToken,
-    /// Set for good when the daemon was replaced or refused us.
-    dead: Arc<Mutex<Option<Error>>>,
+    /// The verdict on the daemon (gone, or dead for good once replaced or refusing us).
+    health: Arc<Health>,
 }
 
 impl Shared {
     fn check_alive(&self) -> Result<()> {
-        match &*self.dead.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(Error::from_body(e.to_body())),
+        match self.health.dead() {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
@@ -157,7 +163,7 @@ impl Shared {
                 Arc::clone(&self.mirrors),
                 rx,
                 self.stop.clone(),
-                Arc::clone(&self.dead),
+                Arc::clone(&self.health),
             ));
             *conn = Some(tx);
         }
@@ -243,6 +249,7 @@ impl RemoteSubprocess {
         };
         let base = cfg.url.trim_end_matches('/').to_owned();
         let client_id = proto::random_id();
+        let mirrors = Mirrors::default();
         let mut http = Http {
             client: http_client(cfg)?,
             base: base.clone(),
@@ -250,7 +257,9 @@ impl RemoteSubprocess {
             client_id: client_id.clone(),
             boot_id: None,
             give_up: ms(cfg.give_up_ms),
+            give_up_setting: "give_up_ms",
             max_backoff: ms(cfg.reconnect_max_backoff_ms),
+            health: Health::new(base.clone(), Arc::clone(&mirrors)),
         };
         let info = fetch_info(cfg, &http)?;
         http.boot_id = Some(info.boot_id.clone());
@@ -270,13 +279,13 @@ impl RemoteSubprocess {
         };
         Ok(Self {
             shared: Arc::new(Shared {
-                http,
                 dial,
                 info,
-                mirrors: Mirrors::default(),
+                health: Arc::clone(&http.health),
+                http,
+                mirrors,
                 conn: Mutex::new(None),
                 stop: CancellationToken::new(),
-                dead: Arc::default(),
             }),
         })
     }
@@ -301,6 +310,9 @@ fn fetch_info(cfg: &RemoteConfig, http: &Http) -> Result<Info> {
     let mut http = http.clone();
     http.client = http_client(cfg)?;
     http.give_up = ms(cfg.connect_timeout_ms);
+    http.give_up_setting = "connect_timeout_ms";
+    // A verdict of its own: what the build-time call meets says nothing about later ones.
+    http.health = Health::new(http.base.clone(), Mirrors::default());
     let info = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -309,7 +321,8 @@ fn fetch_info(cfg: &RemoteConfig, http: &Http) -> Result<Info> {
         rt.block_on(http.call::<Info>(Method::GET, "/v1/info", None::<&()>, Duration::ZERO))
     })
     .join()
-    .map_err(|_| Error::internal("the info call panicked"))??;
+    .map_err(|_| Error::internal("the info call panicked"))?
+    .map_err(|e| info_failed(cfg, e))?;
     if info.protocol != proto::PROTOCOL {
         return Err(Error::new(
             ErrorCode::Unsupported,
@@ -341,6 +354,36 @@ fn fetch_info(cfg: &RemoteConfig, http: &Http) -> Result<Info> {
     Ok(info)
 }
 
+/// The build-time `info` call's error in a builder's words: nothing listening is not a
+/// daemon that went away, and a server that does not speak RXP/1 is not a sandboxd.
+fn info_failed(cfg: &RemoteConfig, e: Error) -> Error {
+    if e.reason() == Some(ErrorReason::RemoteGone) {
+        return Error::new(
+            ErrorCode::RemoteUnavailable,
+            format!(
+                "nothing listens at {}: every connection was refused; is `conch sandboxd` \
+                 running there?",
+                cfg.url
+            ),
+        )
+        .with_reason(ErrorReason::RemoteGone)
+        .with_provider(NAME);
+    }
+    if e.code() == ErrorCode::Protocol {
+        return Error::new(
+            ErrorCode::Protocol,
+            format!(
+                "the server at {} is not a conch sandboxd (its answer to GET /v1/info is not \
+                 RXP/1); check `url`",
+                cfg.url
+            ),
+        )
+        .with_context("answer", e.message().to_owned())
+        .with_provider(NAME);
+    }
+    e
+}
+
 fn kept(out: &OutputSpec) -> Option<usize> {
     match out {
         OutputSpec::Collect { max_bytes, .. } => Some(*max_bytes),
@@ -360,20 +403,15 @@ impl Subprocess for RemoteSubprocess {
         self.shared.info.capabilities.subprocess
     }
 
-    async fn which(&self, program: &str) -> Option<PathBuf> {
+    async fn which(&self, program: &str) -> Result<Option<PathBuf>> {
+        self.shared.check_alive()?;
         let path = format!("/v1/which?program={}", query_escape(program));
-        match self
+        let w = self
             .shared
             .http
             .call::<proto::Which>(Method::GET, &path, None::<&()>, Duration::ZERO)
-            .await
-        {
-            Ok(w) => w.path.map(PathBuf::from),
-            Err(e) => {
-                tracing::warn!(error = %e, "which on the sandbox daemon failed");
-                None
-            }
-        }
+            .await?;
+        Ok(w.path.map(PathBuf::from))
     }
 
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
@@ -461,9 +499,14 @@ impl RemoteSubprocess {
                 let settled = mirror.until(|_, f| f.settled.as_ref().map(|_| ()));
                 tokio::select! {
                     () = cancel.cancelled() => {
+                        // Nobody awaits a cancellation, so an undelivered kill can only be
+                        // logged here; the caller's wait reports the lost world.
                         let path = format!("/v1/procs/{}/kill", mirror.id);
-                        let _: Result<serde_json::Value> =
+                        let r: Result<serde_json::Value> =
                             shared.http.call(Method::POST, &path, None::<&()>, Duration::ZERO).await;
+                        if let Err(e) = r {
+                            tracing::warn!(error = %e, "the kill a cancellation asked for was not delivered");
+                        }
                     }
                     _ = settled => {}
                     () = done.cancelled() => {}

@@ -8,6 +8,7 @@ use conch_seams::{
     CollectedOutput, Error, ExitStatus, Leftover, Process, Result, StreamId, StreamRead,
 };
 use reqwest::Method;
+use tracing::Instrument;
 
 use super::Shared;
 use super::input::Input;
@@ -37,19 +38,16 @@ impl RemoteProcess {
         })
     }
 
-    /// Sends a control call in the background (the seam's sync methods).
-    fn fire(&self, what: &'static str) {
-        let shared = Arc::clone(&self.shared);
-        let path = self.path(what);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let r: Result<serde_json::Value> =
-                    shared.http.call(Method::POST, &path, None::<&()>, Duration::ZERO).await;
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, path = %path, "control call failed");
-                }
-            });
-        }
+    /// Sends a control call and waits for the daemon's answer (retried up to `give_up_ms`,
+    /// failing at once when the daemon is known to be gone).
+    async fn control(&self, what: &'static str) -> Result<()> {
+        self.shared.check_alive()?;
+        let _: serde_json::Value = self
+            .shared
+            .http
+            .call(Method::POST, &self.path(what), None::<&()>, Duration::ZERO)
+            .await?;
+        Ok(())
     }
 }
 
@@ -105,33 +103,25 @@ impl Process for RemoteProcess {
         self.stdin.send(&self.shared, self.path("stdin"), data.to_vec(), false).await
     }
 
-    fn close_stdin(&self) {
+    async fn close_stdin(&self) -> Result<()> {
         if !self.stdin_piped {
-            return;
+            return Ok(());
         }
-        let (shared, stdin, path) =
-            (Arc::clone(&self.shared), self.stdin.clone(), self.path("stdin"));
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = stdin.send(&shared, path, Vec::new(), true).await {
-                    tracing::debug!(error = %e, "closing stdin failed");
-                }
-            });
-        }
+        self.stdin.send(&self.shared, self.path("stdin"), Vec::new(), true).await
     }
 
-    fn kill(&self) {
-        // The daemon does the kill (and logs it); this only asks.
-        let _span = tracing::debug_span!("kill", pid = self.pid, remote = true).entered();
-        self.fire("kill");
+    async fn kill(&self) -> Result<()> {
+        // The daemon does the kill (and logs it); this asks and waits for its answer.
+        let span = tracing::debug_span!("kill", pid = self.pid, remote = true);
+        self.control("kill").instrument(span).await
     }
 
     async fn wait_group_gone(&self) -> Result<()> {
         self.mirror.until(|_, f| f.group_gone.then_some(())).await
     }
 
-    fn release(&self) {
-        self.fire("release");
+    async fn release(&self) -> Result<()> {
+        self.control("release").await
     }
 }
 

@@ -262,7 +262,7 @@ struct WhichQuery {
 }
 
 async fn which(AxState(state): AxState<Shared>, Query(q): Query<WhichQuery>) -> ApiResult<Which> {
-    let path = state.sub.which(&q.program).await;
+    let path = state.sub.which(&q.program).await?;
     Ok(axum::Json(Which { path: path.map(|p| p.to_string_lossy().into_owned()) }))
 }
 
@@ -411,7 +411,7 @@ async fn proc_stdin(
             *accepted += fresh.len() as u64;
         }
         if input.eof {
-            p.proc.close_stdin();
+            p.proc.close_stdin().await?;
         }
         Ok::<_, ApiError>(Accepted { next_offset: *accepted })
     })
@@ -425,7 +425,7 @@ async fn kill_proc(
     Path(id): Path<String>,
 ) -> ApiResult<serde_json::Value> {
     let e = entry(&state, &headers, &id)?;
-    proc_of(&e)?.proc.kill();
+    proc_of(&e)?.proc.kill().await?;
     Ok(axum::Json(serde_json::json!({})))
 }
 
@@ -435,7 +435,7 @@ async fn release_proc(
     Path(id): Path<String>,
 ) -> ApiResult<serde_json::Value> {
     let e = entry(&state, &headers, &id)?;
-    proc_of(&e)?.proc.release();
+    proc_of(&e)?.proc.release().await?;
     Ok(axum::Json(serde_json::json!({})))
 }
 

@@ -268,8 +268,14 @@ impl State {
         });
         let kept = self.insert(client, Arc::clone(&entry));
         if !Arc::ptr_eq(&kept, &entry) {
-            proc.kill();
-            proc.release();
+            // A start that lost the race for its id: the hosted provider is local, so these
+            // only fail if it is broken, which the log records.
+            if let Err(e) = proc.kill().await {
+                tracing::warn!(error = %e, "stopping a duplicate start failed");
+            }
+            if let Err(e) = proc.release().await {
+                tracing::warn!(error = %e, "releasing a duplicate start failed");
+            }
             return Ok((kept, false));
         }
         Ok((entry, true))
@@ -380,11 +386,13 @@ async fn stop(e: &Entry) {
     match &e.held {
         Held::Proc(p) => {
             let settled = p.proc.try_status().is_some();
-            p.proc.kill();
+            if let Err(err) = p.proc.kill().await {
+                tracing::warn!(id = %e.id, error = %err, "stopping an entry: the kill failed");
+            }
             let _ = p.proc.wait().await;
             let _ = p.proc.wait_group_gone().await;
-            if !settled {
-                p.proc.release();
+            if !settled && let Err(err) = p.proc.release().await {
+                tracing::warn!(id = %e.id, error = %err, "stopping an entry: the release failed");
             }
         }
         Held::Term(t) => {
