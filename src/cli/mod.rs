@@ -275,63 +275,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     ExitCode::SUCCESS
                 }
                 Command::Call { tool, args, json } => {
-                    let args: serde_json::Value = serde_json::from_str(&args)
-                        .context("the arguments must be a JSON object")?;
-                    let turn = owner.begin_turn();
-                    let r = runtime.call(&owner, &tool, args).await;
-                    drop(turn);
-                    // A background job cannot outlive the one call this process serves: wait
-                    // for what the call started, then print its notice and its output, so
-                    // nothing is killed unseen when the process exits.
-                    match &r {
-                        Ok(o) if !json => {
-                            // Print the text exactly, ending with one newline.
-                            if o.text.ends_with('\n') {
-                                print!("{}", o.text);
-                            } else {
-                                println!("{}", o.text);
-                            }
-                            std::io::stdout().flush()?;
-                            let (notices, jobs) = settle_jobs(&runtime, &owner, &sink).await;
-                            for n in &notices {
-                                println!("{}", n["text"].as_str().unwrap_or_default());
-                            }
-                            for job in &jobs {
-                                let output = job["output"].as_str().unwrap_or_default();
-                                print!("{output}");
-                                if !output.is_empty() && !output.ends_with('\n') {
-                                    println!();
-                                }
-                            }
-                        }
-                        Ok(_) => {
-                            let (notices, jobs) = settle_jobs(&runtime, &owner, &sink).await;
-                            let mut out = result_json(&r);
-                            if !notices.is_empty() {
-                                out["notices"] = serde_json::Value::Array(notices);
-                            }
-                            if !jobs.is_empty() {
-                                out["jobs"] = serde_json::Value::Array(jobs);
-                            }
-                            print_line(&out)?;
-                        }
-                        Err(_) if json => print_line(&result_json(&r))?,
-                        Err(_) => {}
-                    }
-                    match r {
-                        Ok(_) => ExitCode::SUCCESS,
-                        Err(e) => {
-                            if !json {
-                                eprintln!("error[{}]: {e}", e.code());
-                            }
-                            ExitCode::from(1)
+                    tokio::select! {
+                        code = call(&runtime, &owner, &sink, &tool, &args, json) => code?,
+                        signal = interrupt() => {
+                            interrupted(signal, json, "the call")?;
+                            ExitCode::from(128 + signal)
                         }
                     }
                 }
-                Command::Batch => {
-                    batch(&runtime, &owner, &sink).await?;
-                    ExitCode::SUCCESS
-                }
+                Command::Batch => batch(&runtime, &owner, &sink).await?,
                 Command::Check { .. }
                 | Command::Plugins
                 | Command::SandboxExec { .. }
@@ -353,14 +305,94 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Resolves on SIGTERM or SIGINT (only SIGINT where SIGTERM cannot be watched): the
 /// long-running commands' shutdown request.
 async fn term_or_int() {
+    interrupt().await;
+}
+
+/// Resolves on SIGTERM or SIGINT with the signal's number.
+async fn interrupt() -> u8 {
     let terminate = tokio::signal::unix::SignalKind::terminate();
     let Ok(mut term) = tokio::signal::unix::signal(terminate) else {
         let _ = tokio::signal::ctrl_c().await;
-        return;
+        return 2;
     };
     tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => 15,
+        _ = tokio::signal::ctrl_c() => 2,
+    }
+}
+
+/// Says that `what` was cut short by `signal`: everything it started is stopped next (owner
+/// disposal, then the providers' shutdown), as when `conch mcp` is told to stop.
+fn interrupted(signal: u8, json: bool, what: &str) -> anyhow::Result<()> {
+    let name = if signal == 15 { "SIGTERM" } else { "SIGINT" };
+    let message =
+        format!("interrupted by {name} before {what} finished; everything it started is stopped");
+    if json {
+        let e = Error::new(ErrorCode::Cancelled, message);
+        print_line(&serde_json::json!({ "ok": false, "error": e.to_json() }))?;
+    } else {
+        eprintln!("error[cancelled]: {message}");
+    }
+    Ok(())
+}
+
+/// `conch call`: one tool call, then every job it started, waited for (see [`settle_jobs`]).
+async fn call(
+    runtime: &conch_registry::Runtime,
+    owner: &Arc<Owner>,
+    sink: &CliSink,
+    tool: &str,
+    args: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let r = match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(args) => {
+            let _turn = owner.begin_turn();
+            runtime.call(owner, tool, args).await
+        }
+        Err(e) => Err(Error::new(
+            ErrorCode::InvalidArgument,
+            format!("the arguments must be a JSON object: {e}"),
+        )),
+    };
+    // A background job cannot outlive the one call this process serves: wait for what the
+    // call started, then print its notice and its output (as job_output renders it), so
+    // nothing is killed unseen when the process exits.
+    match &r {
+        Ok(o) if !json => {
+            print_text(&o.text);
+            std::io::stdout().flush()?;
+            let (notices, jobs) = settle_jobs(runtime, owner, sink).await;
+            for n in &notices {
+                println!("{}", n["text"].as_str().unwrap_or_default());
+            }
+            for job in &jobs {
+                print_text(job["text"].as_str().unwrap_or_default());
+            }
+        }
+        Ok(_) => {
+            let (notices, jobs) = settle_jobs(runtime, owner, sink).await;
+            let mut out = result_json(&r);
+            if !notices.is_empty() {
+                out["notices"] = serde_json::Value::Array(notices);
+            }
+            if !jobs.is_empty() {
+                out["jobs"] = serde_json::Value::Array(jobs);
+            }
+            print_line(&out)?;
+        }
+        Err(_) if json => print_line(&result_json(&r))?,
+        Err(e) => eprintln!("error[{}]: {e}", e.code()),
+    }
+    Ok(if r.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Prints `text` exactly, ending with one newline (none added to empty text).
+fn print_text(text: &str) {
+    if text.is_empty() || text.ends_with('\n') {
+        print!("{text}");
+    } else {
+        println!("{text}");
     }
 }
 
@@ -417,7 +449,7 @@ const NOTICE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Waits until every job of `owner` has settled (the jobs `conch call` started) and their
 /// completion notices arrived, then returns the notices (as `batch` prints them) and each
-/// job's output (`job_id`, `status`, `output`, `spill_path`).
+/// job's output: the `job_output` tool's result (`ok`, `text`, `structured`) plus `job_id`.
 async fn settle_jobs(
     runtime: &conch_registry::Runtime,
     owner: &Arc<Owner>,
@@ -456,19 +488,34 @@ async fn settle_jobs(
         }
     }
     let mut outputs = Vec::new();
-    if let Some(jobs) = &runtime.seams().jobs {
-        // After the notices: a consuming read marks a settled job reported, and a job
-        // reported before its notice step sends none.
-        for id in &ids {
-            if let Ok((info, read)) = jobs.read_output(owner, id) {
-                outputs.push(serde_json::json!({
-                    "job_id": info.id,
-                    "status": info.status.as_str(),
-                    "output": read.text,
-                    "spill_path": read.spill_path,
-                }));
+    // After the notices: a consuming read marks a settled job reported, and a job reported
+    // before its notice step sends none.
+    for id in &ids {
+        let mut out = if runtime.tool("job_output").is_some() {
+            // Rendered as the model sees it: truncation and spill lines, exit code, status.
+            result_json(
+                &runtime.call(owner, "job_output", serde_json::json!({ "job_id": id })).await,
+            )
+        } else if let Some(jobs) = &runtime.seams().jobs {
+            match jobs.read_output(owner, id) {
+                Ok((info, read)) => serde_json::json!({
+                    "ok": true,
+                    "text": read.text,
+                    "structured": {
+                        "status": info.status.as_str(),
+                        "detail": info.detail,
+                        "spill_path": read.spill_path,
+                        "spill_evicted": read.spill_evicted,
+                        "skipped_bytes": read.skipped_bytes,
+                    },
+                }),
+                Err(e) => result_json(&Err(e)),
             }
-        }
+        } else {
+            continue;
+        };
+        out["job_id"] = serde_json::Value::String(id.clone());
+        outputs.push(out);
     }
     (notices_json(notices), outputs)
 }
@@ -540,23 +587,55 @@ async fn batch(
     runtime: &conch_registry::Runtime,
     owner: &Arc<Owner>,
     sink: &CliSink,
-) -> anyhow::Result<()> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
+) -> anyhow::Result<ExitCode> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(16);
     // stdin is blocking; read it on a thread so tool calls keep running on the runtime.
+    // Lines are read as bytes: one that is not UTF-8 gets its own error line, not the end of
+    // the batch.
     std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
+        for line in std::io::stdin().lock().split(b'\n') {
             if tx.blocking_send(line).is_err() {
                 break;
             }
         }
     });
+    let stop = interrupt();
+    tokio::pin!(stop);
     let mut number = 0_u64;
-    while let Some(line) = rx.recv().await {
-        let line = line.context("reading stdin")?;
+    loop {
+        let line = tokio::select! {
+            line = rx.recv() => match line {
+                Some(line) => line.context("reading stdin")?,
+                None => break,
+            },
+            signal = &mut stop => return Ok(ExitCode::from(128 + signal)),
+        };
         number += 1;
         // Every input line gets exactly one output line, so a harness can pair them by
         // position; a call may also carry an `id`, echoed back.
-        let (id, r) = batch_call(runtime, owner, number, &line).await;
+        let (id, r) = match String::from_utf8(line) {
+            Ok(mut line) => {
+                if line.ends_with('\r') {
+                    line.pop();
+                }
+                // A byte-order mark some editors write first is not part of the call.
+                let line = if number == 1 { line.trim_start_matches('\u{feff}') } else { &line };
+                tokio::select! {
+                    done = batch_call(runtime, owner, number, line) => done,
+                    signal = &mut stop => {
+                        interrupted(signal, true, &format!("the call on line {number}"))?;
+                        return Ok(ExitCode::from(128 + signal));
+                    }
+                }
+            }
+            Err(e) => (
+                None,
+                Err(Error::new(
+                    ErrorCode::InvalidArgument,
+                    format!("line {number} is not UTF-8 text: {}", e.utf8_error()),
+                )),
+            ),
+        };
         let mut out = result_json(&r);
         let notices = notices_json(sink.take());
         if !notices.is_empty() {
@@ -567,5 +646,5 @@ async fn batch(
         }
         print_line(&out)?;
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

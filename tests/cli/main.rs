@@ -586,17 +586,161 @@ fn call_waits_for_the_background_job_it_started_and_prints_its_end() {
         text(&out),
         "started background job bash-1; read its output with job_output and stop it with job_kill\n\
          job bash-1 (sleep 0.3; echo from-the-job) completed\n\
+         [job bash-1: completed]\n\
          from-the-job\n"
     );
     let out = conch()
-        .args(["call", "bash", r#"{"command":"echo json-job","run_in_background":true}"#, "--json"])
+        .args([
+            "call",
+            "bash",
+            r#"{"command":"echo json-job; exit 3","run_in_background":true}"#,
+            "--json",
+        ])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(text(&out).trim()).unwrap();
     assert_eq!(v["jobs"][0]["job_id"], "bash-1");
-    assert_eq!(v["jobs"][0]["status"], "completed");
-    assert_eq!(v["jobs"][0]["output"], "json-job\n");
+    assert_eq!(v["jobs"][0]["structured"]["status"], "completed");
+    assert_eq!(v["jobs"][0]["structured"]["detail"], "exit code: 3");
+    assert_eq!(v["jobs"][0]["structured"]["output"], "json-job\n");
     assert_eq!(v["notices"][0]["source_id"], "bash-1");
+    // A long job's output is rendered as job_output renders it: the spill is named.
+    let out = conch()
+        .args(["call", "bash", r#"{"command":"seq 1 300000","run_in_background":true}"#])
+        .output()
+        .unwrap();
+    let text = text(&out);
+    assert!(text.contains("\n[output truncated; full output: "), "{}", &text[..400]);
+    assert!(text.ends_with("299999\n300000\n"));
+}
+
+/// Starts `conch <args>`, waits until `ready` is a line of its stdout and `pidfile` holds a
+/// pid, sends `signal`, and returns its exit code and the rest of stdout.
+fn interrupt_when(
+    args: &[&str],
+    stdin: &str,
+    ready: &str,
+    pidfile: &str,
+    signal: &str,
+) -> (Option<i32>, String) {
+    let mut child = conch()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut lines, &mut line).unwrap() > 0,
+            "{ready} never came"
+        );
+        if line.contains(ready) {
+            break;
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::read_to_string(pidfile).unwrap_or_default().trim().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "{pidfile} never held a pid");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let kill = Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut lines, &mut rest).unwrap();
+    drop(input);
+    (child.wait().unwrap().code(), rest)
+}
+
+#[test]
+fn sigterm_or_sigint_stops_what_a_call_or_a_batch_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = |n: &str| dir.path().join(n).display().to_string();
+    // A call waiting on its background job.
+    let bg = format!("sleep 7781 & echo $! > {}; wait", pidfile("call"));
+    let args = serde_json::json!({"command": bg, "run_in_background": true}).to_string();
+    let (code, _) = interrupt_when(
+        &["call", "bash", &args],
+        "",
+        "started background job",
+        &pidfile("call"),
+        "-TERM",
+    );
+    assert_eq!(code, Some(143));
+    let pid = pid_in(std::path::Path::new(&pidfile("call")));
+    assert!(pid_gone(pid), "the call's job's sleep {pid} was stopped");
+    // A batch in the middle of a foreground call, with a background job running too.
+    let job = format!("sleep 7782 & echo $! > {}; wait", pidfile("job"));
+    let fg = format!(
+        "while [ ! -s {} ]; do sleep 0.01; done; sleep 7783 & echo $! > {}; wait",
+        pidfile("job"),
+        pidfile("fg")
+    );
+    let lines = format!(
+        "{}\n{}\n",
+        serde_json::json!({"tool":"bash","args":{"command":job,"run_in_background":true}}),
+        serde_json::json!({"tool":"bash","args":{"command":fg}}),
+    );
+    // Signalled once line 2's call is surely in flight (its sleep is running).
+    let (code, rest) = interrupt_when(&["batch"], &lines, "bash-1", &pidfile("fg"), "-INT");
+    assert_eq!(code, Some(130));
+    // The call in flight on line 2 gets its line: cancelled.
+    let v: serde_json::Value =
+        serde_json::from_str(rest.trim()).unwrap_or_else(|e| panic!("{rest:?}: {e}"));
+    assert_eq!(v["error"]["code"], "cancelled", "{v}");
+    for name in ["job", "fg"] {
+        let pid = pid_in(std::path::Path::new(&pidfile(name)));
+        assert!(pid_gone(pid), "the batch's {name} sleep {pid} was stopped");
+    }
+}
+
+#[test]
+fn batch_answers_a_line_that_is_not_utf8_and_goes_on() {
+    let mut child =
+        conch().arg("batch").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    {
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"\xef\xbb\xbf{\"tool\":\"bash\",\"args\":{\"command\":\"echo a\"}}\n")
+            .unwrap();
+        stdin.write_all(b"\xff\xfe\n").unwrap();
+        stdin
+            .write_all(b"{\"tool\":\"bash\",\"args\":{\"command\":\"echo z\"},\"id\":3}\r\n")
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> =
+        text(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0]["text"], "a\n", "a leading byte-order mark is not part of the call");
+    assert_eq!(lines[1]["error"]["code"], "invalid_argument");
+    let message = lines[1]["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("line 2 is not UTF-8 text"), "{message}");
+    assert_eq!(
+        (&lines[2]["text"], &lines[2]["id"]),
+        (&serde_json::json!("z\n"), &serde_json::json!(3))
+    );
+}
+
+#[test]
+fn call_arguments_that_are_not_json_get_a_typed_error() {
+    let out = conch().args(["call", "bash", "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error[invalid_argument]: the arguments must be a JSON object"),
+        "{err}"
+    );
+    let out = conch().args(["call", "bash", "nope", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(text(&out).trim()).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_argument");
 }
 
 #[test]
@@ -703,4 +847,36 @@ fn check_refuses_a_composition_without_tools_and_places_a_duplicate_key() {
     let out = conch().args(["check", path.to_str().unwrap()]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.ends_with("duplicate key `bash-local` at line 5 column 3\n"), "{err}");
+}
+
+#[test]
+fn spill_dir_must_be_absolute_and_is_made_when_missing() {
+    let out = conch()
+        .env("CONCH_PLUGINS__SUBPROCESS_LOCAL__SPILL_DIR", "spills")
+        .args(["call", "bash", r#"{"command":"true"}"#])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("spill_dir") && err.contains("must be an absolute path"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let deeper = dir.path().join("not/yet");
+    let out = conch_spilling_in(&deeper)
+        .args(["call", "bash", r#"{"command":"seq 1 200000"}"#])
+        .output()
+        .unwrap();
+    let text = text(&out);
+    let home = deeper.join(format!("conch-spills-{}", nix_uid()));
+    assert!(
+        text.starts_with(&format!("[output truncated; full output: {}/", home.display())),
+        "{}",
+        &text[..200]
+    );
+}
+
+/// This process's effective uid, from /proc.
+fn nix_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }

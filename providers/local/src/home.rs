@@ -87,6 +87,9 @@ fn private_dir(path: &Path) -> io::Result<()> {
     // closed to everyone else. /tmp is shared, so another user may have made the name first.
     let meta = fs::symlink_metadata(path)?;
     let euid = euid();
+    if meta.file_type().is_symlink() {
+        return Err(io::Error::other(format!("{} is a symbolic link", path.display())));
+    }
     if !meta.file_type().is_dir() {
         return Err(io::Error::other(format!("{} is not a directory", path.display())));
     }
@@ -121,6 +124,10 @@ impl Home {
     /// The home under `parent`, made private if it does not exist yet; an error says why it
     /// cannot be used.
     pub(crate) fn open(parent: &Path) -> io::Result<Self> {
+        // A configured parent that does not exist yet is made (private, like the home).
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot make {}: {e}", parent.display()))
+        })?;
         let path = parent.join(format!("conch-spills-{}", euid()));
         private_dir(&path)?;
         private_dir(&path.join("live"))?;
@@ -203,9 +210,17 @@ impl Home {
                 continue;
             }
             let dir = entry.path();
+            // Only real directories and regular files: a link planted in the home is never
+            // followed, so nothing outside it is ever deleted (`DirEntry::file_type` and
+            // `symlink_metadata` do not follow links).
             for spill in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if !spill.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
                 for file in fs::read_dir(spill.path()).into_iter().flatten().flatten() {
-                    if let Ok(meta) = file.metadata() {
+                    if let Ok(meta) = fs::symlink_metadata(file.path())
+                        && meta.file_type().is_file()
+                    {
                         let written = meta.modified().unwrap_or(now);
                         spills.push((written, meta.len(), file.path()));
                     }
@@ -262,7 +277,26 @@ mod tests {
         let elsewhere = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), &path).unwrap();
         let e = Home::open(parent.path()).unwrap_err().to_string();
-        assert!(e.contains("is not a directory"), "{e}");
+        assert!(e.contains("is a symbolic link"), "{e}");
+    }
+
+    #[test]
+    fn eviction_never_follows_a_link_out_of_the_home() {
+        let parent = tempfile::tempdir().unwrap();
+        let home = Home::open(parent.path()).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let precious = outside.path().join("precious.txt");
+        fs::write(&precious, vec![b'x'; 4096]).unwrap();
+        // A dead run's directory whose "spill directory" is a link to elsewhere, and one whose
+        // "spill file" is a link.
+        let run = home.spill_dir("c0.0");
+        fs::create_dir(&run).unwrap();
+        std::os::unix::fs::symlink(outside.path(), run.join("conch-spill-a")).unwrap();
+        fs::create_dir(run.join("conch-spill-b")).unwrap();
+        std::os::unix::fs::symlink(&precious, run.join("conch-spill-b").join("stream-b")).unwrap();
+        // A zero cap and age would delete every spill it found.
+        home.evict_dead("me", 0, Duration::ZERO, 0);
+        assert!(precious.is_file(), "nothing outside the home is deleted");
     }
 
     #[test]

@@ -106,6 +106,16 @@ impl LocalConfig {
 
 impl PluginConfig for LocalConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        // A relative directory would put the spill home wherever conch was started, so the
+        // bounds and the killed-run sweep would only see runs started in the same place.
+        if let Some(dir) = &self.spill_dir
+            && !dir.is_absolute()
+        {
+            return Err(ConfigIssue::new(
+                "spill_dir",
+                format!("must be an absolute path, not {:?}", dir.display().to_string()),
+            ));
+        }
         // Zero would evict every finished spill the moment it ends, including the one a
         // result is about to name; small limits are the way to ask for little disk use.
         ConfigIssue::positive("max_spill_total_bytes", self.max_spill_total_bytes)?;
@@ -173,9 +183,11 @@ impl LocalSubprocess {
             Err(e) => {
                 tracing::warn!(
                     error = %e,
-                    "the spill home cannot be used: this run's spills go with it at shutdown"
+                    "the spill home in {} cannot be used: this run's spills go in a private \
+                     directory of the system temp dir, removed when it shuts down",
+                    parent.display()
                 );
-                (None, None, SpillRoot::new(config.spill_dir.clone()))
+                (None, None, SpillRoot::new(None))
             }
         };
         Self {
