@@ -392,7 +392,15 @@ pub async fn a_signal_reaches_the_foreground_group_not_the_leader(p: &dyn Subpro
     let bash = pid_of(t.as_ref());
     // At the prompt the leader owns the foreground, so NotLeader sends nothing.
     let at_prompt = eventually(|| async { foreground(t.as_ref()).await == Some(bash) }).await;
-    assert!(at_prompt);
+    if !at_prompt {
+        // How the leader ended (if it did) tells a kill from a hang or a stolen status.
+        let fg = foreground(t.as_ref()).await;
+        let (text, _) = read_until(t.as_ref(), |_| true).await;
+        panic!(
+            "bash {bash} never owned the foreground: now {fg:?}, its status {:?}, output so far {text:?}",
+            t.try_status()
+        );
+    }
     let none = t.signal_foreground(Signal::Kill, ForegroundTarget::NotLeader).await.unwrap();
     assert_eq!(none, None, "the leader is spared");
     assert!(t.try_status().is_none() && !pid_gone(bash), "bash is alive");
