@@ -57,18 +57,20 @@ enum Frame {
     Eof,
 }
 
+/// The `initialize` request's params this test client sends.
+fn initialize_params() -> serde_json::Value {
+    json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "conch-cli-test", "version": "0"},
+    })
+}
+
 impl Server {
     /// Starts `conch mcp --composition <composition>` and completes the handshake.
     fn start(composition: &str) -> Self {
         let mut s = Self::spawn(composition);
-        let init = s.request(
-            "initialize",
-            json!({
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "conch-cli-test", "version": "0"},
-            }),
-        );
+        let init = s.request("initialize", initialize_params());
         let r = s.response(init);
         assert_eq!(r["result"]["serverInfo"]["name"], "conch", "{r}");
         assert_eq!(r["result"]["protocolVersion"], "2025-06-18", "{r}");
@@ -673,14 +675,7 @@ fn mcp_a_request_before_initialize_is_told_to_initialize_first_and_the_session_g
     // A ping before initialize is still answered, and the handshake still works after.
     let ping = s.request("ping", json!({}));
     assert!(s.response(ping)["result"].is_object());
-    let init = s.request(
-        "initialize",
-        json!({
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "conch-cli-test", "version": "0"},
-        }),
-    );
+    let init = s.request("initialize", initialize_params());
     assert_eq!(s.response(init)["result"]["serverInfo"]["name"], "conch");
     s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     let list = s.request("tools/list", json!({}));

@@ -657,18 +657,17 @@ fn kill_group(pgid: i32) {
 /// Slack on top of `give_up` for detection and scheduling on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_millis(2500);
 
-/// The daemon dies while the client waits on a process and while it makes a control call:
-/// both end in `remote_unavailable` within `give_up_ms` (plus scheduling slack), not a hang
-/// and not a fake exit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daemon_that_dies_mid_wait_gives_remote_unavailable_within_give_up() {
-    const GIVE_UP: Duration = Duration::from_millis(2000);
-    let mut d = Doomed::start(ServerConfig {
+/// A daemon about to die, a client of it with `give_up`, and a `sleep 1000` it runs (with
+/// the sleeper's pid).
+async fn doomed_with_a_sleeper(
+    give_up: Duration,
+) -> (Doomed, Arc<RemoteSubprocess>, Arc<dyn Process>, i32) {
+    let d = Doomed::start(ServerConfig {
         heartbeat: Duration::from_millis(500),
         ..ServerConfig::default()
     });
     let mut cfg = d.client_config();
-    cfg.give_up_ms = GIVE_UP.as_millis() as u64;
+    cfg.give_up_ms = give_up.as_millis() as u64;
     let client = tokio::task::spawn_blocking(move || RemoteSubprocess::connect(&cfg))
         .await
         .unwrap()
@@ -678,6 +677,16 @@ async fn a_daemon_that_dies_mid_wait_gives_remote_unavailable_within_give_up() {
     spec.stdout = collect(4096);
     let p = client.spawn(spec).await.unwrap();
     let pid = p.pid().unwrap() as i32;
+    (d, client, p, pid)
+}
+
+/// The daemon dies while the client waits on a process and while it makes a control call:
+/// both end in `remote_unavailable` within `give_up_ms` (plus scheduling slack), not a hang
+/// and not a fake exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_dies_mid_wait_gives_remote_unavailable_within_give_up() {
+    const GIVE_UP: Duration = Duration::from_millis(2000);
+    let (mut d, client, p, pid) = doomed_with_a_sleeper(GIVE_UP).await;
 
     let waiting = {
         let p = Arc::clone(&p);
@@ -725,21 +734,7 @@ async fn a_daemon_that_dies_mid_wait_gives_remote_unavailable_within_give_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_known_gone_fails_waits_and_calls_without_waiting_for_give_up() {
     const GIVE_UP: Duration = Duration::from_secs(60);
-    let mut d = Doomed::start(ServerConfig {
-        heartbeat: Duration::from_millis(500),
-        ..ServerConfig::default()
-    });
-    let mut cfg = d.client_config();
-    cfg.give_up_ms = GIVE_UP.as_millis() as u64;
-    let client = tokio::task::spawn_blocking(move || RemoteSubprocess::connect(&cfg))
-        .await
-        .unwrap()
-        .unwrap();
-    let client = Arc::new(client);
-    let mut spec = SpawnSpec::new(vec!["sleep".into(), "1000".into()], "/tmp");
-    spec.stdout = collect(4096);
-    let p = client.spawn(spec).await.unwrap();
-    let pid = p.pid().unwrap() as i32;
+    let (mut d, client, p, pid) = doomed_with_a_sleeper(GIVE_UP).await;
     assert!(client.which("sh").await.unwrap().is_some(), "which answers while the daemon is up");
     let waiting = {
         let p = Arc::clone(&p);
