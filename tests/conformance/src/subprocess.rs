@@ -510,8 +510,12 @@ pub async fn stop_leftovers_stops_a_process_that_detached_and_closed_the_output(
     // Neither in the group nor holding the output: only its ancestry ties it to the call.
     let script = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!";
     let proc = p.spawn(merged(script).with_after_exit(stop_leftovers(100))).await.unwrap();
-    within("settlement", proc.wait()).await.expect("the provider keeps track of its process");
-    let pid = first_pid(&proc.collected(StreamId::Stdout).unwrap().text);
+    let status =
+        within("settlement", proc.wait()).await.expect("the provider keeps track of its process");
+    let out = proc.collected(StreamId::Stdout).unwrap();
+    // How the shell ended tells a kill from lost output (the rare "fresh process gone").
+    assert!(!out.text.trim().is_empty(), "no pid printed; the shell ended {status:?}: {out:?}");
+    let pid = first_pid(&out.text);
     let left = proc.leftovers();
     let entry = left.iter().find(|l| l.pid as i32 == pid);
     let entry = entry.unwrap_or_else(|| panic!("the detached {pid} is reported: {left:?}"));
