@@ -563,8 +563,10 @@ pub struct TerminalObservation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ForegroundCpu {
-    /// Some task of the group was running or waiting for a CPU (state `R`).
-    pub runnable: bool,
+    /// Some task of the group was running or waiting for a CPU (state `R`), or a member
+    /// exited and waits for a reaper outside the group (the job is over: the shell is about
+    /// to take the terminal back).
+    pub busy: bool,
     /// CPU time (user + system, in clock ticks) the group's current members have used so
     /// far. Compare two samples of the same group: any change means it ran in between (or
     /// its membership changed).

@@ -91,7 +91,7 @@ fn statuses_reads_and_terminal_specs_round_trip() {
         stdin: StdinWait::Unavailable,
         delivered_bytes: 9,
         output_pending: true,
-        cpu: Some(ForegroundCpu { runnable: true, ticks: 31 }),
+        cpu: Some(ForegroundCpu { busy: true, ticks: 31 }),
     };
     assert_eq!(round_trip(&obs), obs);
     // A daemon that predates the CPU sample sends none: nothing is known about it.

@@ -155,8 +155,8 @@ fn sample_members(pgid: i32, members: &[i32], stdin: StdinMatch<'_>) -> GroupSam
     if pgid <= 0 {
         return GroupSample { stdin: StdinWait::NotWaiting, cpu: None };
     }
-    let mut cpu = Some(ForegroundCpu { runnable: false, ticks: 0 });
-    let seen = Seen::any(members.iter().map(|pid| sample_process(*pid, stdin, &mut cpu)));
+    let mut cpu = Some(ForegroundCpu { busy: false, ticks: 0 });
+    let seen = Seen::any(members.iter().map(|pid| sample_process(*pid, members, stdin, &mut cpu)));
     let stdin = match seen {
         // Only architectures whose syscall tables we carry can see a wait at all.
         _ if !SUPPORTED => StdinWait::Unavailable,
@@ -167,10 +167,15 @@ fn sample_members(pgid: i32, members: &[i32], stdin: StdinMatch<'_>) -> GroupSam
     GroupSample { stdin, cpu }
 }
 
-/// Looks at every task of `pid`: whether one waits for input (see [`task_waits_on`]), and
-/// what they do with the CPU (added to `cpu`, which becomes `None` when the process cannot
-/// be inspected).
-fn sample_process(pid: i32, stdin: StdinMatch<'_>, cpu: &mut Option<ForegroundCpu>) -> Seen {
+/// Looks at every task of `pid`, one of the group's `members`: whether one waits for input
+/// (see [`task_waits_on`]), and what they do with the CPU (added to `cpu`, which becomes
+/// `None` when the process cannot be inspected).
+fn sample_process(
+    pid: i32,
+    members: &[i32],
+    stdin: StdinMatch<'_>,
+    cpu: &mut Option<ForegroundCpu>,
+) -> Seen {
     let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
@@ -181,6 +186,7 @@ fn sample_process(pid: i32, stdin: StdinMatch<'_>, cpu: &mut Option<ForegroundCp
         Err(_) => return Seen::NotWaiting,
     };
     let mut seen = Seen::NotWaiting;
+    let (mut live, mut reaped_outside) = (false, false);
     for task in tasks.flatten() {
         if !task.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
             continue;
@@ -188,13 +194,23 @@ fn sample_process(pid: i32, stdin: StdinMatch<'_>, cpu: &mut Option<ForegroundCp
         let path = task.path();
         let Some(stat) = procfs::read_stat(&path.join("stat"), 0) else { continue };
         if let Some(c) = cpu.as_mut() {
-            c.runnable |= stat.state == 'R';
+            c.busy |= stat.state == 'R';
             c.ticks = c.ticks.saturating_add(stat.ticks);
         }
+        live |= stat.state != 'Z';
+        reaped_outside |= stat.state == 'Z' && !members.contains(&stat.ppid);
         // One waiting task decides the wait; the rest are still counted for the CPU.
         if seen != Seen::Waiting {
             seen = Seen::any([seen, task_waits_on(&path, &stat, stdin)]);
         }
+    }
+    // A member that exited, with its reaper outside the group (the shell, which may still
+    // wait for a CPU), ends the job: the shell is about to take over, nothing is idle.
+    if !live
+        && reaped_outside
+        && let Some(c) = cpu.as_mut()
+    {
+        c.busy = true;
     }
     seen
 }

@@ -165,15 +165,15 @@ struct CpuWatch {
 }
 
 impl CpuWatch {
-    /// True when `obs` finds the foreground busy: a task of it runnable, or its CPU time
-    /// changed since the previous sample of the same group.
+    /// True when `obs` finds the foreground busy (see [`conch_seams::ForegroundCpu`]), or
+    /// its CPU time changed since the previous sample of the same group.
     fn busy(&mut self, obs: &conch_seams::TerminalObservation) -> bool {
         let Some(cpu) = obs.cpu else {
             self.last = None;
             return false;
         };
         let before = self.last.replace((obs.foreground, cpu.ticks));
-        cpu.runnable || before.is_some_and(|(fg, t)| fg == obs.foreground && t != cpu.ticks)
+        cpu.busy || before.is_some_and(|(fg, t)| fg == obs.foreground && t != cpu.ticks)
     }
 }
 
