@@ -35,9 +35,9 @@ pub use shell::{
 };
 pub use signal::Signal;
 pub use subprocess::{
-    AfterExit, CollectedOutput, EnvOverlay, ExitStatus, ForegroundTarget, Leftover, OutputSpec,
-    Probe, Process, SignalDelivery, SpawnSpec, SpillRef, StdinSpec, StdinWait, StreamId,
-    StreamRead, Subprocess, SubprocessCapabilities, TeardownReport, TerminalObservation,
+    AfterExit, CollectedOutput, EnvOverlay, ExitStatus, ForegroundCpu, ForegroundTarget, Leftover,
+    OutputSpec, Probe, Process, SignalDelivery, SpawnSpec, SpillRef, StdinSpec, StdinWait,
+    StreamId, StreamRead, Subprocess, SubprocessCapabilities, TeardownReport, TerminalObservation,
     TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
 };
 pub use terminal::{

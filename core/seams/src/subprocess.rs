@@ -552,6 +552,25 @@ pub struct TerminalObservation {
     /// `delivered_bytes` and sees no pending output knows the output written before the
     /// sample (a prompt printed before a blocking read) has reached it.
     pub output_pending: bool,
+    /// What the foreground group was doing with the CPU ([`Probe::Stdin`] samples only;
+    /// `None` when not sampled, or the provider cannot tell).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub cpu: Option<ForegroundCpu>,
+}
+
+/// The foreground group's CPU use at one sample: a program that is still computing (or
+/// waiting for a CPU on a loaded machine) is busy even while it prints nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ForegroundCpu {
+    /// Some task of the group was running or waiting for a CPU (state `R`), or a member
+    /// exited and waits for a reaper outside the group (the job is over: the shell is about
+    /// to take the terminal back).
+    pub busy: bool,
+    /// CPU time (user + system, in clock ticks) the group's current members have used so
+    /// far. Compare two samples of the same group: any change means it ran in between (or
+    /// its membership changed).
+    pub ticks: u64,
 }
 
 /// Which foreground group a signal may reach.

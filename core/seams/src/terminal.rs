@@ -19,7 +19,7 @@ use crate::{Result, Signal};
 pub enum WaitReason {
     /// A prompt or an exact probe showed the foreground waiting for input.
     StdinRead,
-    /// Output was silent for the configured window.
+    /// Output was silent, and the foreground not busy on the CPU, for the configured window.
     InferredIdle,
     /// This send's deadline passed.
     Timeout,

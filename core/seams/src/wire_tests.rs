@@ -91,8 +91,13 @@ fn statuses_reads_and_terminal_specs_round_trip() {
         stdin: StdinWait::Unavailable,
         delivered_bytes: 9,
         output_pending: true,
+        cpu: Some(ForegroundCpu { busy: true, ticks: 31 }),
     };
     assert_eq!(round_trip(&obs), obs);
+    // A daemon that predates the CPU sample sends none: nothing is known about it.
+    let mut old = serde_json::to_value(obs).unwrap();
+    old.as_object_mut().unwrap().remove("cpu");
+    assert_eq!(serde_json::from_value::<TerminalObservation>(old).unwrap().cpu, None);
     assert_eq!(serde_json::to_value(Signal::Winch).unwrap(), "SIGWINCH");
     assert_eq!(round_trip(&Signal::Tstp), Signal::Tstp);
     assert!(serde_json::from_str::<Signal>("\"SIGSEGV\"").is_err(), "only sendable signals parse");

@@ -271,9 +271,9 @@ tool!(
     SendArgs,
     "Type text into a terminal session (Enter is pressed unless submit is false) and wait \
      until it is reasonable to look again. wait_reason says why it returned: stdin_read (a \
-     prompt or a program is waiting for input), inferred_idle (output went quiet; the \
-     program may still be running), timeout, or session_exit. It never means the command \
-     finished unless the prompt returned."
+     prompt or a program is waiting for input), inferred_idle (output went quiet and the \
+     program uses no CPU; it may still be running), timeout, or session_exit. It never \
+     means the command finished unless the prompt returned."
 );
 
 struct SendOutput {

@@ -13,7 +13,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 
-use conch_seams::StdinWait;
+use conch_seams::{ForegroundCpu, StdinWait};
 
 use crate::procfs;
 
@@ -123,12 +123,20 @@ fn group_waits_on_stdin(pgid: i32) -> bool {
 /// (see [`StdinMatch`]).
 #[cfg(test)]
 fn group_waits_on(pgid: i32, stdin: StdinMatch<'_>) -> StdinWait {
-    members_wait_on(pgid, &procfs::group_members(pgid), stdin)
+    sample_members(pgid, &procfs::group_members(pgid), stdin).stdin
 }
 
-/// Like `group_waits_on` for the foreground group of a terminal whose session leader is
-/// `sid`: only the session's process tree is looked at, not every process of the machine.
-pub(crate) fn foreground_waits_on(sid: i32, pgid: i32, stdin: StdinMatch<'_>) -> StdinWait {
+/// One sample of a foreground group: its wait for input and its CPU use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GroupSample {
+    pub(crate) stdin: StdinWait,
+    /// `None` when some member could not be inspected.
+    pub(crate) cpu: Option<ForegroundCpu>,
+}
+
+/// Samples the foreground group `pgid` of a terminal whose session leader is `sid`: only
+/// the session's process tree is looked at, not every process of the machine.
+pub(crate) fn sample_foreground(sid: i32, pgid: i32, stdin: StdinMatch<'_>) -> GroupSample {
     let members: Vec<i32> = match procfs::tree(sid) {
         Some(tree) => {
             let mut m: Vec<i32> = tree.iter().filter(|s| s.pgrp == pgid).map(|s| s.pid).collect();
@@ -140,38 +148,71 @@ pub(crate) fn foreground_waits_on(sid: i32, pgid: i32, stdin: StdinMatch<'_>) ->
         }
         None => procfs::group_members(pgid),
     };
-    members_wait_on(pgid, &members, stdin)
+    sample_members(pgid, &members, stdin)
 }
 
-fn members_wait_on(pgid: i32, members: &[i32], stdin: StdinMatch<'_>) -> StdinWait {
-    if !SUPPORTED {
-        return StdinWait::Unavailable;
-    }
+fn sample_members(pgid: i32, members: &[i32], stdin: StdinMatch<'_>) -> GroupSample {
     if pgid <= 0 {
-        return StdinWait::NotWaiting;
+        return GroupSample { stdin: StdinWait::NotWaiting, cpu: None };
     }
-    let seen = Seen::any(members.iter().map(|pid| process_waits_on(*pid, stdin)));
-    match seen {
+    let mut cpu = Some(ForegroundCpu { busy: false, ticks: 0 });
+    let seen = Seen::any(members.iter().map(|pid| sample_process(*pid, members, stdin, &mut cpu)));
+    let stdin = match seen {
+        // Only architectures whose syscall tables we carry can see a wait at all.
+        _ if !SUPPORTED => StdinWait::Unavailable,
         Seen::Waiting => StdinWait::Waiting,
         Seen::NotWaiting => StdinWait::NotWaiting,
         Seen::Unknown => StdinWait::Unavailable,
-    }
+    };
+    GroupSample { stdin, cpu }
 }
 
-fn process_waits_on(pid: i32, stdin: StdinMatch<'_>) -> Seen {
+/// Looks at every task of `pid`, one of the group's `members`: whether one waits for input
+/// (see [`task_waits_on`]), and what they do with the CPU (added to `cpu`, which becomes
+/// `None` when the process cannot be inspected).
+fn sample_process(
+    pid: i32,
+    members: &[i32],
+    stdin: StdinMatch<'_>,
+    cpu: &mut Option<ForegroundCpu>,
+) -> Seen {
     let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Seen::Unknown,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            *cpu = None;
+            return Seen::Unknown;
+        }
+        // Gone: it uses no CPU and waits for nothing any more.
         Err(_) => return Seen::NotWaiting,
     };
-    Seen::any(
-        tasks
-            .flatten()
-            .filter(|e| {
-                e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            })
-            .map(|e| task_waits_on(&e.path(), stdin)),
-    )
+    let mut seen = Seen::NotWaiting;
+    let (mut live, mut reaped_outside) = (false, false);
+    for task in tasks.flatten() {
+        if !task.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let path = task.path();
+        let Some(stat) = procfs::read_stat(&path.join("stat"), 0) else { continue };
+        if let Some(c) = cpu.as_mut() {
+            c.busy |= stat.state == 'R';
+            c.ticks = c.ticks.saturating_add(stat.ticks);
+        }
+        live |= stat.state != 'Z';
+        reaped_outside |= stat.state == 'Z' && !members.contains(&stat.ppid);
+        // One waiting task decides the wait; the rest are still counted for the CPU.
+        if seen != Seen::Waiting {
+            seen = Seen::any([seen, task_waits_on(&path, &stat, stdin)]);
+        }
+    }
+    // A member that exited, with its reaper outside the group (the shell, which may still
+    // wait for a CPU), ends the job: the shell is about to take over, nothing is idle.
+    if !live
+        && reaped_outside
+        && let Some(c) = cpu.as_mut()
+    {
+        c.busy = true;
+    }
+    seen
 }
 
 /// One blocked syscall: number and the six argument registers.
@@ -197,9 +238,8 @@ fn parse_syscall(line: &str) -> Option<Blocked> {
     Some(Blocked { nr, args })
 }
 
-fn task_waits_on(task: &Path, stdin: StdinMatch<'_>) -> Seen {
+fn task_waits_on(task: &Path, stat: &procfs::Stat, stdin: StdinMatch<'_>) -> Seen {
     // Only a sleeping task can be parked in a wait; R, D, T, Z, ... are not waiting for us.
-    let Some(stat) = procfs::read_stat(&task.join("stat"), 0) else { return Seen::NotWaiting };
     if stat.state != 'S' {
         return Seen::NotWaiting;
     }

@@ -55,6 +55,8 @@ pub(crate) struct Stat {
     /// The controlling terminal's device number (0: none).
     pub(crate) tty_nr: u64,
     pub(crate) start: u64,
+    /// CPU time used so far, user plus system (clock ticks).
+    pub(crate) ticks: u64,
 }
 
 impl Stat {
@@ -69,7 +71,8 @@ impl Stat {
 }
 
 /// Parses one stat line. The comm may contain spaces and parens, so fields are split after
-/// the last `)`: state (3), ppid (4), pgrp (5), session (6), tty_nr (7), starttime (22).
+/// the last `)`: state (3), ppid (4), pgrp (5), session (6), tty_nr (7), utime (14),
+/// stime (15), starttime (22).
 pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<Stat> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
@@ -84,6 +87,7 @@ pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<Stat> {
         session: f.get(3)?.parse().ok()?,
         tty_nr: f.get(4)?.parse::<i64>().ok()?.try_into().unwrap_or(0),
         start: f.get(19)?.parse().ok()?,
+        ticks: f.get(11)?.parse::<u64>().ok()?.saturating_add(f.get(12)?.parse().ok()?),
     })
 }
 
@@ -625,13 +629,13 @@ mod tests {
     fn stat_parses_names_with_spaces_and_parens() {
         let s = parse_stat(
             42,
-            "42 (a) (b c) S 1 42 42 34816 42 4194560 0 0 0 0 0 0 0 0 20 0 1 0 777 0",
+            "42 (a) (b c) S 1 42 42 34816 42 4194560 0 0 0 0 5 7 0 0 20 0 1 0 777 0",
         )
         .unwrap();
         assert_eq!(s.comm, "a) (b c");
         assert_eq!(
-            (s.state, s.ppid, s.pgrp, s.session, s.tty_nr, s.start),
-            ('S', 1, 42, 42, 34816, 777)
+            (s.state, s.ppid, s.pgrp, s.session, s.tty_nr, s.start, s.ticks),
+            ('S', 1, 42, 42, 34816, 777, 12)
         );
         let me = i32::try_from(std::process::id()).unwrap();
         let own = stat(me).expect("own stat");
@@ -696,6 +700,7 @@ mod tests {
             session: pgrp,
             tty_nr: 0,
             start,
+            ticks: 0,
         };
         let ours = Group { pgid: 40, leader_start: Some(100) };
         // Our leader is gone but a member it left behind still runs: still our group.
@@ -731,6 +736,7 @@ mod tests {
             session: pid,
             tty_nr: 0,
             start: 1,
+            ticks: 0,
         };
         // 10 is this process; 11 a spawn; 12 an orphan reparented to it; 13 its child.
         let procs = vec![mk(1, 0), mk(10, 1), mk(11, 10), mk(12, 10), mk(13, 12)];
@@ -749,6 +755,7 @@ mod tests {
             session: 1,
             tty_nr: 0,
             start: u64::try_from(pid).unwrap(),
+            ticks: 0,
         };
         let procs = vec![mk(1, 0, 'S'), mk(2, 1, 'S'), mk(3, 2, 'S'), mk(4, 1, 'Z'), mk(5, 9, 'S')];
         let root = procs[0].id();

@@ -223,22 +223,28 @@ impl TermInner {
         let delivered_bytes = self.delivered.load(Ordering::Acquire);
         let output_pending = self.queued.load(Ordering::Acquire) > 0;
         let foreground = self.foreground_pgid();
-        let stdin = match (probe_stdin, foreground) {
-            (Probe::Foreground, _) => StdinWait::NotProbed,
+        let (stdin, cpu) = match (probe_stdin, foreground) {
+            (Probe::Foreground, _) => (StdinWait::NotProbed, None),
             // No foreground group: nothing can be waiting on the terminal.
-            (Probe::Stdin, None) => StdinWait::NotWaiting,
+            (Probe::Stdin, None) => (StdinWait::NotWaiting, None),
             (Probe::Stdin, Some(pg)) => match &self.tty {
-                Some(tty) => match probe::foreground_waits_on(self.sid(), pg, StdinMatch::Tty(tty))
-                {
-                    // Typed input is still queued: the waiter is about to wake with it.
-                    StdinWait::Waiting
-                        if crate::ttyq::pending_input(tty).is_some_and(|n| n > 0) =>
-                    {
-                        StdinWait::NotWaiting
-                    }
-                    seen => seen,
-                },
-                None => probe::foreground_waits_on(self.sid(), pg, StdinMatch::AnyPts),
+                Some(tty) => {
+                    let s = probe::sample_foreground(self.sid(), pg, StdinMatch::Tty(tty));
+                    let stdin = match s.stdin {
+                        // Typed input is still queued: the waiter is about to wake with it.
+                        StdinWait::Waiting
+                            if crate::ttyq::pending_input(tty).is_some_and(|n| n > 0) =>
+                        {
+                            StdinWait::NotWaiting
+                        }
+                        seen => seen,
+                    };
+                    (stdin, s.cpu)
+                }
+                None => {
+                    let s = probe::sample_foreground(self.sid(), pg, StdinMatch::AnyPts);
+                    (s.stdin, s.cpu)
+                }
             },
         };
         TerminalObservation {
@@ -251,6 +257,7 @@ impl TermInner {
             output_pending: output_pending
                 || self.queued.load(Ordering::Acquire) > 0
                 || (stdin == StdinWait::Waiting && self.output_in_flight()),
+            cpu,
         }
     }
 

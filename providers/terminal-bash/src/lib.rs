@@ -46,7 +46,7 @@ pub struct TerminalBashConfig {
     pub poll_interval_ms: u64,
     /// Earliest exact stdin-wait probe after a send (probes then follow output quiet).
     pub exact_probe_after_ms: u64,
-    /// Output silence that counts as inferred idle.
+    /// Output silence, with the foreground not busy on the CPU, that counts as inferred idle.
     pub idle_silence_ms: u64,
     /// Absolute per-send (and startup) deadline.
     pub timeout_ms: u64,

@@ -117,8 +117,8 @@ struct State {
     echo_seen: bool,
     /// Prompt count and time of the last signal delivered while bash was not at its prompt.
     signalled: Option<(u64, Instant)>,
-    /// The prompt count when text was last typed: while no prompt followed it, the shell is
-    /// busy with what was typed.
+    /// The prompt count that what was typed last waits to exceed: until a prompt beyond it
+    /// came, the shell is busy with that text.
     prompts_at_write: Option<u64>,
     /// Cursor position answers written or about to be: until the shell took them, its read
     /// of the terminal is a wait for the answer, not for input.
@@ -126,17 +126,20 @@ struct State {
 }
 
 impl State {
-    fn begin_op(&mut self, cap: usize) -> u64 {
+    /// Starts an op whose own prompt is the first beyond `floor` (at least the current
+    /// count, see [`BashSession::owed_prompt`]); returns the count it waits to exceed.
+    fn begin_op(&mut self, cap: usize, floor: Option<u64>) -> u64 {
         self.op = Some(TextRetainer::new(Strategy::Tail, cap));
         self.last_output = Instant::now();
         self.echo = None;
-        self.prompts_at_write = Some(self.prompts);
-        self.prompts
+        let start = floor.map_or(self.prompts, |f| f.max(self.prompts));
+        self.prompts_at_write = Some(start);
+        start
     }
 
     /// The shell is running what was last typed (no prompt came after it).
     fn busy(&self) -> bool {
-        self.prompts_at_write == Some(self.prompts)
+        self.prompts_at_write.is_some_and(|w| self.prompts <= w)
     }
 
     /// Expects the echo of `typed` (its first printable stretch) in the coming output.
@@ -149,6 +152,28 @@ impl State {
             .collect();
         self.echo = (!start.is_empty()).then(|| Echo { expect: start, window: String::new() });
         self.echo_seen = false;
+    }
+}
+
+/// Tells a busy foreground from an idle one across samples: a program still computing (or
+/// starting up on a loaded machine, waiting for a CPU) prints nothing for a while, but is
+/// not idle.
+#[derive(Debug, Default)]
+struct CpuWatch {
+    /// The previous sample's foreground group and its CPU time.
+    last: Option<(Option<i32>, u64)>,
+}
+
+impl CpuWatch {
+    /// True when `obs` finds the foreground busy (see [`conch_seams::ForegroundCpu`]), or
+    /// its CPU time changed since the previous sample of the same group.
+    fn busy(&mut self, obs: &conch_seams::TerminalObservation) -> bool {
+        let Some(cpu) = obs.cpu else {
+            self.last = None;
+            return false;
+        };
+        let before = self.last.replace((obs.foreground, cpu.ticks));
+        cpu.busy || before.is_some_and(|(fg, t)| fg == obs.foreground && t != cpu.ticks)
     }
 }
 
@@ -445,6 +470,58 @@ impl BashSession {
         }
     }
 
+    /// The prompt count this send's own prompt must exceed when text typed earlier is still
+    /// owed its prompt (`None`: the next prompt is this send's). That is the case when the
+    /// shell itself holds the terminal without reading it: it is still running the earlier
+    /// text (or its PROMPT_COMMAND, or an interrupted command's aftermath) and prints that
+    /// text's prompt before it reads what is typed now. When a command holds the terminal,
+    /// the command may read the new text, so its prompt may well be this send's.
+    async fn owed_prompt(&self, cancel: &CancellationToken) -> Result<Option<u64>> {
+        let sh = &self.shared;
+        // Where commands share the shell's group (pwsh), a busy shell group may be a command
+        // that reads what is typed.
+        if sh.shell.commands_share_its_group() {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + Duration::from_millis(sh.config.timeout_ms);
+        let poll = Duration::from_millis(sh.config.poll_interval_ms);
+        loop {
+            let notified = sh.changed.notified();
+            let (awaited, ingested) = {
+                let st = sh.lock();
+                if let Some(why) = &st.lost {
+                    return Err(lost(why));
+                }
+                if st.eof || !st.busy() {
+                    return Ok(None);
+                }
+                (st.prompts_at_write, st.ingested)
+            };
+            let obs = sh.observe(Probe::Stdin).await?;
+            if !obs.leader_owns_foreground {
+                return Ok(None);
+            }
+            match obs.stdin {
+                // Running, not reading: the earlier text's prompt comes first.
+                StdinWait::NotWaiting => return Ok(awaited.map(|w| w + 1)),
+                // Reading the terminal: the earlier text's prompt is in (the loop starts over
+                // once it is taken in), or the shell reads without one (`read`): what is typed
+                // now is its input either way.
+                StdinWait::Waiting if !obs.output_pending && ingested >= obs.delivered_bytes => {
+                    return Ok(None);
+                }
+                StdinWait::Waiting => {}
+                // Nothing known: the next prompt counts, as it always did.
+                StdinWait::Unavailable | StdinWait::NotProbed => return Ok(None),
+            }
+            // Output written before the shell blocked is still on its way: once taken in, a
+            // prompt in it ends the debt.
+            if cancel.is_cancelled() || !pause(notified, poll, deadline).await {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Waits for the first readiness tier (or, for a framed command, its end marker), the
     /// deadline, or cancellation. `framed` turns the send tiers into the command's: the
     /// prompt only counts after the end marker, and silence is not an answer.
@@ -465,6 +542,10 @@ impl BashSession {
         // Tier 1 confirmations so far, and the output position the first one saw.
         let mut confirmed: Option<(u32, Instant)> = None;
         let mut next_probe = started + probe_after;
+        // Tier 2 counts silence from the last output or the last sample that found the
+        // foreground busy, whichever came later.
+        let mut cpu = CpuWatch::default();
+        let mut last_busy = started;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof, last_output, code, ingested, echo_seen, answering) = {
@@ -514,6 +595,9 @@ impl BashSession {
             let input_taken = !wrote || echo_seen || now >= started + TIER1_BLIND;
             if now >= next_probe && !eof && code.is_none() && input_taken && !answering {
                 let obs = sh.observe(Probe::Stdin).await?;
+                if cpu.busy(&obs) {
+                    last_busy = now;
+                }
                 let complete = !obs.output_pending && ingested >= obs.delivered_bytes;
                 if obs.stdin == StdinWait::Waiting && complete {
                     let (n, since) = match confirmed {
@@ -536,9 +620,16 @@ impl BashSession {
                 }
                 next_probe = now + gap;
             }
-            // Tier 2: output silence (a framed command keeps waiting for its marker).
-            if !framed && last_output.elapsed() >= idle && elapsed >= idle {
-                return Ok(Ready::Reason(WaitReason::InferredIdle));
+            // Tier 2: output silence while the foreground does nothing (a framed command keeps
+            // waiting for its marker). A sample taken now has the last word: a program still
+            // computing, or a shell running a slow PROMPT_COMMAND, is busy, not idle.
+            if !framed && last_output.max(last_busy).elapsed() >= idle {
+                let now = Instant::now();
+                if cpu.busy(&sh.observe(Probe::Stdin).await?) {
+                    last_busy = now;
+                } else if sh.lock().last_output == last_output {
+                    return Ok(Ready::Reason(WaitReason::InferredIdle));
+                }
             }
             // With nothing to probe (the end marker is in, or the shell hung up), a poll tick
             // re-checks the prompt and the exit.
@@ -552,7 +643,7 @@ impl BashSession {
             };
             let mut wake = (started + timeout).min(probe_wake);
             if !framed {
-                wake = wake.min(last_output.max(started) + idle);
+                wake = wake.min(last_output.max(last_busy) + idle);
             }
             tokio::select! {
                 () = notified => {}
@@ -715,9 +806,10 @@ impl TerminalSession for BashSession {
         }
         self.check_open()?;
         self.settle_signal(&cancel).await?;
+        let floor = self.owed_prompt(&cancel).await?;
         let start_prompts = {
             let mut st = self.shared.lock();
-            let p = st.begin_op(self.shared.config.max_read_bytes);
+            let p = st.begin_op(self.shared.config.max_read_bytes, floor);
             st.expect_echo(text);
             p
         };
@@ -782,13 +874,14 @@ impl TerminalSession for BashSession {
         }
         self.check_open()?;
         self.settle_signal(&cancel).await?;
+        let floor = self.owed_prompt(&cancel).await?;
         let nonce = conch_seams::terminal::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
         let framed = self.shared.shell.frame(command, &nonce, init);
         let start_prompts = {
             let mut st = self.shared.lock();
             st.frame = Some(FrameScanner::new(&nonce));
-            let p = st.begin_op(self.shared.config.max_read_bytes);
+            let p = st.begin_op(self.shared.config.max_read_bytes, floor);
             st.expect_echo(&framed);
             p
         };

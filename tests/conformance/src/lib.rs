@@ -432,6 +432,8 @@ macro_rules! __terminal_cases {
             a_cancelled_send_interrupts_the_foreground,
             close_works_while_the_shell_runs_a_loop,
             an_interrupted_command_leaves_no_sigint_for_the_shell,
+            a_busy_silent_foreground_is_not_idle,
+            a_send_typed_while_the_shell_is_busy_gets_its_own_prompt,
             a_sigint_lost_while_the_command_started_is_sent_again,
             an_interrupt_says_whether_the_command_still_runs,
             exit_is_session_exit_with_the_code,

@@ -338,12 +338,71 @@ pub async fn an_interrupted_command_leaves_no_sigint_for_the_shell(
     send(s.as_ref(), "trap 'echo SHELL_GOT_$((1))INT' INT").await;
     send(s.as_ref(), "PROMPT_COMMAND=\"for ((i=0;i<100000;i++)); do :; done; $PROMPT_COMMAND\"")
         .await;
-    let out = cancel_once_running(&s, "echo st''arted; sleep 1000", "\nstarted").await;
+    // The command prints the marker itself, so the cancel comes once it runs. (A builtin's
+    // marker, as in `echo started; sleep 1000`, can come while the shell has not started
+    // `sleep` yet: a cancel then interrupts the shell itself, as Ctrl-C would, and that is
+    // right, since the shell is what runs.)
+    let out =
+        cancel_once_running(&s, "bash -c 'echo st''arted; exec sleep 1000'", "\nstarted").await;
     assert!(matches!(out, SendOutcome::Interrupted(_)), "{out:?}");
     let r = send(s.as_ref(), "echo $((6*7))").await;
     assert!(r.delta.contains("42\n"), "the next line arrives whole: {r:?}");
     let all = s.read(0, 1000).text;
     assert!(!all.contains("SHELL_GOT_1INT"), "only the command was interrupted: {all}");
+    close(s.as_ref()).await;
+    Ok(())
+}
+
+/// A foreground that computes without printing (a program starting up on a loaded machine,
+/// the shell itself in a loop) is busy, not idle: the send waits for what it does next.
+/// Each computes for 2 to 3 s, longer than the bash factories' idle window.
+pub async fn a_busy_silent_foreground_is_not_idle(p: &dyn TerminalBackend) -> Outcome {
+    if is_pwsh(p) {
+        return skip("the busy loops are bash");
+    }
+    let s = open(p).await;
+    let r = send(
+        s.as_ref(),
+        "bash -c 'end=$((SECONDS+3)); while ((SECONDS<end)); do :; done; read -p \"done? \" x'",
+    )
+    .await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "a program computing is busy: {r:?}");
+    assert!(r.delta.ends_with("done? "), "{r:?}");
+    send(s.as_ref(), "y").await;
+    let r = send(s.as_ref(), "end=$((SECONDS+3)); while ((SECONDS<end)); do :; done; echo sp''un")
+        .await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "the shell computing is busy: {r:?}");
+    assert!(r.delta.contains("spun\n"), "{r:?}");
+    close(s.as_ref()).await;
+    Ok(())
+}
+
+/// Text typed while the shell is still busy with earlier text (here the aftermath of an
+/// interrupted command, 1 to 2 s of prompt work: longer than the bash factories' close
+/// grace, so the cancelled send returns before the prompt) gets its own prompt, never the
+/// earlier text's.
+pub async fn a_send_typed_while_the_shell_is_busy_gets_its_own_prompt(
+    p: &dyn TerminalBackend,
+) -> Outcome {
+    if is_pwsh(p) {
+        return skip("the slow prompt is bash's PROMPT_COMMAND");
+    }
+    let s = open(p).await;
+    // Slow only after a command that SIGINT killed (status 130).
+    send(
+        s.as_ref(),
+        "PROMPT_COMMAND=\"if ((\\$? == 130)); then s=\\$SECONDS; while ((SECONDS-s<2)); do :; \
+         done; fi; $PROMPT_COMMAND\"",
+    )
+    .await;
+    let out =
+        cancel_once_running(&s, "bash -c 'echo st''arted; exec sleep 1000'", "\nstarted").await;
+    assert!(matches!(out, SendOutcome::Interrupted(_)), "{out:?}");
+    // The output comes a moment after the line runs, so it cannot arrive together with the
+    // earlier prompt and hide a send that returned at that prompt.
+    let r = send(s.as_ref(), "sleep 0.3; echo $((6*7))").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(r.delta.contains("42\n"), "its own prompt, not the interrupted command's: {r:?}");
     close(s.as_ref()).await;
     Ok(())
 }
