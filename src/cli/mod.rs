@@ -275,9 +275,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     ExitCode::SUCCESS
                 }
                 Command::Call { tool, args, json } => {
+                    let stop = interrupt();
                     tokio::select! {
                         code = call(&runtime, &owner, &sink, &tool, &args, json) => code?,
-                        signal = interrupt() => {
+                        signal = stop => {
                             interrupted(signal, json, "the call")?;
                             ExitCode::from(128 + signal)
                         }
@@ -308,16 +309,25 @@ async fn term_or_int() {
     interrupt().await;
 }
 
-/// Resolves on SIGTERM or SIGINT with the signal's number.
-async fn interrupt() -> u8 {
-    let terminate = tokio::signal::unix::SignalKind::terminate();
-    let Ok(mut term) = tokio::signal::unix::signal(terminate) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return 2;
-    };
-    tokio::select! {
-        _ = term.recv() => 15,
-        _ = tokio::signal::ctrl_c() => 2,
+/// Resolves on SIGTERM or SIGINT with the signal's number. Both handlers are installed when
+/// this is called, not when the future is first polled: a caller that starts work in the
+/// same `select!` must not leave a window in which the default action (death, with the
+/// work left running) still applies.
+fn interrupt() -> impl std::future::Future<Output = u8> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate()).ok();
+    let int = signal(SignalKind::interrupt()).ok();
+    async move {
+        let next = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = next(term) => 15,
+            _ = next(int) => 2,
+        }
     }
 }
 

@@ -8,7 +8,16 @@ use std::process::{Command, Output, Stdio};
 fn conch() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_conch"));
     c.env_remove("CONCH_HOME");
+    // One spill home for this test binary's conch processes: the ones these tests kill on
+    // purpose leave their marks there, not in the machine's shared home, where any conch
+    // the user starts would sweep after them.
+    c.env("CONCH_PLUGINS__SUBPROCESS_LOCAL__SPILL_DIR", test_spill_dir());
     c
+}
+
+/// Under cargo's per-target temp dir: kept across runs, where the spill limits bound it.
+fn test_spill_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-spills")
 }
 
 fn text(o: &Output) -> String {

@@ -273,8 +273,10 @@ impl LocalSubprocess {
                     let report =
                         procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, SWEEP_GRACE)
                             .await;
+                    // Housekeeping after another run, not a problem of this one: shown
+                    // from CONCH_LOG=info on.
                     if !report.stopped.is_empty() {
-                        tracing::warn!(
+                        tracing::info!(
                             run = %run.id,
                             stopped = report.stopped.len(),
                             "stopped processes a killed conch run left behind"
