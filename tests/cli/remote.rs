@@ -261,6 +261,18 @@ fn remote_batches_answer_as_the_local_ones_do() {
     assert_eq!(local.len(), oneshot.len(), "{local:#?}");
     assert_eq!(remote.len(), oneshot.len(), "{remote:#?}");
     for (i, (l, r)) in local.iter().zip(&remote).enumerate() {
+        if i == 6 {
+            // job_kill answers once the kill was delivered, with the job's state then: still
+            // running, or already settled (killed). Which one depends on timing on either
+            // side (remote delivery is a round trip); the settled state is call 7's.
+            for answer in [l, r] {
+                let s = &answer["structured"];
+                let valid = (s["result"] == "cancellation requested" && s["status"] == "running")
+                    || (s["result"] == "job has settled" && s["status"] == "killed");
+                assert!(valid, "call 6: {answer:#?}");
+            }
+            continue;
+        }
         assert_eq!(meaning(r), meaning(l), "call {i}: remote {r:#?}\nlocal {l:#?}");
     }
     // The one-shot texts are the command's output, byte for byte.
