@@ -301,14 +301,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `conch mcp`: one MCP session over stdio; the session's owner is disposed (every job and
-/// terminal stopped and awaited) before the providers shut down.
-/// Resolves on SIGTERM or SIGINT (only SIGINT where SIGTERM cannot be watched): the
-/// long-running commands' shutdown request.
-async fn term_or_int() {
-    interrupt().await;
-}
-
 /// Resolves on SIGTERM or SIGINT with the signal's number. Both handlers are installed when
 /// this is called, not when the future is first polled: a caller that starts work in the
 /// same `select!` must not leave a window in which the default action (death, with the
@@ -406,6 +398,8 @@ fn print_text(text: &str) {
     }
 }
 
+/// `conch mcp`: one MCP session over stdio; the session's owner is disposed (every job and
+/// terminal stopped and awaited) before the providers shut down.
 async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
     let runtime = match crate::build_runtime(composition) {
         Ok(r) => Arc::new(r),
@@ -419,8 +413,12 @@ async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
         version: env!("CARGO_PKG_VERSION").into(),
         composition: runtime.source_name().into(),
     };
-    let served =
-        conch_frontend_mcp::serve_stdio(Arc::clone(&runtime), identity, term_or_int()).await;
+    // Installed before the session serves anything (see `interrupt`).
+    let stop = interrupt();
+    let served = conch_frontend_mcp::serve_stdio(Arc::clone(&runtime), identity, async move {
+        stop.await;
+    })
+    .await;
     runtime.shutdown().await;
     match served {
         Ok(_) => Ok(ExitCode::SUCCESS),

@@ -92,6 +92,9 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
+    // Installed before the line below, so a SIGTERM sent once it is seen is never met by
+    // the default action (see `interrupt`).
+    let signal = super::interrupt();
     // The first stderr line, which scripts and tests wait for.
     eprintln!("listening on {bound}");
     let state = server::State::new(Arc::clone(&sub), cfg);
@@ -101,7 +104,7 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
         "conch sandboxd serving RXP/1"
     );
     let stop = async {
-        super::term_or_int().await;
+        signal.await;
         tracing::info!("shutting down: stopping every process");
     };
     server::serve(listener, state, stop).await?;

@@ -225,15 +225,11 @@ impl LocalSubprocess {
                 tick.tick().await;
                 let Some(registry) = registry.upgrade() else { return };
                 registry.sweep();
-                if let Some(home) = home.clone() {
-                    let limits = registry.limits();
-                    let own = registry.total_bytes();
-                    let id = id.clone();
+                if let Some(home) = &home {
+                    let bound = bound_ended_runs(home, &id, &registry);
+                    // Not kept across the await: a dropped provider's registry goes.
                     drop(registry);
-                    let _ = tokio::task::spawn_blocking(move || {
-                        home.evict_dead(&id, limits.max_total_bytes, limits.max_age, own)
-                    })
-                    .await;
+                    bound.await;
                 }
             }
         }));
@@ -301,6 +297,24 @@ impl LocalSubprocess {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.retain(|w| w.strong_count() > 0);
         live.push(Arc::downgrade(inner));
+    }
+}
+
+/// Bounds what ended runs left in `home` by `registry`'s limits, counting the provider
+/// `id`'s own total (read now), on a blocking thread: it lists and deletes files.
+fn bound_ended_runs(
+    home: &home::Home,
+    id: &str,
+    registry: &SpillRegistry,
+) -> impl std::future::Future<Output = ()> + use<> {
+    let limits = registry.limits();
+    let own = registry.total_bytes();
+    let (home, id) = (home.clone(), id.to_owned());
+    async move {
+        let _ = tokio::task::spawn_blocking(move || {
+            home.evict_dead(&id, limits.max_total_bytes, limits.max_age, own)
+        })
+        .await;
     }
 }
 
@@ -440,13 +454,7 @@ impl LocalSubprocess {
         // A run that spilled bounds the home before it goes, so what it leaves is within the
         // limits however soon the next run comes (its own spills count, and stay).
         if let (Some(home), Some(_)) = (&self.home, self.spill_root.made()) {
-            let limits = self.spills.limits();
-            let own = self.spills.total_bytes();
-            let (home, id) = (home.clone(), self.id.clone());
-            let _ = tokio::task::spawn_blocking(move || {
-                home.evict_dead(&id, limits.max_total_bytes, limits.max_age, own)
-            })
-            .await;
+            bound_ended_runs(home, &self.id, &self.spills).await;
         }
         self.remove_spills();
         self.retire();
