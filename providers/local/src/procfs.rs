@@ -340,6 +340,27 @@ pub(crate) fn pipe_inode(fd: impl AsFd) -> Option<u64> {
     nix::sys::stat::fstat(fd).ok().map(|s| s.st_ino)
 }
 
+/// True when `s` holds one of the pipes `inodes` as a process of its own: a spawn of this
+/// process that has not exec'd yet never does (see [`unexeced_spawn`]).
+fn holds_pipe_itself(s: &Stat, me: i32, inodes: &[u64]) -> bool {
+    !inodes.is_empty() && holds_pipe(s.pid, inodes) && !unexeced_spawn(s, me)
+}
+
+/// True when `s` is a fork of this process that has not exec'd yet: a spawn in flight, for
+/// this call or any other. Until its exec closes the CLOEXEC descriptors it holds a copy of
+/// every descriptor of this process, every call's output pipes among them, so it would pass
+/// for a holder of each (and be stopped at birth by any call stopping its holders). It is
+/// still matched by what it really is (a call's group, session or tag).
+fn unexeced_spawn(s: &Stat, me: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    static OWN_EXE: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    let exe = |path: &str| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    s.ppid == me
+        && OWN_EXE
+            .get_or_init(|| exe("/proc/self/exe"))
+            .is_some_and(|own| exe(&format!("/proc/{}/exe", s.pid)) == Some(own))
+}
+
 /// True when `pid` has an open fd on one of the pipes `inodes`.
 fn holds_pipe(pid: i32, inodes: &[u64]) -> bool {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
@@ -425,7 +446,7 @@ impl Targets<'_> {
             if self.spare == Some(id) {
                 continue;
             }
-            let held = !self.pipe_inodes.is_empty() && holds_pipe(s.pid, self.pipe_inodes);
+            let held = holds_pipe_itself(s, me, self.pipe_inodes);
             let matched = group == Some(s.pgrp)
                 || session == Some(s.session)
                 || desc.contains(&id)
@@ -524,6 +545,7 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         && targets.tagged.is_none();
     let mut tags = TagCache::default();
     let mut survivors = Vec::new();
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
     // A plain group kill reports nothing, so it need not look before it signals: the group
     // signal goes out at once (after a cheap identity check), and the common case, a group
     // that is gone a moment later, never costs a scan of every process.
@@ -585,8 +607,7 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
                 Stopped {
                     id: *id,
                     name: s.comm.clone(),
-                    held_output: !targets.report_pipes.is_empty()
-                        && holds_pipe(s.pid, targets.report_pipes),
+                    held_output: holds_pipe_itself(s, me, targets.report_pipes),
                     grouped: group == Some(s.pgrp),
                 }
             });
@@ -681,6 +702,50 @@ mod tests {
             .output()
             .expect("the exit status was not stolen");
         assert_eq!(out.status.code(), Some(3));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(unsafe_code)] // a pre_exec hook holds the spawn before its exec
+    async fn a_spawn_of_this_process_before_its_exec_does_not_hold_a_calls_pipe() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        // Until its exec closes the CLOEXEC descriptors, every fork of this process holds a
+        // copy of each of them, so a spawn for one call sits for an instant on every other
+        // call's output pipe. Held at that instant here (its pre_exec blocks on a gate),
+        // it must not be taken for a process holding the pipe, and stopped.
+        let (out, _out_w) = std::io::pipe().expect("a call's output pipe");
+        let inode = pipe_inode(&out).expect("its inode");
+        let (gate_r, mut gate_w) = std::io::pipe().expect("a gate");
+        let gate = gate_r.as_raw_fd();
+        let me = i32::try_from(std::process::id()).unwrap();
+        let spawner = std::thread::spawn(move || {
+            let mut cmd = std::process::Command::new("true");
+            // SAFETY: read(2) on an inherited descriptor is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut b = [0u8; 1];
+                    libc::read(gate, b.as_mut_ptr().cast(), 1);
+                    Ok(())
+                });
+            }
+            cmd.spawn().and_then(|mut c| c.wait())
+        });
+        let mut fresh = None;
+        for _ in 0..3000 {
+            fresh = all().into_iter().find(|s| s.ppid == me && holds_pipe(s.pid, &[inode]));
+            if fresh.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let fresh = fresh.expect("the spawn, held before its exec, holds the pipe");
+        let targets = Targets { pipe_inodes: &[inode], ..Targets::default() };
+        let report = stop(&targets, Signal::SIGTERM, Duration::from_secs(1)).await;
+        std::io::Write::write_all(&mut gate_w, b"g").expect("open the gate");
+        let status = spawner.join().expect("spawner").expect("the spawn ran");
+        assert!(report.stopped.is_empty(), "stopped {:?} ({fresh:?})", report.stopped);
+        assert!(status.success(), "the fresh spawn was killed: {status:?}");
+        drop(gate_r);
     }
 
     #[test]
