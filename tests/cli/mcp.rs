@@ -361,6 +361,40 @@ fn mcp_lists_every_tool_with_a_schema_and_runs_bash() {
 }
 
 #[test]
+fn mcp_instructions_name_only_what_the_composition_has() {
+    let instructions = |composition: &str| {
+        let mut s = Server::spawn(composition);
+        let init = s.request("initialize", initialize_params());
+        let r = s.response(init);
+        let text =
+            r["result"]["instructions"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+        s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        assert!(s.close_and_wait().success());
+        text
+    };
+    let minimal = instructions("minimal");
+    assert_eq!(minimal, "conch serves the tools of the `embedded:minimal` composition.");
+    let standard = instructions("standard");
+    assert!(standard.contains("Background jobs report their completion"), "{standard}");
+    assert!(!standard.contains("terminal"), "{standard}");
+    let terminal = instructions("terminal");
+    assert!(terminal.contains("Background jobs"), "{terminal}");
+    assert!(!terminal.contains("`bash` tool"), "no bash tool in `terminal`: {terminal}");
+    let both = instructions(
+        "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  terminal-bash: {}\n  terminals: {}\n  \
+         tool-bash: {}\n  tool-terminal: {}\n",
+    );
+    assert!(
+        both.ends_with(
+            "Use the `bash` tool for commands that need no interaction, and terminal sessions for \
+         interactive programs."
+        ),
+        "{both}"
+    );
+    assert!(!both.contains("Background jobs"), "{both}");
+}
+
+#[test]
 fn mcp_protocol_errors_are_json_rpc_errors_and_the_session_survives_them() {
     let mut s = Server::start("standard");
     // An unknown tool is a protocol error (-32602, as the MCP spec shows it).

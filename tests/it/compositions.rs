@@ -79,6 +79,96 @@ async fn every_shipped_composition_builds() {
     assert!(seen >= 1, "found compositions in {}", dir.display());
 }
 
+/// Every tool name any tool's description or schema mentions, and whether it says
+/// `run_in_background` in its description without offering it.
+fn dangling_mentions(rt: &Runtime) -> Vec<String> {
+    const NAMES: [&str; 9] = [
+        "job_output",
+        "job_list",
+        "job_kill",
+        "terminal_open",
+        "terminal_send",
+        "terminal_read",
+        "terminal_signal",
+        "terminal_list",
+        "terminal_close",
+    ];
+    let mut bad = Vec::new();
+    for t in rt.tools() {
+        let schema = t.input_schema();
+        let text = format!("{} {}", t.description(), schema);
+        for name in NAMES {
+            if text.contains(name) && rt.tool(name).is_none() {
+                bad.push(format!("{} mentions {name}", t.name()));
+            }
+        }
+        if t.description().contains("run_in_background")
+            && schema["properties"].get("run_in_background").is_none()
+        {
+            bad.push(format!("{} describes run_in_background without offering it", t.name()));
+        }
+    }
+    bad
+}
+
+#[tokio::test]
+async fn no_tool_text_mentions_a_tool_or_argument_the_composition_lacks() {
+    let without_jobs = [
+        "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  tool-bash: {}\n",
+        "plugins:\n  subprocess-local: {}\n  terminal-bash: {}\n  terminals: {}\n  tool-terminal: {}\n",
+        "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  jobs: {}\n  tool-jobs: {}\n  \
+         tool-bash:\n    enable_run_in_background: false\n",
+    ];
+    let mut yamls: Vec<String> = without_jobs.iter().map(|s| (*s).to_string()).collect();
+    yamls.extend(
+        conch::EMBEDDED
+            .iter()
+            .filter(|(n, _)| !n.starts_with("remote-"))
+            .map(|(_, y)| (*y).to_string()),
+    );
+    for yaml in &yamls {
+        let rt = build(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+        assert_eq!(dangling_mentions(&rt), Vec::<String>::new(), "{yaml}");
+        rt.shutdown().await;
+    }
+    // Without jobs, the shell tools do not offer run_in_background at all.
+    let rt = build(without_jobs[0]).unwrap();
+    let bash = rt.tool("bash").unwrap();
+    assert!(bash.input_schema()["properties"].get("run_in_background").is_none());
+    assert!(!bash.description().contains("job"), "{}", bash.description());
+    rt.shutdown().await;
+}
+
+#[test]
+fn a_tool_pointing_to_a_tool_the_composition_lacks_is_refused_naming_the_fix() {
+    // The jobs seam without its tools: background jobs could start but never be read.
+    for (yaml, tool, plugin) in [
+        (
+            "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  jobs: {}\n  tool-bash: {}\n",
+            "bash",
+            "tool-bash",
+        ),
+        (
+            "plugins:\n  subprocess-local: {}\n  terminal-bash: {}\n  terminals: {}\n  jobs: {}\n  \
+             tool-terminal: {}\n",
+            "terminal_send",
+            "tool-terminal",
+        ),
+    ] {
+        let e = err(yaml);
+        assert_eq!(e.code(), ErrorCode::InvalidComposition, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "comp.yaml: tool `{tool}` (plugin `{plugin}`) points the model to `job_output`"
+            )),
+            "{msg}"
+        );
+        assert!(msg.contains("add `tool-jobs: {}`"), "{msg}");
+        assert!(msg.contains("enable_run_in_background: false"), "{msg}");
+    }
+}
+
 #[tokio::test]
 async fn standard_has_bash_and_job_tools_in_dependency_order() {
     let rt = crate::standard();

@@ -318,6 +318,21 @@ impl BuildContext<'_> {
     }
 }
 
+/// A tool that points the model to a tool the composition lacks ([`RegistryError::MissingTool`]).
+#[derive(Debug)]
+pub struct MissingTool {
+    /// Composition source.
+    pub source_name: String,
+    /// The referring tool.
+    pub tool: String,
+    /// Its plugin.
+    pub plugin: String,
+    /// The tool it points to.
+    pub missing: String,
+    /// Why it points there, and how to do without it.
+    pub because: String,
+}
+
 /// Registry resolution errors.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -370,6 +385,12 @@ pub enum RegistryError {
     /// A plugin's config was rejected (the message names file, plugin and key).
     #[error("{0}")]
     Config(Box<Error>),
+    /// A tool points the model to a tool the composition does not offer.
+    #[error(
+        "{}: tool `{}` (plugin `{}`) points the model to `{}`, which no plugin in the composition offers: {}",
+        .0.source_name, .0.tool, .0.plugin, .0.missing, .0.because
+    )]
+    MissingTool(Box<MissingTool>),
     /// A plugin factory failed.
     #[error("{source_name}: plugin `{plugin}` failed to build: {error}")]
     Build {
@@ -394,6 +415,7 @@ impl RegistryError {
                 ErrorCode::DuplicateProvider
             }
             RegistryError::MissingSeam { .. } => ErrorCode::SeamUnbound,
+            RegistryError::MissingTool(_) => ErrorCode::InvalidComposition,
             RegistryError::Build { error, .. } => error.code(),
         }
     }
@@ -550,7 +572,7 @@ impl Runtime {
         let plan = plan(composition)?;
         let shell_env = Arc::new(shell_env);
         let mut seams = Seams::default();
-        let mut tools: Vec<(usize, Arc<dyn Tool>)> = Vec::new();
+        let mut tools: Vec<(usize, &'static str, Arc<dyn Tool>)> = Vec::new();
         let mut teardowns = Vec::new();
         for entry in plan.order {
             let rank =
@@ -584,7 +606,7 @@ impl Runtime {
                 seams.insert(seam);
             }
             for t in out.tools {
-                if let Some((_, dup)) = tools.iter().find(|(_, x)| x.name() == t.name()) {
+                if let Some((_, _, dup)) = tools.iter().find(|(_, _, x)| x.name() == t.name()) {
                     return Err(RegistryError::Build {
                         source_name: composition.source_name().into(),
                         plugin: entry.name.into(),
@@ -594,7 +616,7 @@ impl Runtime {
                         )),
                     });
                 }
-                tools.push((rank, t));
+                tools.push((rank, entry.name, t));
             }
             if let Some(t) = out.teardown {
                 teardowns.push((entry.name, t));
@@ -602,8 +624,22 @@ impl Runtime {
         }
         // Present tools in the composition's (sorted) plugin order, not dependency order, so
         // the listing is stable and `tool-bash` comes before `tool-jobs`.
-        tools.sort_by_key(|(rank, _)| *rank);
-        let tools = tools.into_iter().map(|(_, t)| t).collect();
+        tools.sort_by_key(|(rank, _, _)| *rank);
+        // Only now is every tool known: a model must never be pointed to one it lacks.
+        for (_, plugin, t) in &tools {
+            for r in t.refers_to() {
+                if !tools.iter().any(|(_, _, x)| x.name() == r.tool) {
+                    return Err(RegistryError::MissingTool(Box::new(MissingTool {
+                        source_name: composition.source_name().into(),
+                        tool: t.name().into(),
+                        plugin: (*plugin).into(),
+                        missing: r.tool,
+                        because: r.because,
+                    })));
+                }
+            }
+        }
+        let tools = tools.into_iter().map(|(_, _, t)| t).collect();
         Ok(Self {
             source_name: composition.source_name().into(),
             seams,

@@ -45,4 +45,4 @@ pub use terminal::{
     SendSettle, SendSlot, SessionStatus, TerminalBackend, TerminalInfo, TerminalOpenSpec,
     TerminalSession, Terminals, WaitReason,
 };
-pub use tools::{Progress, ProgressSink, Tool, ToolContext, ToolOutput};
+pub use tools::{Progress, ProgressSink, Tool, ToolContext, ToolOutput, ToolRef};

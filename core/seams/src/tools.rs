@@ -82,6 +82,17 @@ impl ToolOutput {
     }
 }
 
+/// Another tool that a tool's description, schema, results or errors point the model to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolRef {
+    /// The tool pointed to.
+    pub tool: String,
+    /// Why, and how to do without it (shown when the composition lacks the tool), e.g.
+    /// "run_in_background is offered; add `tool-jobs`, or set `enable_run_in_background:
+    /// false`".
+    pub because: String,
+}
+
 /// One model-facing tool.
 ///
 /// # Contract
@@ -95,6 +106,11 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
     fn description(&self) -> &str;
     /// JSON schema of the arguments.
     fn input_schema(&self) -> serde_json::Value;
+    /// Other tools this tool points the model to. The registry refuses a composition that
+    /// lacks one, so a model is never sent to a tool it does not have.
+    fn refers_to(&self) -> Vec<ToolRef> {
+        Vec::new()
+    }
     /// Runs the tool.
     ///
     /// # Errors

@@ -17,7 +17,7 @@ use conch_seams::{
     Approval, ApprovalDecision, Denial, Error, ErrorCode, EscalationRequest, JobHooks, JobOutput,
     JobRead, JobSettlement, JobStart, JobStatus, Jobs, Leftover, Result, SandboxInfo, SandboxMode,
     ShellDialect, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
-    ShellRunResult, Tool, ToolContext, ToolOutput,
+    ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -129,8 +129,7 @@ impl BashTool {
              directory, variables, functions) persists between calls: pass workdir instead of {cd}. A \
              non-zero exit is shown as [exit code: N].{exit} Long output keeps its tail and \
              names the file holding the full output. The call ends with its shell: processes \
-             it left running ({background}) are stopped and listed. run_in_background: true \
-             returns a job id at once; read it with job_output and stop it with job_kill.",
+             it left running ({background}) are stopped and listed.",
             one_shot = dialect.one_shot,
             display = dialect.display,
             cd = dialect.change_directory,
@@ -141,6 +140,13 @@ impl BashTool {
             },
             background = dialect.background,
         );
+        let background_offered = config.enable_run_in_background && jobs.is_some();
+        if background_offered {
+            description.push_str(
+                " run_in_background: true returns a job id at once; read it with job_output and \
+                 stop it with job_kill.",
+            );
+        }
         if let Some(mode) = confining {
             description.push_str(&format!(
                 " Commands run in a sandbox ({mode} mode); a denied access is shown as \
@@ -162,7 +168,7 @@ impl BashTool {
                     format!("The command line to run with {}.", dialect.one_shot).into(),
                 );
             }
-            if !config.enable_run_in_background || jobs.is_none() {
+            if !background_offered {
                 props.remove("run_in_background");
             }
             if confining.is_none() {
@@ -278,8 +284,9 @@ fn sandbox_json(info: &SandboxInfo) -> serde_json::Value {
     })
 }
 
-/// Renders a foreground result the way the model sees it.
-pub fn render_run(r: &ShellRunResult) -> String {
+/// Renders a foreground result the way the model sees it; `background_offered` says whether
+/// the leftovers marker may point to `run_in_background`.
+pub fn render_run(r: &ShellRunResult, background_offered: bool) -> String {
     let mut out = String::new();
     if r.output.omitted_bytes > 0 {
         match &r.output.spill {
@@ -310,9 +317,13 @@ pub fn render_run(r: &ShellRunResult) -> String {
     }
     if !r.leftovers.is_empty() {
         let n = r.leftovers.len();
+        let hint = if background_offered {
+            "; use run_in_background for processes that must keep running"
+        } else {
+            ""
+        };
         markers.push(format!(
-            "[stopped {n} background process{} that outlived the command's shell: {}; use \
-             run_in_background for processes that must keep running]",
+            "[stopped {n} background process{} that outlived the command's shell: {}{hint}]",
             plural(n),
             leftover_list(&r.leftovers)
         ));
@@ -434,6 +445,18 @@ impl Tool for BashTool {
         self.schema.clone()
     }
 
+    fn refers_to(&self) -> Vec<ToolRef> {
+        if self.background_offered().is_err() {
+            return Vec::new();
+        }
+        let because = "run_in_background is offered; add `tool-jobs: {}` to the composition, or \
+                       set `enable_run_in_background: false` on this tool's plugin";
+        ["job_output", "job_kill"]
+            .into_iter()
+            .map(|tool| ToolRef { tool: tool.into(), because: because.into() })
+            .collect()
+    }
+
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
         // Fields the type knows but this composition withholds get their own reason
         // rather than parse_args' "unknown field".
@@ -483,7 +506,7 @@ impl Tool for BashTool {
                     format!("the {} tool call was aborted", self.dialect.name),
                 ));
             }
-            let mut text = render_run(&result);
+            let mut text = render_run(&result, self.background_offered().is_ok());
             if let Some(note) = clamped {
                 text = if text.is_empty() { note } else { format!("{note}\n{text}") };
             }
@@ -652,15 +675,15 @@ mod tests {
             spill_evicted,
             starts_mid_line: false,
         };
-        let named = render_run(&result(out(Some(SpillRef::local("/tmp/s/stream-1")), false)));
+        let named = render_run(&result(out(Some(SpillRef::local("/tmp/s/stream-1")), false)), true);
         assert_eq!(named, "[output truncated; full output: /tmp/s/stream-1]\ntail\n");
-        let evicted = render_run(&result(out(None, true)));
+        let evicted = render_run(&result(out(None, true)), true);
         assert_eq!(
             evicted,
             "[output truncated; 100 earlier bytes omitted; the full output was evicted from the \
              spill directory (spill limits)]\ntail\n"
         );
-        let capped = render_run(&result(out(None, false)));
+        let capped = render_run(&result(out(None, false)), true);
         assert!(capped.contains("exceeded the spill cap"), "{capped}");
     }
 
@@ -691,9 +714,21 @@ mod tests {
             (with("[exit code: 5]\n", ExitStatus::code(0), false), RenderedExit::Code(0)),
         ];
         for (r, want) in cases {
-            let text = render_run(&r);
+            let text = render_run(&r, true);
             assert_eq!(parse_exit_status(&text), Some(want), "{text:?}");
         }
+    }
+
+    #[test]
+    fn the_leftovers_marker_points_to_run_in_background_only_where_it_is_offered() {
+        let mut r =
+            result(CollectedOutput { text: "started\n".into(), ..CollectedOutput::default() });
+        r.leftovers = vec![Leftover { pid: 42, name: "sleep".into(), held_output: false }];
+        let offered = render_run(&r, true);
+        assert!(offered.contains("use run_in_background"), "{offered}");
+        let not_offered = render_run(&r, false);
+        assert!(not_offered.contains("[stopped 1 background process"), "{not_offered}");
+        assert!(!not_offered.contains("run_in_background"), "{not_offered}");
     }
 
     #[test]
@@ -705,11 +740,11 @@ mod tests {
         r.status = ExitStatus::code(1);
         let mut info = SandboxInfo::new(SandboxMode::WorkspaceWrite);
         r.sandbox = Some(info.clone());
-        assert!(!render_run(&r).contains("[sandbox:"), "no denial, no marker");
+        assert!(!render_run(&r, true).contains("[sandbox:"), "no denial, no marker");
         info.denied = true;
         r.sandbox = Some(info.clone());
         assert_eq!(
-            render_run(&r),
+            render_run(&r, true),
             "touch: cannot touch '/etc/x': Permission denied\n\
              [sandbox: file access denied under workspace-write mode]\n[exit code: 1]"
         );
@@ -717,9 +752,9 @@ mod tests {
         info.mode = SandboxMode::ReadOnly;
         r.sandbox = Some(info);
         assert!(
-            render_run(&r).contains("[sandbox: network access denied under read-only mode]"),
+            render_run(&r, true).contains("[sandbox: network access denied under read-only mode]"),
             "{}",
-            render_run(&r)
+            render_run(&r, true)
         );
     }
 }

@@ -8,7 +8,7 @@ use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_p
 use conch_seams::{
     ConfigIssue, Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement,
     JobStart, JobStatus, Jobs, OpenRequest, PluginConfig, Result, SendOutcome, SendSettle,
-    SessionStatus, Signal, TerminalInfo, Terminals, Tool, ToolContext, ToolOutput,
+    SessionStatus, Signal, TerminalInfo, Terminals, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -167,6 +167,20 @@ fn offered_schema(mut schema: serde_json::Value, ctx: &Ctx) -> serde_json::Value
     schema
 }
 
+/// The tools outside this plugin that tool `name` points the model to: `terminal_send`'s
+/// background jobs are read with `job_output`.
+fn refers_to(name: &str, ctx: &Ctx) -> Vec<ToolRef> {
+    if name != "terminal_send" || ctx.background().is_err() {
+        return Vec::new();
+    }
+    vec![ToolRef {
+        tool: "job_output".into(),
+        because: "terminal_send offers run_in_background; add `tool-jobs: {}` to the \
+                  composition, or set `enable_run_in_background: false` on `tool-terminal`"
+            .into(),
+    }]
+}
+
 /// Defines one terminal tool. `{shell}` in the description becomes the backend dialect's
 /// name, so the words match the shell the sessions really run.
 macro_rules! tool {
@@ -195,6 +209,10 @@ macro_rules! tool {
 
             fn input_schema(&self) -> serde_json::Value {
                 self.2.clone()
+            }
+
+            fn refers_to(&self) -> Vec<ToolRef> {
+                refers_to($name, &self.0)
             }
 
             async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
@@ -229,8 +247,8 @@ tool!(
     "terminal_open",
     OpenArgs,
     "Open a persistent terminal session ({shell} on a PTY). State (cwd, variables, running \
-     programs) persists across terminal_send calls. Prefer the one-shot {shell} tool when no \
-     interaction is needed. Close the session with terminal_close when done."
+     programs) persists across terminal_send calls. Close the session with terminal_close when \
+     done."
 );
 
 impl OpenTool {

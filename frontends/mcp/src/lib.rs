@@ -490,6 +490,28 @@ fn to_result(r: Result<ToolOutput, ToolError>, notices: Vec<Notice>) -> CallTool
     result
 }
 
+/// The server's instructions: only what this composition's tools make true, so a model is
+/// never told of jobs or tools it does not have.
+fn instructions(composition: &str, runtime: &Runtime) -> String {
+    let has = |name: &str| runtime.tool(name).is_some();
+    let mut text = format!("conch serves the tools of the `{composition}` composition.");
+    if has("job_output") {
+        text.push_str(&format!(
+            " Background jobs report their completion as a log message (logger \
+             `{NOTICE_LOGGER}`) and as a `[notice]` line on the next tool result."
+        ));
+    }
+    if has("terminal_open") {
+        for shell in ["bash", "pwsh"].into_iter().filter(|s| has(s)) {
+            text.push_str(&format!(
+                " Use the `{shell}` tool for commands that need no interaction, and terminal \
+                 sessions for interactive programs."
+            ));
+        }
+    }
+    text
+}
+
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
         #[allow(deprecated)]
@@ -500,12 +522,7 @@ impl ServerHandler for Handler {
                 Implementation::new(id.name.clone(), id.version.clone())
                     .with_title("conch: execution tools for agents"),
             )
-            .with_instructions(format!(
-                "conch serves the tools of the `{}` composition. Background jobs report their \
-                 completion as a log message (logger `{NOTICE_LOGGER}`) and as a `[notice]` line \
-                 on the next tool result.",
-                id.composition
-            ))
+            .with_instructions(instructions(&id.composition, &self.inner.runtime))
     }
 
     // The features used here (logging, `notifications/cancelled` for requests, the
