@@ -13,6 +13,10 @@
 //! - [`stop`] never trusts one snapshot: every round rescans, so processes forked while the
 //!   set is being stopped are found, and a process once targeted stays targeted even after
 //!   it leaves the group or is reparented away.
+//! - A spawn of this process that has not exec'd yet (a direct child running this
+//!   executable) is never taken for a pipe holder: until its exec it holds a copy of every
+//!   descriptor of this process, so it would pass for a holder of every call's output and be
+//!   stopped at birth by any concurrent kill.
 //! - A [`Tag`] is read from `/proc/<pid>/environ`, which holds the environment the process
 //!   was exec'd with: it survives setsid and double forks, but not a process that execs with
 //!   a cleared or rewritten environment, one that overwrites its environment block in place,
