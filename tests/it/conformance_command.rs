@@ -26,7 +26,8 @@ fn stdout(o: &Output) -> String {
 /// exits 1 naming it; every other case of the suite still runs and passes.
 #[test]
 fn a_provider_that_leaks_an_env_name_fails_the_run_naming_the_case() {
-    let yaml = "plugins:\n  subprocess-broken: {}\n  bash-local: {}\n  jobs: {}\n  tool-bash: {}\n";
+    let yaml = "plugins:\n  subprocess-broken: {}\n  bash-local: {}\n  jobs: {}\n  tool-bash: {}\n  \
+                tool-jobs: {}\n";
     let (out, _dir) = conch_broken(yaml, &["--suite", "subprocess"]);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}\n{}", String::from_utf8_lossy(&out.stderr));

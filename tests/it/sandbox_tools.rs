@@ -103,6 +103,7 @@ const SANDBOX_NONE: &str = "plugins:
   bash-sandbox: {}
   jobs: {}
   tool-bash: {}
+  tool-jobs: {}
 ";
 
 fn props(rt: &conch_registry::Runtime) -> Vec<String> {
@@ -242,7 +243,7 @@ async fn bash_sandbox_needs_a_sandbox_and_a_policy() {
 
 #[tokio::test]
 async fn a_background_job_whose_runner_failed_settles_killed_and_says_why() {
-    let rt = runtime(&format!("{SANDBOX_NONE}  tool-jobs: {{}}\n"));
+    let rt = runtime(SANDBOX_NONE);
     let (o, _) = owner("s");
     let out = crate::tools::call(
         &rt,
