@@ -10,6 +10,7 @@ pub mod logging;
 mod remote_bench;
 mod sandbox_bench;
 mod sandboxd;
+mod strict_json;
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -347,10 +348,13 @@ async fn call(
     args: &str,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let r = match serde_json::from_str::<serde_json::Value>(args) {
+    let r = match strict_json::parse(args) {
         Ok(args) => {
             let _turn = owner.begin_turn();
             runtime.call(owner, tool, args).await
+        }
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            Err(Error::new(ErrorCode::InvalidArgument, format!("invalid arguments: {e}")))
         }
         Err(e) => Err(Error::new(
             ErrorCode::InvalidArgument,
@@ -561,8 +565,11 @@ async fn batch_call(
             )),
         );
     }
-    let v = match serde_json::from_str::<serde_json::Value>(line) {
+    let v = match strict_json::parse(line) {
         Ok(v) => v,
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            return (None, invalid(format!("line {number}: {e}")));
+        }
         Err(e) => return (None, invalid(format!("line {number} is not JSON: {e}"))),
     };
     let Some(obj) = v.as_object() else {

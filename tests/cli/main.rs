@@ -832,6 +832,40 @@ fn batch_answers_every_input_line_in_order_with_its_id_and_line_number() {
 }
 
 #[test]
+fn a_key_repeated_in_a_call_is_refused_by_name_and_nothing_runs() {
+    // Plain JSON parsing keeps the last of two keys: the harness would log one command and
+    // run another.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let line = format!(
+        r#"{{"tool":"bash","args":{{"command":"touch {}","command":"touch {}"}},"id":1}}"#,
+        a.display(),
+        b.display()
+    );
+    let results = run_batch(&[&line, r#"{"tool":"bash","id":1,"id":2,"args":{"command":"true"}}"#]);
+    for (i, key) in [(0, "command"), (1, "id")] {
+        assert_eq!(results[i]["error"]["code"], "invalid_argument", "{}", results[i]);
+        let message = results[i]["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("line {}: duplicate key `{key}`", i + 1)),
+            "{message}"
+        );
+    }
+    let out = conch()
+        .args([
+            "call",
+            "bash",
+            &format!(r#"{{"command":"touch {}","command":"true"}}"#, a.display()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid arguments: duplicate key `command`"), "{err}");
+    assert!(!a.exists() && !b.exists(), "nothing ran");
+}
+
+#[test]
 fn check_refuses_a_composition_without_tools_and_places_a_duplicate_key() {
     let dir = tempfile::tempdir().unwrap();
     for (name, yaml) in
