@@ -145,6 +145,51 @@ async fn terminal_argument_errors_name_the_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_signal_list_and_close_answer_in_prose_with_the_facts_structured() {
+    let rt = terminal_runtime(3000);
+    let (o, _) = owner("prose");
+    let text = |out: &ToolOutput| {
+        assert!(!out.text.trim_start().starts_with('{'), "prose, not JSON: {}", out.text);
+        out.text.clone()
+    };
+    assert_eq!(
+        text(&call(&rt, &o, "terminal_list", json!({})).await),
+        "No open terminal sessions."
+    );
+    let opened = call(&rt, &o, "terminal_open", json!({"name": "main"})).await;
+    assert_eq!(
+        text(&opened),
+        "Opened terminal session pty-1 (bash, name \"main\", unconfined); type into it with \
+         terminal_send."
+    );
+    assert_eq!(opened.structured.as_ref().unwrap()["session_id"], "pty-1");
+    let listed = call(&rt, &o, "terminal_list", json!({})).await;
+    assert_eq!(
+        text(&listed),
+        "1 open terminal session(s):\npty-1 \"main\" (bash, running, unconfined)"
+    );
+    assert_eq!(listed.structured.unwrap()["sessions"][0]["status"]["state"], "running");
+    let r = send(&rt, &o, "main", "sleep 30").await;
+    assert_eq!(r["wait_reason"], "inferred_idle", "{r}");
+    let signalled =
+        call(&rt, &o, "terminal_signal", json!({"session_id": "main", "signal": "SIGINT"})).await;
+    let pgid = signalled.structured.as_ref().unwrap()["target_pgid"].as_i64().unwrap();
+    assert_eq!(
+        text(&signalled),
+        format!("Sent SIGINT to the foreground process group {pgid} of main.")
+    );
+    let closed = call(&rt, &o, "terminal_close", json!({"session_id": "pty-1"})).await;
+    assert!(
+        text(&closed).starts_with("Closed terminal session pty-1: its shell exited")
+            && closed.text.ends_with("; every process it started is gone."),
+        "{}",
+        closed.text
+    );
+    assert_eq!(closed.structured.unwrap()["survivors"], json!([]));
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_gives_session_exit_and_sigkill_at_the_shell_is_rejected() {
     let rt = terminal_runtime(3000);
     let (o, _) = owner("s");

@@ -128,12 +128,25 @@ fn render_send(id: &str, s: &SendSettle, max: usize) -> ToolOutput {
     }
 }
 
-fn capped_json(value: serde_json::Value, max: usize) -> ToolOutput {
-    let text = value.to_string();
-    if text.len() <= max {
-        return ToolOutput { text, structured: Some(value) };
-    }
-    ToolOutput::text(cap_result(&text, "", max))
+/// A result the model reads as prose, with the same facts as structured data.
+fn prose(text: &str, value: serde_json::Value, max: usize) -> ToolOutput {
+    ToolOutput { text: cap_result(text, "", max), structured: Some(value) }
+}
+
+/// One session as a line of prose: `pty-1 "main" (bash, running, sandbox: workspace-write)`.
+fn info_text(i: &TerminalInfo) -> String {
+    let name = i.name.as_ref().map(|n| format!(" \"{n}\"")).unwrap_or_default();
+    format!(
+        "{}{name} ({}, {}, {})",
+        i.id,
+        i.type_name,
+        status_text(&i.status),
+        sandbox_text(i.sandbox)
+    )
+}
+
+fn sandbox_text(mode: Option<conch_seams::SandboxMode>) -> String {
+    mode.map_or("unconfined".into(), |m| format!("sandbox: {}", m.as_str()))
 }
 
 /// Shared state of the six tools.
@@ -263,7 +276,18 @@ impl OpenTool {
             "session_id": info.id, "name": info.name, "type": info.type_name, "motd": info.motd,
             "sandbox": sandbox_json(info.sandbox),
         });
-        Ok(capped_json(v, self.0.config.max_result_bytes))
+        let name = info.name.as_ref().map(|n| format!(", name \"{n}\"")).unwrap_or_default();
+        let mut text = format!(
+            "Opened terminal session {} ({}{name}, {}); type into it with terminal_send.",
+            info.id,
+            info.type_name,
+            sandbox_text(info.sandbox)
+        );
+        if !info.motd.trim().is_empty() {
+            text.push('\n');
+            text.push_str(info.motd.trim_end());
+        }
+        Ok(prose(&text, v, self.0.config.max_result_bytes))
     }
 }
 
@@ -550,7 +574,13 @@ impl SignalTool {
             SignalName::Hup => Signal::Hup,
         };
         let d = self.0.terminals.signal(&ctx.owner, &a.session_id, signal).await?;
-        Ok(capped_json(
+        Ok(prose(
+            &format!(
+                "Sent {} to the foreground process group {} of {}.",
+                signal.as_str(),
+                d.pgid,
+                a.session_id
+            ),
             serde_json::json!({
                 "delivered": true, "signal": signal.as_str(), "target_pgid": d.pgid,
             }),
@@ -578,7 +608,18 @@ tool!(
 impl CloseTool {
     async fn run(&self, ctx: &ToolContext, a: SessionArgs) -> Result<ToolOutput> {
         let r = self.0.terminals.close(&ctx.owner, &a.session_id).await?;
-        Ok(capped_json(
+        let gone = if r.survivors.is_empty() {
+            "every process it started is gone".to_string()
+        } else {
+            let pids: Vec<String> = r.survivors.iter().map(u32::to_string).collect();
+            format!("still alive after teardown: pid {}", pids.join(", "))
+        };
+        Ok(prose(
+            &format!(
+                "Closed terminal session {}: its shell {}; {gone}.",
+                a.session_id,
+                status_text(&r.root_exit)
+            ),
             serde_json::json!({
                 "session_id": a.session_id, "closed": true,
                 "root_exit": status_json(&r.root_exit), "survivors": r.survivors,
@@ -597,9 +638,15 @@ tool!(ListTool, "terminal_list", ListArgs, "List your open terminal sessions.");
 
 impl ListTool {
     async fn run(&self, ctx: &ToolContext, _: ListArgs) -> Result<ToolOutput> {
-        let list: Vec<serde_json::Value> =
-            self.0.terminals.list(&ctx.owner).iter().map(info_json).collect();
-        Ok(capped_json(serde_json::json!({ "sessions": list }), self.0.config.max_result_bytes))
+        let infos = self.0.terminals.list(&ctx.owner);
+        let list: Vec<serde_json::Value> = infos.iter().map(info_json).collect();
+        let text = if infos.is_empty() {
+            "No open terminal sessions.".to_string()
+        } else {
+            let lines: Vec<String> = infos.iter().map(info_text).collect();
+            format!("{} open terminal session(s):\n{}", infos.len(), lines.join("\n"))
+        };
+        Ok(prose(&text, serde_json::json!({ "sessions": list }), self.0.config.max_result_bytes))
     }
 }
 
