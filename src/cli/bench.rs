@@ -28,7 +28,11 @@ fn ms(d: Duration) -> f64 {
 ///
 /// # Errors
 /// When a measured command fails.
-pub(crate) async fn run(runtime: &Runtime, iterations: usize) -> anyhow::Result<String> {
+pub(crate) async fn run(
+    runtime: &Runtime,
+    iterations: usize,
+    json: bool,
+) -> anyhow::Result<String> {
     let mut raw = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
@@ -49,27 +53,16 @@ pub(crate) async fn run(runtime: &Runtime, iterations: usize) -> anyhow::Result<
     }
     owner.dispose().await;
     let (r, t) = (stats(raw), stats(tool));
-    let mut s = String::new();
-    writeln!(s, "iterations: {iterations}")?;
-    writeln!(s, "{:<28} {:>10} {:>10} {:>10}", "measurement", "min ms", "median ms", "p95 ms")?;
-    writeln!(
-        s,
-        "{:<28} {:>10.3} {:>10.3} {:>10.3}",
-        "raw bash -c true",
-        ms(r.min),
-        ms(r.median),
-        ms(r.p95)
+    let mut out = table(
+        "oneshot",
+        iterations,
+        &[("raw bash -c true", &r), ("bash tool (one-shot)", &t)],
+        json,
     )?;
-    writeln!(
-        s,
-        "{:<28} {:>10.3} {:>10.3} {:>10.3}",
-        "bash tool (one-shot)",
-        ms(t.min),
-        ms(t.median),
-        ms(t.p95)
-    )?;
-    writeln!(s, "overhead (median): {:.3} ms", ms(t.median) - ms(r.median))?;
-    Ok(s)
+    if !json {
+        writeln!(out, "overhead (median): {:.3} ms", ms(t.median) - ms(r.median))?;
+    }
+    Ok(out)
 }
 
 async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<Stats>
@@ -86,8 +79,41 @@ where
     Ok(stats(v))
 }
 
-fn row(s: &mut String, name: &str, st: &Stats) -> std::fmt::Result {
-    writeln!(s, "{:<34} {:>10.3} {:>10.3} {:>10.3}", name, ms(st.min), ms(st.median), ms(st.p95))
+/// The rows as a table, or as one JSON object (`{"suite", "iterations", "rows": [{"path",
+/// "min_ms", "median_ms", "p95_ms"}]}`).
+fn table(
+    suite: &str,
+    iterations: usize,
+    rows: &[(&str, &Stats)],
+    json: bool,
+) -> anyhow::Result<String> {
+    if json {
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(path, st)| {
+                serde_json::json!({
+                    "path": path, "min_ms": ms(st.min), "median_ms": ms(st.median),
+                    "p95_ms": ms(st.p95),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({ "suite": suite, "iterations": iterations, "rows": rows });
+        return Ok(format!("{v}\n"));
+    }
+    let mut s = String::new();
+    writeln!(s, "iterations: {iterations}")?;
+    writeln!(s, "{:<34} {:>10} {:>10} {:>10}", "measurement", "min ms", "median ms", "p95 ms")?;
+    for (name, st) in rows {
+        writeln!(
+            s,
+            "{:<34} {:>10.3} {:>10.3} {:>10.3}",
+            name,
+            ms(st.min),
+            ms(st.median),
+            ms(st.p95)
+        )?;
+    }
+    Ok(s)
 }
 
 /// The terminal benchmark: raw PTY roundtrip, terminal_send roundtrip, persistent bash call,
@@ -95,7 +121,7 @@ fn row(s: &mut String, name: &str, st: &Stats) -> std::fmt::Result {
 ///
 /// # Errors
 /// When a runtime cannot be built or a measured call fails.
-pub(crate) async fn run_terminal(iterations: usize) -> anyhow::Result<String> {
+pub(crate) async fn run_terminal(iterations: usize, json: bool) -> anyhow::Result<String> {
     use conch_seams::TerminalSpawnSpec;
     let terminal = crate::build_runtime("terminal").map_err(|e| anyhow::anyhow!("{e}"))?;
     let minimal = crate::build_runtime("minimal").map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -183,12 +209,15 @@ pub(crate) async fn run_terminal(iterations: usize) -> anyhow::Result<String> {
     owner.dispose().await;
     terminal.shutdown().await;
     minimal.shutdown().await;
-    let mut s = String::new();
-    writeln!(s, "iterations: {iterations}")?;
-    writeln!(s, "{:<34} {:>10} {:>10} {:>10}", "measurement", "min ms", "median ms", "p95 ms")?;
-    row(&mut s, "raw PTY echo x roundtrip (cat)", &raw)?;
-    row(&mut s, "terminal_send `echo x`", &term)?;
-    row(&mut s, "persistent bash `echo x`", &persistent)?;
-    row(&mut s, "time to stdin_read (`read -p`)", &read_p)?;
-    Ok(s)
+    table(
+        "terminal",
+        iterations,
+        &[
+            ("raw PTY echo x roundtrip (cat)", &raw),
+            ("terminal_send `echo x`", &term),
+            ("persistent bash `echo x`", &persistent),
+            ("time to stdin_read (`read -p`)", &read_p),
+        ],
+        json,
+    )
 }

@@ -36,6 +36,21 @@ struct Cli {
     command: Command,
 }
 
+/// The benchmark suites of `conch bench`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum BenchSuite {
+    /// The one-shot bash tool next to raw `bash -c true`.
+    Oneshot,
+    /// Raw PTY vs terminal_send vs persistent bash, and time to stdin_read.
+    Terminal,
+    /// Every latency/throughput goal next to its floor measured in the same run.
+    Floors,
+    /// The same calls local and through a `conch sandboxd` on loopback.
+    Remote,
+    /// bash-sandbox under each runner next to bash-local.
+    Sandbox,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Print the composition's tools (name, description, input schema) as JSON.
@@ -90,12 +105,12 @@ enum Command {
     /// `sandbox` (bash-sandbox under each runner next to bash-local).
     Bench {
         /// Which benchmark.
-        #[arg(long, default_value = "oneshot", value_parser = ["oneshot", "terminal", "floors", "remote", "sandbox"])]
-        suite: String,
+        #[arg(long, value_enum, default_value_t = BenchSuite::Oneshot)]
+        suite: BenchSuite,
         /// Iterations per measurement.
         #[arg(long, default_value_t = 50)]
         iterations: usize,
-        /// Print the rows as JSON (`floors` unless `--suite remote` or `sandbox`).
+        /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -229,20 +244,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mcp => mcp(&cli.composition).await,
         Command::Conformance(args) => conformance::run(args, &cli.composition).await,
         Command::Bench { suite, iterations, json } => {
-            let report = if suite == "remote" {
-                remote_bench::run(iterations, json).await
-            } else if suite == "sandbox" {
-                sandbox_bench::run(iterations, json).await
-            } else if json || suite == "floors" {
-                floors::run(iterations, json).await
-            } else if suite == "terminal" {
-                bench::run_terminal(iterations.max(1)).await
-            } else {
-                let runtime =
-                    crate::build_runtime(&cli.composition).map_err(|e| anyhow::anyhow!("{e}"))?;
-                let report = bench::run(&runtime, iterations.max(1)).await;
-                runtime.shutdown().await;
-                report
+            let report = match suite {
+                BenchSuite::Remote => remote_bench::run(iterations, json).await,
+                BenchSuite::Sandbox => sandbox_bench::run(iterations, json).await,
+                BenchSuite::Floors => floors::run(iterations, json).await,
+                BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
+                BenchSuite::Oneshot => {
+                    let runtime = crate::build_runtime(&cli.composition)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let report = bench::run(&runtime, iterations.max(1), json).await;
+                    runtime.shutdown().await;
+                    report
+                }
             };
             print!("{}", report?);
             Ok(ExitCode::SUCCESS)

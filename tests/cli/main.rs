@@ -923,3 +923,23 @@ fn nix_uid() -> u32 {
     let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
+
+#[test]
+fn bench_json_is_the_chosen_suite_and_an_unknown_suite_is_refused() {
+    for (suite, rows) in [("oneshot", 2), ("terminal", 4)] {
+        let out = conch()
+            .args(["bench", "--suite", suite, "--iterations", "2", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["suite"], suite, "{v}");
+        let got = v["rows"].as_array().unwrap();
+        assert_eq!(got.len(), rows, "{v}");
+        assert!(got.iter().all(|r| r["median_ms"].as_f64().is_some_and(|m| m > 0.0)), "{v}");
+    }
+    let out = conch().args(["bench", "--suite", "termnal"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("possible values: oneshot, terminal, floors, remote, sandbox"), "{err}");
+}
