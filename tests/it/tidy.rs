@@ -223,3 +223,58 @@ fn every_source_file_says_what_it_is_and_no_test_is_ignored() {
     }
     assert!(offences.is_empty(), "{}", offences.join("\n"));
 }
+
+/// The dependency lines of a manifest's dependency tables (`[dependencies]`,
+/// `[dev-dependencies]`, `[build-dependencies]`, `[target.….dependencies]`): (name, line).
+fn dependency_lines(manifest: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line.trim_end_matches(']').ends_with("dependencies")
+                && !line.starts_with("[workspace.");
+            continue;
+        }
+        if !in_deps || line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name = line.split(['=', '.']).next().unwrap_or_default().trim().to_string();
+        out.push((name, line.to_string()));
+    }
+    out
+}
+
+#[test]
+fn every_dependency_comes_from_the_workspace_table() {
+    // One place pins each version, so two crates can never build two versions of one
+    // dependency by accident.
+    let mut bad = Vec::new();
+    for dir in members() {
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        for (name, line) in dependency_lines(&manifest) {
+            let inherited = line.starts_with(&format!("{name}.workspace = true"))
+                || line.contains("workspace = true");
+            if !inherited {
+                bad.push(format!("{}: {line}", rel(&dir.join("Cargo.toml"))));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "declare these in [workspace.dependencies]:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn core_crates_depend_on_no_provider_or_front_end() {
+    let mut bad = Vec::new();
+    for dir in members().into_iter().filter(|d| d.starts_with(root().join("core"))) {
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        for (name, _) in dependency_lines(&manifest) {
+            if name.starts_with("conch-provider-")
+                || name.starts_with("conch-frontend-")
+                || name == "conch"
+            {
+                bad.push(format!("{} depends on {name}", rel(&dir)));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "core/ holds contracts and services only:\n{}", bad.join("\n"));
+}
