@@ -133,10 +133,10 @@ fn send_suffix(s: &SendSettle) -> String {
     )
 }
 
-/// Renders a settled send.
-fn render_send(id: &str, s: &SendSettle, max: usize) -> ToolOutput {
+/// Renders a settled send: its output within `output_max` bytes, the whole within `max`.
+fn render_send(id: &str, s: &SendSettle, output_max: usize, max: usize) -> ToolOutput {
     let suffix = send_suffix(s);
-    let text = cap_result(&s.delta, &suffix, max);
+    let text = cap_result(&cap_result(&s.delta, "", output_max), &suffix, max);
     let output_len = text.len() - suffix.len();
     ToolOutput {
         structured: Some(serde_json::json!({
@@ -431,7 +431,7 @@ impl SendTool {
         if !background {
             let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
             return match slot.send(req, ctx.cancel.clone()).await? {
-                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, max)),
+                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, output, max)),
                 SendOutcome::Interrupted(i) => Err(interrupted_error(&i)),
             };
         }
@@ -441,6 +441,7 @@ impl SendTool {
         let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
         let mut start = JobStart::new("pty-send", format!("{}: {}", a.session_id, a.text));
         start.output_cap = max;
+        let output_cap = output;
         if req.timeout.is_none() {
             // Until readiness, however long it takes (job_kill stops it).
             req.timeout = Some(BACKGROUND_SEND_LIMIT);
@@ -452,7 +453,7 @@ impl SendTool {
                 Box::new(move || {
                     Box::pin(async move {
                         let cancel = CancellationToken::new();
-                        let output = Arc::new(SendOutput::new(max));
+                        let output = Arc::new(SendOutput::new(output_cap));
                         let out2 = Arc::clone(&output);
                         let sink = Arc::clone(&output);
                         req.progress = Some(Arc::new(move |piece: &str| sink.push(piece)));

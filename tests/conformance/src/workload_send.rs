@@ -218,7 +218,11 @@ pub async fn wait_for_returns_when_the_pattern_appears(p: &dyn TerminalBackend) 
     bad.wait_for = Some("(".into());
     let e = within("bad pattern", s.send(bad, CancellationToken::new())).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
-    let mut q = SendRequest::line("echo starting; sleep 1.5; echo ready-now; sleep 60");
+    // The line comes from the program that keeps running, so the C-c below reaches it
+    // (a Ctrl-C pressed while bash forks the next command meets bash's handler and is lost,
+    // as it is for a user).
+    let mut q =
+        SendRequest::line("echo starting; sleep 1.5; sh -c 'echo ready-now; exec sleep 60'");
     q.wait_for = Some("^ready-now$".into());
     let r = request(s.as_ref(), q).await;
     assert_eq!(r.wait_reason, WaitReason::Matched, "{r:?}");
