@@ -92,8 +92,8 @@ pub enum Key {
     PageUp,
     /// Page down.
     PageDown,
-    /// Control plus a letter (`C-a` .. `C-z`), or `C-\\`, `C-]`, `C-@` (a lowercase ASCII
-    /// byte: the letter, `\\`, `]` or `@`).
+    /// Control plus a letter (`C-a` .. `C-z`), or `C-\`, `C-]`, `C-@` (a lowercase ASCII
+    /// byte: the letter, `\`, `]` or `@`).
     Ctrl(u8),
 }
 

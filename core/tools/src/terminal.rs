@@ -283,7 +283,7 @@ struct SendArgs {
     text: String,
     /// Keys pressed after the text, in order: Enter, Tab, BTab, Esc, Backspace, Delete, Up,
     /// Down, Left, Right, Home, End, PageUp, PageDown, or Control plus a key as C-a .. C-z,
-    /// C-\\, C-], C-@ (C-c interrupts, C-d ends input).
+    /// C-\, C-], C-@ (C-c interrupts, C-d ends input).
     #[serde(default)]
     keys: Option<Vec<String>>,
     /// Press Enter after the text and keys (default true, false when keys are given).

@@ -6,12 +6,17 @@
 //! behind). So:
 //! - Line ends are normalized: `\r\n`, `\r` and `\n` each become one `\r`, the byte Enter
 //!   sends, which a cooked terminal turns into a newline and readline accepts.
+//!   When Enter is pressed after the text with no keys between, a trailing line end of the
+//!   text is that Enter, not a second one (which would bring a prompt no command owns).
 //! - Text goes inside a bracketed paste (`ESC [200~ … ESC [201~`) when its reader handles
 //!   one: readline at bash's prompt (bash binds the paste keys even under `TERM=dumb`, where
 //!   it never announces the mode), or any program that switched the mode on (`ESC [?2004h`,
 //!   tracked by [`Modes`]). Readline then inserts tabs, quotes and line breaks as text and
 //!   runs all the pasted lines as one input: one prompt comes back after the last line,
 //!   which is what makes a multi-line send return after all its lines ran.
+//!   (Typed raw, each line was its own input with its own prompt, and a send could settle
+//!   at an earlier line's prompt, seen after the first of three lines under CPU load: the
+//!   rest of the output landed in the next send's result.)
 //! - Elsewhere (a program reading a cooked terminal, a raw one that did not ask for pastes)
 //!   the text is written as is: there a tab is a tab and nothing completes.
 //!
@@ -156,6 +161,20 @@ mod tests {
         // Typed text cannot close the paste itself.
         let sneaky = encode("a\x1b[201~b", &[], false, true, false);
         assert_eq!(sneaky, b"\x1b[200~a[201~b\x1b[201~");
+    }
+
+    #[test]
+    fn key_names_map_to_the_bytes_a_terminal_sends() {
+        let bytes = |n: &str| Key::from_name(n).map(|k| k.bytes(false));
+        assert_eq!(bytes("C-c"), Some(vec![3]));
+        assert_eq!(bytes("^D"), Some(vec![4]));
+        assert_eq!(bytes("C-\\"), Some(vec![0x1c]));
+        assert_eq!(bytes("C-@"), Some(vec![0]));
+        assert_eq!(bytes("Tab"), Some(b"\t".to_vec()));
+        assert_eq!(bytes("BTab"), Some(b"\x1b[Z".to_vec()));
+        assert_eq!(bytes("C-cc"), None);
+        assert_eq!(bytes("C-1"), None);
+        assert_eq!(bytes("enter"), None);
     }
 
     #[test]

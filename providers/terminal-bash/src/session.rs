@@ -9,6 +9,9 @@
 //!   positive samples with no output between them, and only once every byte the terminal
 //!   produced before the sample was taken in; "unavailable" is never taken as waiting.
 //! - A lost transport is an error (`connection_failed`), never a session exit.
+//! - A send's own limits (`SendRequest`): its deadline replaces the configured one; with
+//!   `ignore_silence` or `wait_for`, Tier 2 never ends it; a `wait_for` match ends it
+//!   before any tier (`matched`); its output cap bounds the retained delta (newest kept).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
