@@ -702,8 +702,7 @@ async fn send_arguments_keys_timeout_wait_for_and_the_default_cap() {
     assert!(text.contains("\n40000\n"), "the newest output is kept");
     assert!(
         text.starts_with("[result truncated") || text.starts_with("[earlier output omitted]"),
-        "{:.100}",
-        text
+        "{text:.100}"
     );
     let r = call(
         &rt,
