@@ -291,8 +291,8 @@ struct SendArgs {
     submit: Option<bool>,
     /// Wait up to this many milliseconds (1 to 600000) for the prompt, a program waiting
     /// for input, or wait_for; output silence does not end the wait. The command keeps
-    /// running when it returns. Without it, 3 s of silence (inferred_idle) or 30 s end a
-    /// send.
+    /// running when it returns. Without it, output silence (inferred_idle, 3 s by default)
+    /// or the backend's deadline (30 s by default) also ends a send.
     #[serde(default)]
     #[schemars(range(min = 1, max = 600_000))]
     timeout_ms: Option<u64>,

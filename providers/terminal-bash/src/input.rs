@@ -13,7 +13,9 @@
 //!   it never announces the mode), or any program that switched the mode on (`ESC [?2004h`,
 //!   tracked by [`Modes`]). Readline then inserts tabs, quotes and line breaks as text and
 //!   runs all the pasted lines as one input: one prompt comes back after the last line,
-//!   which is what makes a multi-line send return after all its lines ran.
+//!   which is what makes a multi-line send return after all its lines ran. A line end that
+//!   ends the text is Enter typed after the paste, so text ending in a newline runs even
+//!   without `submit`, as typed text would.
 //!   (Typed raw, each line was its own input with its own prompt, and a send could settle
 //!   at an earlier line's prompt, seen after the first of three lines under CPU load: the
 //!   rest of the output landed in the next send's result.)
@@ -44,10 +46,19 @@ pub(crate) fn encode(
     if !text.is_empty() {
         let body = normalize_line_ends(text);
         if paste {
+            // A line end that ends the text is typed as Enter, after the paste: inside it,
+            // readline would only insert it, and the lines would wait for an Enter.
+            let (inner, enter) = match body.strip_suffix('\r') {
+                Some(inner) => (inner, true),
+                None => (body.as_str(), false),
+            };
             out.extend_from_slice(PASTE_START);
             // The text cannot end the paste early: an embedded end marker loses its ESC.
-            out.extend_from_slice(body.replace("\x1b[201~", "[201~").as_bytes());
+            out.extend_from_slice(inner.replace("\x1b[201~", "[201~").as_bytes());
             out.extend_from_slice(PASTE_END);
+            if enter {
+                out.push(b'\r');
+            }
         } else {
             out.extend_from_slice(body.as_bytes());
         }
@@ -152,7 +163,9 @@ mod tests {
     #[test]
     fn text_is_pasted_with_line_ends_as_enter_then_keys() {
         let out = encode("a\tb\r\nc\rd\n", &[Key::Ctrl(b'c'), Key::Up], true, true, false);
-        assert_eq!(out, b"\x1b[200~a\tb\rc\rd\r\x1b[201~\x03\x1b[A\r");
+        assert_eq!(out, b"\x1b[200~a\tb\rc\rd\x1b[201~\r\x03\x1b[A\r");
+        // A trailing line end is Enter, outside the paste, even without submit.
+        assert_eq!(encode("ls\n", &[], false, true, false), b"\x1b[200~ls\x1b[201~\r");
         // Enter after the text: its own trailing line end is that Enter.
         assert_eq!(encode("echo x\r\n", &[], true, false, false), b"echo x\r");
         let raw = encode("x\r\ny", &[], false, false, true);

@@ -131,6 +131,10 @@ pub async fn crlf_line_ends_never_shift_later_results(p: &dyn TerminalBackend) -
     assert!(has_line(&r.delta, "three") && !has_line(&r.delta, "two"), "{r:?}");
     let r = line(s.as_ref(), "echo four; sleep 0.3\recho five\r").await;
     assert!(has_line(&r.delta, "four") && has_line(&r.delta, "five"), "{r:?}");
+    // A line end that ends the text is Enter, with or without submit.
+    let r = request(s.as_ref(), SendRequest::typed("echo sub''mitted\n", false)).await;
+    assert!(has_line(&r.delta, "submitted"), "{r:?}");
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     let r = line(s.as_ref(), "echo six").await;
     assert!(has_line(&r.delta, "six") && !has_line(&r.delta, "five"), "{r:?}");
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
