@@ -544,8 +544,14 @@ fn a_killed_send_whose_command_ignores_sigint_says_it_still_runs() {
         ],
     );
     assert_eq!(results.len(), 7, "{results:#?}");
+    // The output streams while the send runs (each byte is read once, by whichever read
+    // came after it arrived).
+    let running = &results[2]["structured"];
+    assert_eq!(running["status"], "running", "{running}");
     let done = &results[4]["structured"];
-    assert!(done["output"].as_str().unwrap().contains("\nstarted\n"), "{done}");
+    let both =
+        format!("{}{}", running["output"].as_str().unwrap(), done["output"].as_str().unwrap());
+    assert!(both.contains("\nstarted\n"), "{both}");
     assert_eq!(done["status"], "killed", "{done}");
     assert_eq!(done["detail"], "SIGINT delivered; the command still runs", "{done}");
     assert!(done["output"].as_str().unwrap().contains("the command still runs"), "{done}");

@@ -192,5 +192,24 @@ fn an_unknown_field_lists_only_the_fields_the_composition_offers() {
     let listed = tools(yaml, &[]);
     assert!(property(&listed, "terminal_send", "run_in_background").is_null());
     let (_, _, err) = call(yaml, "terminal_send", r#"{"session_id":"x","text":"y","wat":1}"#);
-    assert!(err.contains("expected one of `session_id`, `submit`, `text`\n"), "{err}");
+    assert!(
+        err.contains(
+            "expected one of `keys`, `max_output_bytes`, `session_id`, `submit`, `text`, \
+             `timeout_ms`, `wait_for`\n"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn terminal_send_offers_keys_waits_and_an_output_cap_with_their_bounds() {
+    let terminal = tools("terminal", &[]);
+    assert_eq!(property(&terminal, "terminal_send", "keys")["items"]["type"], "string");
+    assert_eq!(property(&terminal, "terminal_send", "timeout_ms")["minimum"], 1);
+    assert_eq!(property(&terminal, "terminal_send", "timeout_ms")["maximum"], 600_000);
+    assert_eq!(property(&terminal, "terminal_send", "max_output_bytes")["minimum"], 64);
+    assert_eq!(property(&terminal, "terminal_send", "wait_for")["type"], "string");
+    let (_, _, err) =
+        call("terminal", "terminal_send", r#"{"session_id":"x","timeout_ms":600001}"#);
+    assert!(err.contains("timeout_ms"), "{err}");
 }

@@ -468,8 +468,10 @@ mod private_tmpdirs_are_released {
         )
         .unwrap();
         let session = backend.open(TerminalOpenSpec::default()).await.unwrap();
-        let settle =
-            session.send("echo TMP=$TMPDIR", true, CancellationToken::new()).await.unwrap();
+        let settle = session
+            .send(conch_seams::SendRequest::line("echo TMP=$TMPDIR"), CancellationToken::new())
+            .await
+            .unwrap();
         let text = match settle {
             conch_seams::SendOutcome::Ready(s) => s.delta,
             other => panic!("{other:?}"),

@@ -644,3 +644,120 @@ async fn results_are_capped_on_code_point_boundaries_and_tiny_caps_are_rejected(
     assert_eq!(err.code(), ErrorCode::InvalidComposition, "{err}");
     assert!(err.to_string().contains("max_result_bytes"), "{err}");
 }
+
+/// Reads a job's output (consuming) until `needle` has arrived, returning the status seen
+/// with it and all text read (polling: job output has no change notification).
+async fn read_job_until(rt: &Runtime, o: &Arc<Owner>, job: &str, needle: &str) -> (String, String) {
+    conch_conformance::within(needle, async {
+        let mut seen = String::new();
+        loop {
+            let r = call(rt, o, "job_output", json!({"job_id": job})).await.structured.unwrap();
+            seen.push_str(r["output"].as_str().unwrap());
+            if seen.contains(needle) {
+                return (r["status"].as_str().unwrap().to_string(), seen);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_send_runs_while_silent_and_streams_its_output() {
+    // A 1 s idle window: a send job that settled on silence would complete during the sleep.
+    let rt = terminal_runtime(1000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let out = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "echo ti''ck-1; sleep 4; echo fin''ished", "run_in_background": true}),
+    )
+    .await;
+    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let (status, seen) = read_job_until(&rt, &o, &job, "tick-1\n").await;
+    assert_eq!(status, "running", "output streams while the send runs: {seen}");
+    // Past the idle window and still running: silence is not completion.
+    let r = call(&rt, &o, "job_output", json!({"job_id": job, "wait": true, "timeout_ms": 2000}))
+        .await
+        .structured
+        .unwrap();
+    assert_eq!(r["status"], "running", "{r}");
+    let r = call(&rt, &o, "job_output", json!({"job_id": job, "wait": true, "timeout_ms": 30000}))
+        .await
+        .structured
+        .unwrap();
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["detail"], "wait_reason: stdin_read", "{r}");
+    let rest = r["output"].as_str().unwrap();
+    assert!(rest.contains("finished\n") && !rest.contains("tick-1\n"), "each byte once: {r}");
+    assert!(rest.contains("[wait_reason: stdin_read; session: running]"), "{r}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_arguments_keys_timeout_wait_for_and_the_default_cap() {
+    let rt = terminal_runtime(1000);
+    let (o, _) = owner("s");
+    let id = open(&rt, &o).await;
+    let e = rt
+        .call(&o, "terminal_send", json!({"session_id": id, "keys": ["C-cc"]}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("C-cc"), "{e}");
+    let e = rt
+        .call(&o, "terminal_send", json!({"session_id": id, "text": "x", "timeout_ms": 0}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    // A quiet command with a deadline longer than the idle window returns at the deadline.
+    let r = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "sleep 30", "timeout_ms": 1500}),
+    )
+    .await
+    .structured
+    .unwrap();
+    assert_eq!(r["wait_reason"], "timeout", "{r}");
+    // keys without text: no Enter after them.
+    let r = call(&rt, &o, "terminal_send", json!({"session_id": id, "keys": ["C-c"]}))
+        .await
+        .structured
+        .unwrap();
+    assert_eq!(r["wait_reason"], "stdin_read", "{r}");
+    let r = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "sleep 0.5; sh -c 'echo up-and-running; exec sleep 30'", "wait_for": "^up-and"}),
+    )
+    .await
+    .structured
+    .unwrap();
+    assert_eq!(r["wait_reason"], "matched", "{r}");
+    call(&rt, &o, "terminal_send", json!({"session_id": id, "keys": ["C-c"]})).await;
+    // The default result keeps the newest 64 KiB; the rest is in the scrollback.
+    let r = send(&rt, &o, &id, "seq 1 40000").await;
+    let text = r["output"].as_str().unwrap();
+    assert!(text.len() <= 65_536, "{}", text.len());
+    assert!(text.contains("\n40000\n"), "the newest output is kept");
+    assert!(
+        text.starts_with("[result truncated") || text.starts_with("[earlier output omitted]"),
+        "{text:.100}"
+    );
+    let r = call(
+        &rt,
+        &o,
+        "terminal_send",
+        json!({"session_id": id, "text": "seq 1 40000", "max_output_bytes": 200}),
+    )
+    .await
+    .structured
+    .unwrap();
+    assert!(r["output"].as_str().unwrap().len() <= 200, "{r}");
+    rt.shutdown().await;
+}

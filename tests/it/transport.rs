@@ -108,13 +108,16 @@ async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
     )
     .unwrap();
     let session = backend.open(TerminalOpenSpec::default()).await.expect("open");
-    let first = session.send("echo fine", true, CancellationToken::new()).await.unwrap();
+    let first = session
+        .send(conch_seams::SendRequest::line("echo fine"), CancellationToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(&first, SendOutcome::Ready(s) if s.wait_reason == WaitReason::StdinRead && s.delta.contains("fine")),
         "{first:?}"
     );
     // The command is running when the stream breaks: silence, not an exit.
-    let send = session.send("sleep 1000", true, CancellationToken::new());
+    let send = session.send(conch_seams::SendRequest::line("sleep 1000"), CancellationToken::new());
     let cutter = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         sub.cut.send_replace(true);
@@ -136,7 +139,10 @@ async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
     let again = session
-        .send(&format!("touch {}", marker.display()), true, CancellationToken::new())
+        .send(
+            conch_seams::SendRequest::line(format!("touch {}", marker.display())),
+            CancellationToken::new(),
+        )
         .await
         .unwrap_err();
     assert_eq!(again.code(), ErrorCode::ConnectionFailed, "the session stays lost: {again}");

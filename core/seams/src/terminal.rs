@@ -25,6 +25,8 @@ pub enum WaitReason {
     Timeout,
     /// The top-level PTY process exited.
     SessionExit,
+    /// The send's `wait_for` pattern appeared in its output.
+    Matched,
 }
 
 impl WaitReason {
@@ -35,6 +37,7 @@ impl WaitReason {
             WaitReason::InferredIdle => "inferred_idle",
             WaitReason::Timeout => "timeout",
             WaitReason::SessionExit => "session_exit",
+            WaitReason::Matched => "matched",
         }
     }
 }
@@ -56,6 +59,157 @@ pub enum SessionStatus {
         /// The loss as a message (reason in front, as errors show it).
         message: String,
     },
+}
+
+/// A key pressed as a key (not typed as text): what [`SendRequest::keys`] carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    /// Enter (carriage return).
+    Enter,
+    /// Tab (completion in a shell).
+    Tab,
+    /// Shift-Tab.
+    BackTab,
+    /// Escape.
+    Esc,
+    /// Backspace (DEL).
+    Backspace,
+    /// Delete.
+    Delete,
+    /// Arrow up.
+    Up,
+    /// Arrow down.
+    Down,
+    /// Arrow right.
+    Right,
+    /// Arrow left.
+    Left,
+    /// Home.
+    Home,
+    /// End.
+    End,
+    /// Page up.
+    PageUp,
+    /// Page down.
+    PageDown,
+    /// Control plus a letter (`C-a` .. `C-z`), or `C-\`, `C-]`, `C-@` (a lowercase ASCII
+    /// byte: the letter, `\`, `]` or `@`).
+    Ctrl(u8),
+}
+
+impl Key {
+    /// The names [`Key::from_name`] accepts, for schemas and errors.
+    pub const NAMES: &'static str = "Enter, Tab, BTab, Esc, Backspace, Delete, Up, Down, Left, \
+        Right, Home, End, PageUp, PageDown, C-a .. C-z, C-\\, C-], C-@";
+
+    /// Parses a key name (case-sensitive words as in [`Key::NAMES`]; `C-x` also as `^X`).
+    pub fn from_name(name: &str) -> Option<Key> {
+        Some(match name {
+            "Enter" => Key::Enter,
+            "Tab" => Key::Tab,
+            "BTab" => Key::BackTab,
+            "Esc" => Key::Esc,
+            "Backspace" => Key::Backspace,
+            "Delete" => Key::Delete,
+            "Up" => Key::Up,
+            "Down" => Key::Down,
+            "Right" => Key::Right,
+            "Left" => Key::Left,
+            "Home" => Key::Home,
+            "End" => Key::End,
+            "PageUp" => Key::PageUp,
+            "PageDown" => Key::PageDown,
+            _ => {
+                let rest = name.strip_prefix("C-").or_else(|| name.strip_prefix('^'))?;
+                let &[c] = rest.as_bytes() else { return None };
+                let c = c.to_ascii_lowercase();
+                if !(c.is_ascii_lowercase() || matches!(c, b'\\' | b']' | b'@')) {
+                    return None;
+                }
+                Key::Ctrl(c)
+            }
+        })
+    }
+
+    /// The bytes a terminal sends for the key; `app_cursor` is the application cursor mode
+    /// a full-screen program may have switched on (arrows then send `ESC O x`).
+    pub fn bytes(self, app_cursor: bool) -> Vec<u8> {
+        let arrow = |c: u8| if app_cursor { vec![0x1b, b'O', c] } else { vec![0x1b, b'[', c] };
+        match self {
+            Key::Enter => b"\r".to_vec(),
+            Key::Tab => b"\t".to_vec(),
+            Key::BackTab => b"\x1b[Z".to_vec(),
+            Key::Esc => b"\x1b".to_vec(),
+            Key::Backspace => b"\x7f".to_vec(),
+            Key::Delete => b"\x1b[3~".to_vec(),
+            Key::Up => arrow(b'A'),
+            Key::Down => arrow(b'B'),
+            Key::Right => arrow(b'C'),
+            Key::Left => arrow(b'D'),
+            Key::Home => arrow(b'H'),
+            Key::End => arrow(b'F'),
+            Key::PageUp => b"\x1b[5~".to_vec(),
+            Key::PageDown => b"\x1b[6~".to_vec(),
+            Key::Ctrl(b'@') => vec![0],
+            Key::Ctrl(c) => vec![c.to_ascii_uppercase() & 0x1f],
+        }
+    }
+}
+
+/// Called with each piece of a send's output as it arrives (a background send's job shows
+/// it while the send runs).
+pub type SendProgress = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// One send: what to type and press, and how long and for what to wait.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct SendRequest {
+    /// Text typed literally: tabs, `!`, quotes, non-ASCII and line breaks reach the reader
+    /// as text, never as keys (`\r\n`, `\r` and `\n` are each one line end).
+    pub text: String,
+    /// Keys pressed after the text, in order.
+    pub keys: Vec<Key>,
+    /// Press Enter after the text and keys.
+    pub submit: bool,
+    /// This send's deadline (`None`: the backend's configured one).
+    pub timeout: Option<Duration>,
+    /// Output silence does not end the send (only the prompt, a program waiting for input,
+    /// `wait_for`, the deadline or the session's exit do).
+    pub ignore_silence: bool,
+    /// A regular expression: the send returns ([`WaitReason::Matched`]) once its output
+    /// matches. Output silence does not end such a send.
+    pub wait_for: Option<String>,
+    /// Most bytes of output returned (the newest are kept; `None`: the backend's cap).
+    pub max_output_bytes: Option<usize>,
+    /// Sees the send's output as it arrives.
+    pub progress: Option<SendProgress>,
+}
+
+impl SendRequest {
+    /// Types `text` and presses Enter, with the backend's default waits.
+    pub fn line(text: impl Into<String>) -> Self {
+        Self { text: text.into(), submit: true, ..Self::default() }
+    }
+
+    /// Types `text`, pressing Enter after it when `submit`.
+    pub fn typed(text: impl Into<String>, submit: bool) -> Self {
+        Self { text: text.into(), submit, ..Self::default() }
+    }
+}
+
+impl fmt::Debug for SendRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendRequest")
+            .field("text_bytes", &self.text.len())
+            .field("keys", &self.keys)
+            .field("submit", &self.submit)
+            .field("timeout", &self.timeout)
+            .field("ignore_silence", &self.ignore_silence)
+            .field("wait_for", &self.wait_for)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 /// The result of one send that reached readiness.
@@ -166,21 +320,18 @@ pub struct CloseReport {
 pub trait TerminalSession: Send + Sync + fmt::Debug {
     /// The banner printed before the first prompt.
     fn motd(&self) -> String;
-    /// Writes `text` (plus Enter when `submit`) and waits for readiness.
+    /// Types the request's text literally, presses its keys (then Enter when `submit`), and
+    /// waits for readiness as the request says.
     ///
     /// # Errors
-    /// `io` when the PTY is gone; `connection_failed` when the provider's world is lost.
+    /// `io` when the PTY is gone; `connection_failed` when the provider's world is lost;
+    /// `invalid_argument` for a `wait_for` that is not a valid pattern.
     ///
     /// # Cancellation
     /// When `cancel` fires before readiness, the foreground group gets SIGINT until the shell
     /// is back at its prompt, and the outcome is [`SendOutcome::Interrupted`] with the
     /// partial output. A token cancelled before the call types nothing.
-    async fn send(
-        &self,
-        text: &str,
-        submit: bool,
-        cancel: CancellationToken,
-    ) -> Result<SendOutcome>;
+    async fn send(&self, req: SendRequest, cancel: CancellationToken) -> Result<SendOutcome>;
     /// Runs one command line in the shell, framed in the backend's dialect so only the
     /// command's own output and exit status come back; state changes (cwd, variables)
     /// persist, and no shell option the command sets (such as `set -e`) makes the shell exit.
@@ -272,8 +423,7 @@ pub trait SendSlot: Send + fmt::Debug {
     /// As [`TerminalSession::send`].
     async fn send(
         self: Box<Self>,
-        text: String,
-        submit: bool,
+        req: SendRequest,
         cancel: CancellationToken,
     ) -> Result<SendOutcome>;
     /// Runs one framed command while holding the slot.

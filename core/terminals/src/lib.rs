@@ -24,8 +24,8 @@ use conch_registry::{
 };
 use conch_seams::{
     CloseReport, CommandOutcome, Error, ErrorCode, ErrorReason, OpenRequest, Owner, Result,
-    ScrollbackPage, SendOutcome, SendSlot, ShellDialect, Signal, SignalDelivery, TerminalBackend,
-    TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
+    ScrollbackPage, SendOutcome, SendRequest, SendSlot, ShellDialect, Signal, SignalDelivery,
+    TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -338,15 +338,18 @@ impl Drop for Slot {
 impl SendSlot for Slot {
     async fn send(
         self: Box<Self>,
-        text: String,
-        submit: bool,
+        req: SendRequest,
         cancel: CancellationToken,
     ) -> Result<SendOutcome> {
         // `self` (and so the slot) lives until the send returns or is dropped. The text's
         // length only: what is typed can hold anything.
-        let span =
-            tracing::debug_span!("terminal_send", session = %self.record.id, bytes = text.len());
-        self.record.session.send(&text, submit, cancel).instrument(span).await
+        let span = tracing::debug_span!(
+            "terminal_send",
+            session = %self.record.id,
+            bytes = req.text.len(),
+            keys = req.keys.len()
+        );
+        self.record.session.send(req, cancel).instrument(span).await
     }
 
     async fn run_command(

@@ -39,18 +39,14 @@ impl TerminalSession for TestSession {
     fn motd(&self) -> String {
         "welcome".into()
     }
-    async fn send(
-        &self,
-        text: &str,
-        _submit: bool,
-        cancel: CancellationToken,
-    ) -> Result<SendOutcome> {
+    async fn send(&self, req: SendRequest, cancel: CancellationToken) -> Result<SendOutcome> {
+        let text = req.text;
         if text == "block" {
             self.in_send.notify_one();
             cancel.cancelled().await;
         }
         Ok(SendOutcome::Ready(conch_seams::SendSettle {
-            delta: text.to_owned(),
+            delta: text,
             wait_reason: WaitReason::StdinRead,
             session_status: self.status(),
         }))
@@ -260,7 +256,7 @@ async fn one_send_at_a_time_and_the_slot_is_released_on_drop() {
     assert_eq!(e.code(), ErrorCode::AlreadyExists);
     assert_eq!(reason(&e), "SEND_ACTIVE");
     let SendOutcome::Ready(settle) =
-        slot.send("hi".into(), true, CancellationToken::new()).await.unwrap()
+        slot.send(SendRequest::line("hi"), CancellationToken::new()).await.unwrap()
     else {
         panic!("the test session always settles")
     };
@@ -288,7 +284,7 @@ async fn a_send_in_flight_holds_the_slot() {
     let session = backend.last.lock().unwrap().clone().unwrap();
     let slot = svc.reserve_send(&a, &id).unwrap();
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(slot.send("block".into(), true, cancel.clone()));
+    let task = tokio::spawn(slot.send(SendRequest::line("block"), cancel.clone()));
     // Wait until the send is inside the backend.
     session.in_send.notified().await;
     assert_eq!(reason(&svc.reserve_send(&a, &id).unwrap_err()), "SEND_ACTIVE");

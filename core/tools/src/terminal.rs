@@ -7,8 +7,9 @@ use async_trait::async_trait;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
     ConfigIssue, Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement,
-    JobStart, JobStatus, Jobs, OpenRequest, PluginConfig, Result, SendOutcome, SendSettle,
-    SessionStatus, Signal, TerminalInfo, Terminals, Tool, ToolContext, ToolOutput, ToolRef,
+    JobStart, JobStatus, Jobs, Key, OpenRequest, PluginConfig, Result, SendOutcome, SendRequest,
+    SendSettle, SessionStatus, Signal, TerminalInfo, Terminals, Tool, ToolContext, ToolOutput,
+    ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -24,19 +25,31 @@ pub struct TerminalToolsConfig {
     pub enable_run_in_background: bool,
     /// Cap on every rendered result, in bytes (at least 64).
     pub max_result_bytes: usize,
+    /// Output a terminal_send returns when the call gives no `max_output_bytes` (at least
+    /// 64; never more than `max_result_bytes`): the newest output is kept, the rest stays
+    /// readable through terminal_read.
+    pub send_output_bytes: usize,
 }
 
 impl Default for TerminalToolsConfig {
     fn default() -> Self {
-        Self { enable_run_in_background: true, max_result_bytes: 262_144 }
+        Self {
+            enable_run_in_background: true,
+            max_result_bytes: 262_144,
+            send_output_bytes: 65_536,
+        }
     }
 }
 
 impl PluginConfig for TerminalToolsConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
-        ConfigIssue::at_least("max_result_bytes", self.max_result_bytes as u64, 64)
+        ConfigIssue::at_least("max_result_bytes", self.max_result_bytes as u64, 64)?;
+        ConfigIssue::at_least("send_output_bytes", self.send_output_bytes as u64, 64)
     }
 }
+
+/// The longest `timeout_ms` a send may ask for (10 minutes).
+const MAX_SEND_TIMEOUT_MS: u64 = 600_000;
 
 /// Caps `body` so that `body + suffix` fits in `max` bytes, on a code-point boundary and,
 /// where the kept part has a line break, at the start of a line. The newest output (the
@@ -108,14 +121,23 @@ fn sandbox_json(mode: Option<conch_seams::SandboxMode>) -> serde_json::Value {
     mode.map_or(serde_json::Value::Null, |m| m.as_str().into())
 }
 
-/// Renders a settled send.
-fn render_send(id: &str, s: &SendSettle, max: usize) -> ToolOutput {
-    let suffix = format!(
+/// How long a background send without `timeout_ms` may wait for readiness (a day: in
+/// practice, until the prompt is back, the session ends, or job_kill).
+const BACKGROUND_SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// The line that ends a settled send's result.
+fn send_suffix(s: &SendSettle) -> String {
+    format!(
         "\n[wait_reason: {}; session: {}]",
         s.wait_reason.as_str(),
         status_text(&s.session_status)
-    );
-    let text = cap_result(&s.delta, &suffix, max);
+    )
+}
+
+/// Renders a settled send: its output within `output_max` bytes, the whole within `max`.
+fn render_send(id: &str, s: &SendSettle, output_max: usize, max: usize) -> ToolOutput {
+    let suffix = send_suffix(s);
+    let text = cap_result(&cap_result(&s.delta, "", output_max), &suffix, max);
     let output_len = text.len() - suffix.len();
     ToolOutput {
         structured: Some(serde_json::json!({
@@ -297,12 +319,40 @@ impl OpenTool {
 struct SendArgs {
     /// The session id from terminal_open (`pty-N`), or the name given there.
     session_id: String,
-    /// Text to type (UTF-8).
+    /// Text typed literally (UTF-8; default empty): tabs, `!`, quotes and line breaks arrive
+    /// as text and never trigger completion or history. Several lines run in order; `\r\n`,
+    /// `\r` and `\n` are each one line end.
+    #[serde(default)]
     text: String,
-    /// Press Enter after the text (default true).
+    /// Keys pressed after the text, in order: Enter, Tab, BTab, Esc, Backspace, Delete, Up,
+    /// Down, Left, Right, Home, End, PageUp, PageDown, or Control plus a key as C-a .. C-z,
+    /// C-\, C-], C-@ (C-c interrupts, C-d ends input).
+    #[serde(default)]
+    keys: Option<Vec<String>>,
+    /// Press Enter after the text and keys (default true, false when keys are given).
     #[serde(default)]
     submit: Option<bool>,
-    /// Return at once with a job id; read the result with job_output.
+    /// Wait up to this many milliseconds (1 to 600000) for the prompt, a program waiting
+    /// for input, or wait_for; output silence does not end the wait. The command keeps
+    /// running when it returns. Without it, output silence (inferred_idle, 3 s by default)
+    /// or the backend's deadline (30 s by default) also ends a send.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 600_000))]
+    timeout_ms: Option<u64>,
+    /// A regular expression (Rust syntax, multi-line: ^ and $ match at each line): return
+    /// as soon as the output matches (wait_reason matched). The output includes the echo
+    /// of the typed line, so anchor a pattern the command line itself contains (^ready$).
+    /// Silence does not end the wait.
+    #[serde(default)]
+    wait_for: Option<String>,
+    /// Most bytes of output returned (at least 64; default 65536): the newest are kept,
+    /// older output stays readable with terminal_read.
+    #[serde(default)]
+    #[schemars(range(min = 64))]
+    max_output_bytes: Option<usize>,
+    /// Return at once with a job id; read the result with job_output. The job shows output
+    /// as it arrives and completes when the prompt is back, a program waits for input, the
+    /// session ends, or timeout_ms passes; silence keeps it running.
     #[serde(default)]
     run_in_background: Option<bool>,
 }
@@ -311,34 +361,67 @@ tool!(
     SendTool,
     "terminal_send",
     SendArgs,
-    "Type text into a terminal session (Enter is pressed unless submit is false) and wait \
-     until it is reasonable to look again. wait_reason says why it returned: stdin_read (a \
-     prompt or a program is waiting for input), inferred_idle (output went quiet and the \
-     program uses no CPU; it may still be running), timeout, or session_exit. It never \
-     means the command finished unless the prompt returned."
+    "Type text into a terminal session and wait until it is reasonable to look again. Text \
+     is typed literally, lines run in order, and Enter is pressed after it unless submit is \
+     false; press keys (C-c, Tab, Up, Esc...) with keys. To just wait for a running command, \
+     send no text with submit false and a timeout_ms. wait_reason says why it returned: \
+     stdin_read (a prompt or a program is waiting for input), inferred_idle (output went \
+     quiet and the program uses no CPU; it may still be running), matched (wait_for \
+     appeared), timeout (the command may still run), or session_exit. It never means the \
+     command finished unless the prompt returned."
 );
 
+/// A background send's output: what arrived so far (the newest `cap` bytes), then the
+/// rendered result once the send settled.
 struct SendOutput {
-    result: Mutex<Option<(String, bool)>>,
+    stream: Mutex<SendStream>,
+}
+
+#[derive(Default)]
+struct SendStream {
+    /// The retained text: the newest bytes of everything pushed.
+    text: String,
+    /// Bytes pushed in all (the retained text ends there).
+    total: u64,
+    /// How far consuming reads got.
+    read_to: u64,
+    cap: usize,
+}
+
+impl SendOutput {
+    fn new(cap: usize) -> Self {
+        Self { stream: Mutex::new(SendStream { cap, ..SendStream::default() }) }
+    }
+
+    fn push(&self, piece: &str) {
+        let mut g = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        g.total += piece.len() as u64;
+        g.text.push_str(piece);
+        if g.text.len() > g.cap {
+            g.text = conch_output::tail_utf8(&g.text, g.cap).to_string();
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl JobOutput for SendOutput {
     fn read(&self) -> JobRead {
-        let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
-        match g.as_mut() {
-            Some((text, consumed)) if !*consumed => {
-                *consumed = true;
-                JobRead { text: text.clone(), ..JobRead::default() }
-            }
-            _ => JobRead::default(),
-        }
+        let mut g = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let start = g.total - g.text.len() as u64;
+        let skipped = start.saturating_sub(g.read_to);
+        let from = usize::try_from(g.read_to.saturating_sub(start)).unwrap_or(usize::MAX);
+        let text = g.text.get(from..).unwrap_or_default().to_string();
+        g.read_to = g.total;
+        JobRead { text, lossy: skipped > 0, skipped_bytes: skipped, ..JobRead::default() }
     }
 
     fn snapshot(&self) -> JobRead {
-        let g = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let skipped = g.total - g.text.len() as u64;
         JobRead {
-            text: g.as_ref().map(|(t, _)| t.clone()).unwrap_or_default(),
+            text: g.text.clone(),
+            lossy: skipped > 0,
+            skipped_bytes: skipped,
             ..JobRead::default()
         }
     }
@@ -348,14 +431,50 @@ impl JobOutput for SendOutput {
     }
 }
 
+/// Validates the key names of a send.
+fn parse_keys(names: &[String]) -> Result<Vec<Key>> {
+    names
+        .iter()
+        .map(|n| {
+            Key::from_name(n).ok_or_else(|| {
+                Error::invalid(format!(
+                    "invalid arguments for `terminal_send`: unknown key {n:?} (keys: {})",
+                    Key::NAMES
+                ))
+            })
+        })
+        .collect()
+}
+
 impl SendTool {
     async fn run(&self, ctx: &ToolContext, a: SendArgs) -> Result<ToolOutput> {
-        let submit = a.submit.unwrap_or(true);
+        let keys = parse_keys(a.keys.as_deref().unwrap_or_default())?;
+        if a.timeout_ms.is_some_and(|t| !(1..=MAX_SEND_TIMEOUT_MS).contains(&t)) {
+            return Err(Error::invalid(
+                "invalid arguments for `terminal_send`: timeout_ms must be 1 to 600000",
+            ));
+        }
+        if a.max_output_bytes.is_some_and(|m| m < 64) {
+            return Err(Error::invalid(
+                "invalid arguments for `terminal_send`: max_output_bytes must be at least 64",
+            ));
+        }
         let max = self.0.config.max_result_bytes;
-        if !a.run_in_background.unwrap_or(false) {
+        let background = a.run_in_background.unwrap_or(false);
+        let mut req = SendRequest::typed(a.text.clone(), a.submit.unwrap_or(keys.is_empty()));
+        req.keys = keys;
+        req.timeout = a.timeout_ms.map(std::time::Duration::from_millis);
+        // An explicit deadline or pattern is the model saying how long to wait: silence
+        // must not cut it short. A background send completes at readiness, never at silence.
+        req.ignore_silence = a.timeout_ms.is_some() || background;
+        req.wait_for = a.wait_for;
+        // The result is capped again when rendered; the backend keeps only what can show.
+        let output = a.max_output_bytes.unwrap_or(self.0.config.send_output_bytes).min(max);
+        req.max_output_bytes = Some(output);
+        if !background {
             let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
-            return match slot.send(a.text, submit, ctx.cancel.clone()).await? {
-                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, max)),
+            return match slot.send(req, ctx.cancel.clone()).await? {
+                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, output, max)),
                 SendOutcome::Interrupted(i) => Err(interrupted_error(&i)),
             };
         }
@@ -365,8 +484,11 @@ impl SendTool {
         let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
         let mut start = JobStart::new("pty-send", format!("{}: {}", a.session_id, a.text));
         start.output_cap = max;
-        let id = a.session_id.clone();
-        let text = a.text;
+        let output_cap = output;
+        if req.timeout.is_none() {
+            // Until readiness, however long it takes (job_kill stops it).
+            req.timeout = Some(BACKGROUND_SEND_LIMIT);
+        }
         let info = jobs
             .start(
                 &ctx.owner,
@@ -374,14 +496,16 @@ impl SendTool {
                 Box::new(move || {
                     Box::pin(async move {
                         let cancel = CancellationToken::new();
-                        let output = Arc::new(SendOutput { result: Mutex::new(None) });
+                        let output = Arc::new(SendOutput::new(output_cap));
                         let out2 = Arc::clone(&output);
+                        let sink = Arc::clone(&output);
+                        req.progress = Some(Arc::new(move |piece: &str| sink.push(piece)));
                         let c2 = cancel.clone();
                         let task = tokio::spawn(async move {
-                            let r = slot.send(text, submit, c2).await;
+                            let r = slot.send(req, c2).await;
                             let (rendered, settlement) = match r {
                                 Ok(SendOutcome::Ready(s)) => (
-                                    render_send(&id, &s, max).text,
+                                    send_suffix(&s),
                                     JobSettlement {
                                         status: JobStatus::Completed,
                                         detail: Some(format!(
@@ -391,7 +515,7 @@ impl SendTool {
                                     },
                                 ),
                                 Ok(SendOutcome::Interrupted(i)) => (
-                                    interrupted_error(&i).to_string(),
+                                    format!("\n[{}]", interrupted_error(&i).message()),
                                     JobSettlement {
                                         status: JobStatus::Killed,
                                         detail: Some(
@@ -414,7 +538,7 @@ impl SendTool {
                                     ) =>
                                 {
                                     (
-                                        e.to_string(),
+                                        format!("\n[{e}]"),
                                         JobSettlement {
                                             status: JobStatus::Lost,
                                             detail: Some(format!("{}: {e}", e.code())),
@@ -422,15 +546,16 @@ impl SendTool {
                                     )
                                 }
                                 Err(e) => (
-                                    e.to_string(),
+                                    format!("\n[{e}]"),
                                     JobSettlement {
                                         status: JobStatus::Failed,
                                         detail: Some(e.code().to_string()),
                                     },
                                 ),
                             };
-                            *out2.result.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Some((rendered, false));
+                            // The output itself streamed in already: what is left is how it
+                            // ended.
+                            out2.push(&rendered);
                             settlement
                         });
                         Ok(JobHooks {
@@ -451,9 +576,14 @@ impl SendTool {
                 }),
             )
             .await?;
-        Ok(ToolOutput::structured(
-            serde_json::json!({ "job_id": info.id, "session_id": a.session_id }),
-        ))
+        Ok(ToolOutput {
+            text: format!(
+                "started background job {} on {}; read its output with job_output (wait: true \
+                 waits for the prompt)",
+                info.id, a.session_id
+            ),
+            structured: Some(serde_json::json!({ "job_id": info.id, "session_id": a.session_id })),
+        })
     }
 }
 

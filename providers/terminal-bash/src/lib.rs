@@ -14,6 +14,7 @@
 //! and everything typed into it run confined, in a mode fixed for the session's lifetime.
 
 mod framing;
+mod input;
 mod parser;
 mod scrollback;
 mod session;
@@ -246,6 +247,9 @@ impl TerminalBash {
                     self.config.bash.clone(),
                     "--norc".into(),
                     "--noprofile".into(),
+                    // No history expansion: a `!` typed is a `!` (`echo "hi!"` must not
+                    // fail with "event not found").
+                    "+H".into(),
                     "-i".into(),
                 ];
                 let env = vec![

@@ -9,6 +9,9 @@
 //!   positive samples with no output between them, and only once every byte the terminal
 //!   produced before the sample was taken in; "unavailable" is never taken as waiting.
 //! - A lost transport is an error (`connection_failed`), never a session exit.
+//! - A send's own limits (`SendRequest`): its deadline replaces the configured one; with
+//!   `ignore_silence` or `wait_for`, Tier 2 never ends it; a `wait_for` match ends it
+//!   before any tier (`matched`); its output cap bounds the retained delta (newest kept).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,13 +21,15 @@ use async_trait::async_trait;
 use conch_output::{Strategy, TextRetainer};
 use conch_seams::{
     CloseReport, CommandEnd, CommandOutcome, Error, ErrorBody, ErrorCode, ForegroundTarget,
-    Interrupted, Probe, Result, SandboxMode, ScrollbackPage, SendOutcome, SendSettle,
-    SessionStatus, Signal, SignalDelivery, StdinWait, TerminalProcess, TerminalSession, WaitReason,
+    Interrupted, Probe, Result, SandboxMode, ScrollbackPage, SendOutcome, SendProgress,
+    SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery, StdinWait, TerminalProcess,
+    TerminalSession, WaitReason,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::framing::{self, FrameScanner};
+use crate::input::{self, Modes};
 use crate::parser::{Event, Parser};
 use crate::scrollback::Scrollback;
 use crate::{NAME, Shell, TerminalBashConfig};
@@ -123,7 +128,36 @@ struct State {
     /// Cursor position answers written or about to be: until the shell took them, its read
     /// of the terminal is a wait for the answer, not for input.
     answers_in_flight: u32,
+    /// Terminal modes the foreground program set (bracketed paste, cursor keys).
+    modes: Modes,
+    /// The active send's `wait_for` pattern and the output it is matched against.
+    watch: Option<Watch>,
+    /// The active send's `wait_for` pattern matched.
+    matched: bool,
+    /// Sees the active send's output as it arrives.
+    progress: Option<Progress>,
 }
+
+/// A send's progress callback (opaque to `Debug`).
+#[derive(Clone)]
+struct Progress(SendProgress);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
+}
+
+/// A send's `wait_for`: the pattern, and the newest output it is matched against (bounded
+/// by [`WATCH_WINDOW`], so a match must fit in it).
+#[derive(Debug)]
+struct Watch {
+    pattern: regex::Regex,
+    window: String,
+}
+
+/// The most recent output a `wait_for` pattern is matched against.
+const WATCH_WINDOW: usize = 64 * 1024;
 
 impl State {
     /// Starts an op whose own prompt is the first beyond `floor` (at least the current
@@ -209,7 +243,9 @@ impl Shared {
         let mut answers = Vec::new();
         let mut st = self.lock();
         st.ingested += chunk.len() as u64;
+        st.modes.feed(chunk);
         let events = st.parser.feed(chunk);
+        let mut progressed = String::new();
         st.last_output = Instant::now();
         for ev in events {
             match ev {
@@ -226,6 +262,18 @@ impl Shared {
                     st.scrollback.push(&t);
                     if let Some(op) = st.op.as_mut() {
                         op.push(&t);
+                    }
+                    if st.progress.is_some() {
+                        progressed.push_str(&t);
+                    }
+                    if let Some(w) = st.watch.as_mut() {
+                        w.window.push_str(&t);
+                        if w.pattern.is_match(&w.window) {
+                            st.watch = None;
+                            st.matched = true;
+                        } else if w.window.len() > WATCH_WINDOW {
+                            w.window = conch_output::tail_utf8(&w.window, WATCH_WINDOW).to_string();
+                        }
                     }
                     if let Some(frame) = st.frame.as_mut() {
                         frame.push(&t);
@@ -247,7 +295,12 @@ impl Shared {
         if !answers.is_empty() {
             st.answers_in_flight += 1;
         }
+        let progress = st.progress.clone().filter(|_| !progressed.is_empty());
         drop(st);
+        // Outside the lock: the callback is the caller's code.
+        if let Some(Progress(p)) = progress {
+            p(&progressed);
+        }
         self.changed.notify_waiters();
         answers
     }
@@ -282,6 +335,9 @@ impl Shared {
     /// The active op's output, ended.
     fn take_op(&self) -> (String, u64) {
         let mut st = self.lock();
+        st.watch = None;
+        st.matched = false;
+        st.progress = None;
         let r = st.op.take().map(TextRetainer::finish).unwrap_or_default();
         (r.text, r.omitted_bytes)
     }
@@ -318,6 +374,10 @@ pub(crate) fn start(
             signalled: None,
             prompts_at_write: None,
             answers_in_flight: 0,
+            modes: Modes::default(),
+            watch: None,
+            matched: false,
+            progress: None,
         }),
         config,
         changed: Notify::new(),
@@ -428,6 +488,17 @@ enum Ready {
     Cancelled,
 }
 
+/// What ends a wait for readiness besides the prompt, an input wait, the deadline and exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// A plain send: output silence too (Tier 2).
+    Send,
+    /// A send told to ignore silence (a deadline or a pattern of its own, a background send).
+    UntilReady,
+    /// A framed command: only its end marker and prompt.
+    Framed,
+}
+
 /// The session handle handed to the terminals service.
 #[derive(Debug)]
 pub(crate) struct BashSession {
@@ -522,6 +593,25 @@ impl BashSession {
         }
     }
 
+    /// Whether typed text goes in as a bracketed paste (see [`crate::input`]): when the
+    /// foreground program asked for pastes, or, in bash, when readline holds the terminal at
+    /// the shell's prompt (no earlier text is owed a prompt and the shell owns the
+    /// foreground).
+    async fn pastes(&self, floor: Option<u64>) -> Result<bool> {
+        let sh = &self.shared;
+        let busy = {
+            let st = sh.lock();
+            if st.modes.paste {
+                return Ok(true);
+            }
+            st.busy()
+        };
+        if sh.shell != Shell::Bash || floor.is_some() || busy {
+            return Ok(false);
+        }
+        Ok(sh.observe(Probe::Foreground).await?.leader_owns_foreground)
+    }
+
     /// Waits for the first readiness tier (or, for a framed command, its end marker), the
     /// deadline, or cancellation. `framed` turns the send tiers into the command's: the
     /// prompt only counts after the end marker, and silence is not an answer.
@@ -529,10 +619,13 @@ impl BashSession {
         &self,
         start_prompts: u64,
         timeout: Duration,
-        framed: bool,
+        wait: Wait,
         wrote: bool,
         cancel: &CancellationToken,
     ) -> Result<Ready> {
+        let framed = wait == Wait::Framed;
+        // Tier 2 ends only a plain send.
+        let silence_ends = wait == Wait::Send;
         let sh = &self.shared;
         let cfg = &sh.config;
         let started = Instant::now();
@@ -552,6 +645,9 @@ impl BashSession {
                 let st = sh.lock();
                 if let Some(why) = &st.lost {
                     return Err(lost(why));
+                }
+                if st.matched {
+                    return Ok(Ready::Reason(WaitReason::Matched));
                 }
                 let code = st.frame.as_ref().and_then(FrameScanner::code);
                 let answering = st.answers_in_flight > 0;
@@ -623,7 +719,7 @@ impl BashSession {
             // Tier 2: output silence while the foreground does nothing (a framed command keeps
             // waiting for its marker). A sample taken now has the last word: a program still
             // computing, or a shell running a slow PROMPT_COMMAND, is busy, not idle.
-            if !framed && last_output.max(last_busy).elapsed() >= idle {
+            if silence_ends && last_output.max(last_busy).elapsed() >= idle {
                 let now = Instant::now();
                 if cpu.busy(&sh.observe(Probe::Stdin).await?) {
                     last_busy = now;
@@ -642,7 +738,7 @@ impl BashSession {
                 (false, _) => now + poll,
             };
             let mut wake = (started + timeout).min(probe_wake);
-            if !framed {
+            if silence_ends {
                 wake = wake.min(last_output.max(last_busy) + idle);
             }
             tokio::select! {
@@ -775,6 +871,9 @@ impl BashSession {
         let mut st = self.shared.lock();
         st.op = None;
         st.frame = None;
+        st.watch = None;
+        st.matched = false;
+        st.progress = None;
     }
 
     fn rendered_delta(&self) -> String {
@@ -789,12 +888,7 @@ impl TerminalSession for BashSession {
         self.motd.clone()
     }
 
-    async fn send(
-        &self,
-        text: &str,
-        submit: bool,
-        cancel: CancellationToken,
-    ) -> Result<SendOutcome> {
+    async fn send(&self, req: SendRequest, cancel: CancellationToken) -> Result<SendOutcome> {
         // A send cancelled before it began types nothing (a background send killed at once).
         if cancel.is_cancelled() {
             return Ok(SendOutcome::Interrupted(Interrupted {
@@ -804,19 +898,39 @@ impl TerminalSession for BashSession {
                 session_status: self.shared.status(),
             }));
         }
+        // Multi-line (CRLF-safe) so `^ready$` can tell a line of output from the echoed
+        // command line that contains it.
+        let pattern = match req.wait_for.as_deref() {
+            Some(p) => Some(
+                regex::RegexBuilder::new(p)
+                    .multi_line(true)
+                    .crlf(true)
+                    .size_limit(1 << 20)
+                    .build()
+                    .map_err(|e| {
+                        Error::invalid(format!("wait_for is not a valid pattern: {e}"))
+                            .with_provider(NAME)
+                    })?,
+            ),
+            None => None,
+        };
         self.check_open()?;
         self.settle_signal(&cancel).await?;
         let floor = self.owed_prompt(&cancel).await?;
-        let start_prompts = {
+        let paste = !req.text.is_empty() && self.pastes(floor).await?;
+        let cfg = &self.shared.config;
+        let cap =
+            req.max_output_bytes.map_or(cfg.max_read_bytes, |m| m.clamp(1, cfg.max_read_bytes));
+        let (start_prompts, bytes) = {
             let mut st = self.shared.lock();
-            let p = st.begin_op(self.shared.config.max_read_bytes, floor);
-            st.expect_echo(text);
-            p
+            let p = st.begin_op(cap, floor);
+            st.expect_echo(&req.text);
+            st.watch = pattern.map(|pattern| Watch { pattern, window: String::new() });
+            st.matched = false;
+            st.progress = req.progress.clone().map(Progress);
+            let bytes = input::encode(&req.text, &req.keys, req.submit, paste, st.modes.app_cursor);
+            (p, bytes)
         };
-        let mut bytes = text.as_bytes().to_vec();
-        if submit {
-            bytes.push(b'\r');
-        }
         if !bytes.is_empty()
             && let Err(e) = self.shared.process.write(&bytes).await
         {
@@ -824,8 +938,13 @@ impl TerminalSession for BashSession {
             self.abandon_op();
             return Err(e);
         }
-        let timeout = Duration::from_millis(self.shared.config.timeout_ms);
-        let ready = self.readiness(start_prompts, timeout, false, !bytes.is_empty(), &cancel).await;
+        let timeout = req.timeout.unwrap_or(Duration::from_millis(cfg.timeout_ms));
+        let wait = if req.ignore_silence || req.wait_for.is_some() {
+            Wait::UntilReady
+        } else {
+            Wait::Send
+        };
+        let ready = self.readiness(start_prompts, timeout, wait, !bytes.is_empty(), &cancel).await;
         let reason = match ready {
             Ok(Ready::Reason(r)) => r,
             Ok(Ready::Framed(_)) => WaitReason::StdinRead,
@@ -892,7 +1011,8 @@ impl TerminalSession for BashSession {
             self.abandon_op();
             return Err(e);
         }
-        let ready = match self.readiness(start_prompts, timeout, true, true, &cancel).await {
+        let ready = match self.readiness(start_prompts, timeout, Wait::Framed, true, &cancel).await
+        {
             Ok(r) => r,
             Err(e) => {
                 self.shared.note_loss(&e);
@@ -907,7 +1027,9 @@ impl TerminalSession for BashSession {
                 CommandEnd::SessionExited
             }
             Ready::Reason(WaitReason::StdinRead) => CommandEnd::WaitingForInput,
-            Ready::Reason(WaitReason::Timeout | WaitReason::InferredIdle) => CommandEnd::TimedOut,
+            Ready::Reason(WaitReason::Timeout | WaitReason::InferredIdle | WaitReason::Matched) => {
+                CommandEnd::TimedOut
+            }
             Ready::Cancelled => CommandEnd::Cancelled,
         };
         // A command still running after its deadline or cancellation is left to the caller:

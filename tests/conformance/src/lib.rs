@@ -19,6 +19,7 @@ pub mod shell;
 pub mod subprocess;
 pub mod terminal;
 pub mod terminal_process;
+pub mod workload_send;
 
 use std::future::Future;
 use std::time::Duration;
@@ -442,7 +443,13 @@ macro_rules! __terminal_cases {
             scrollback_pages_backward,
             utf8_output_arrives_intact,
             close_stops_processes_that_detached_with_setsid_and_nohup,
-            a_cancelled_open_is_rolled_back
+            a_cancelled_open_is_rolled_back,
+            typed_tabs_bangs_and_heredocs_arrive_literally,
+            crlf_line_ends_never_shift_later_results,
+            a_multi_line_send_returns_after_its_last_line_under_load,
+            runaway_output_is_capped_at_the_send_deadline,
+            a_quiet_command_waits_for_timeout_then_a_plain_wait,
+            wait_for_returns_when_the_pattern_appears
         }
     };
 }

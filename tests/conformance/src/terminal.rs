@@ -8,11 +8,12 @@
 use std::sync::Arc;
 
 use conch_seams::{
-    ErrorCode, ExitStatus, SendOutcome, SendSettle, SessionStatus, ShellDialect, Signal,
-    TerminalBackend, TerminalOpenSpec, TerminalSession, WaitReason,
+    ErrorCode, ExitStatus, SendOutcome, SendRequest, SendSettle, SessionStatus, ShellDialect,
+    Signal, TerminalBackend, TerminalOpenSpec, TerminalSession, WaitReason,
 };
 use tokio_util::sync::CancellationToken;
 
+pub use crate::workload_send::*;
 use crate::{Outcome, skip, within};
 
 /// True when the backend's sessions run PowerShell.
@@ -43,7 +44,7 @@ async fn open_marked(p: &dyn TerminalBackend, token: &str) -> Arc<dyn TerminalSe
 }
 
 async fn send(s: &dyn TerminalSession, text: &str) -> SendSettle {
-    match within(text, s.send(text, true, CancellationToken::new()))
+    match within(text, s.send(SendRequest::line(text), CancellationToken::new()))
         .await
         .unwrap_or_else(|e| panic!("send {text:?}: {e}"))
     {
@@ -237,7 +238,8 @@ pub async fn a_cancelled_send_interrupts_the_foreground(p: &dyn TerminalBackend)
         trigger.cancel();
     });
     let sleep = script(p, "sleep 1000", "Start-Sleep 1000");
-    let out = within("cancelled send", s.send(&sleep, true, cancel)).await.unwrap();
+    let out =
+        within("cancelled send", s.send(SendRequest::line(sleep.as_str()), cancel)).await.unwrap();
     assert!(
         matches!(&out, SendOutcome::Interrupted(i) if i.typed),
         "the partial outcome is a value: {out:?}"
@@ -260,7 +262,7 @@ async fn cancel_once_running(
     let cancel = CancellationToken::new();
     let running = {
         let (s, text, cancel) = (Arc::clone(s), text.to_string(), cancel.clone());
-        tokio::spawn(async move { s.send(&text, true, cancel).await })
+        tokio::spawn(async move { s.send(SendRequest::line(text.as_str()), cancel).await })
     };
     within(&format!("the command to print {marker:?}"), async {
         while s.read(0, 10_000).text.matches(marker).count() == seen {
