@@ -108,6 +108,20 @@ pub enum CommandEnd {
     WaitingForInput,
     /// The shell itself exited.
     SessionExited,
+    /// The command ran past its deadline, or waited for input on the terminal, and was
+    /// stopped (interrupted; killed when it ignored that): the shell is back at its prompt
+    /// with its state (working directory, variables, functions).
+    Stopped(StopCause),
+}
+
+/// Why a framed command was stopped ([`CommandEnd::Stopped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    /// Its deadline passed.
+    Timeout,
+    /// It waited for input on the terminal (a program that opens `/dev/tty`, such as a
+    /// password prompt; stdin itself is at end of file).
+    WaitingForInput,
 }
 
 /// The result of one framed command.
