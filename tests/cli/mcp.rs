@@ -744,3 +744,37 @@ fn readme_python_example_is_the_tested_one() {
         .expect("README.md has a python example");
     assert_eq!(shown, tested, "README.md's python example differs from tests/mcp/client.py");
 }
+
+/// Issue 23 item 11: calls to the persistent shell sent together run in the order they
+/// arrived, every time (they used to race to the shell's queue as separate tasks).
+#[test]
+fn mcp_persistent_shell_runs_calls_sent_together_in_arrival_order() {
+    let mut s = Server::start("minimal");
+    let file = s.path("order");
+    // The shell is open before the trials, so the first call does not pay for the open.
+    s.call_ok("bash", json!({"command": "true"}));
+    for trial in 0..10 {
+        let _ = std::fs::remove_file(&file);
+        // Five requests in one write: they arrive together.
+        let mut lines = String::new();
+        let mut ids = Vec::new();
+        for step in 0..5 {
+            let id = s.next_id;
+            s.next_id += 1;
+            ids.push(id);
+            let cmd = format!("echo {step} >> {}", file.display());
+            let req = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": cmd}}});
+            lines.push_str(&req.to_string());
+            lines.push('\n');
+        }
+        s.send_raw(lines.trim_end());
+        for id in ids {
+            let r = s.response(id);
+            assert_eq!(r["result"]["isError"], false, "{r}");
+        }
+        let got = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(got, "0\n1\n2\n3\n4\n", "trial {trial}: the calls ran out of arrival order");
+    }
+    assert!(s.close_and_wait().success());
+}

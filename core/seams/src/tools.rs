@@ -95,6 +95,12 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
     fn description(&self) -> &str;
     /// JSON schema of the arguments.
     fn input_schema(&self) -> serde_json::Value;
+    /// True when one owner's calls to this tool run one at a time, first in, first out:
+    /// a front end that receives several at once (MCP) starts them in the order they
+    /// arrived, not in the order its tasks happen to reach the tool.
+    fn serial(&self) -> bool {
+        false
+    }
     /// Runs the tool.
     ///
     /// # Errors

@@ -180,6 +180,11 @@ impl Tool for PersistentBashTool {
         self.schema.clone()
     }
 
+    /// One shell per owner: its calls queue on it in arrival order.
+    fn serial(&self) -> bool {
+        true
+    }
+
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
         let args: PersistentBashArgs = parse_args(self.dialect.name, args, &self.schema)?;
         if args.command.trim().is_empty() {
