@@ -772,14 +772,15 @@ impl BashSession {
         self.back_at_prompt(start_prompts).await
     }
 
-    /// The shell printed a prompt after `start_prompts`, owns the foreground, and the frame's
-    /// end marker came (the command's line is over).
+    /// The shell printed a prompt after `start_prompts` and owns the foreground. (The
+    /// frame's end marker may be missing: a command that replaced PROMPT_COMMAND and was
+    /// interrupted before its line ended took the hook with it; the next frame puts it back.)
     async fn back_at_prompt(&self, start_prompts: u64) -> Result<bool> {
-        let (prompts, ended, eof) = {
+        let (prompts, eof) = {
             let st = self.shared.lock();
-            (st.prompts, st.frame.as_ref().and_then(FrameScanner::code).is_some(), st.eof)
+            (st.prompts, st.eof)
         };
-        if eof || prompts <= start_prompts || !ended {
+        if eof || prompts <= start_prompts {
             return Ok(false);
         }
         Ok(self.shared.observe(Probe::Foreground).await?.leader_owns_foreground)

@@ -19,6 +19,7 @@ pub mod shell;
 pub mod subprocess;
 pub mod terminal;
 pub mod terminal_process;
+pub mod workload_shell;
 
 use std::future::Future;
 use std::time::Duration;
@@ -442,7 +443,15 @@ macro_rules! __terminal_cases {
             scrollback_pages_backward,
             utf8_output_arrives_intact,
             close_stops_processes_that_detached_with_setsid_and_nohup,
-            a_cancelled_open_is_rolled_back
+            a_cancelled_open_is_rolled_back,
+            framed_stdin_readers_get_end_of_file_and_keep_the_shell,
+            a_framed_timeout_stops_the_command_and_keeps_the_shell,
+            a_framed_terminal_reader_is_stopped_and_the_shell_kept,
+            exec_bash_and_prompt_command_assignments_keep_the_framing,
+            exit_with_a_background_job_ends_at_once_and_lists_it,
+            history_expansion_is_off,
+            a_shell_without_a_locale_gets_a_utf8_one,
+            set_x_traces_only_the_command
         }
     };
 }
