@@ -44,6 +44,8 @@ const TAG: &str = "__CONCH_PB";
 /// `exec` is an alias that gives the program the terminal back as stdin (a framed command's
 /// stdin is /dev/null, which would end a new interactive shell at once).
 ///
+/// `trap` (listing) leaves these traps out: they are the shell's machinery, not the user's.
+///
 /// The EXIT trap stops the shell's background jobs when it exits (`exit N` would otherwise
 /// leave them holding the terminal, and the session would not see the shell's end until they
 /// ended) and lists them.
@@ -63,6 +65,9 @@ const INIT: &str = concat!(
     "builtin kill -TERM -- -$p || builtin kill -TERM $p; builtin kill -CONT -- -$p; done; ",
     "builtin printf '[the shell exited and stopped its background jobs:%s]\\n' \"$s\"; }; ",
     "builtin trap '{ __conch_exit; } 2>/dev/null' EXIT; ",
+    "trap() { if [[ $# == 0 || $1 == -p ]]; then local l; while IFS= builtin read -r l; do ",
+    "[[ -z $l || $l == *__conch_* ]] || builtin printf '%s\\n' \"$l\"; ",
+    "done <<< \"$(builtin trap \"$@\")\"; else builtin trap \"$@\"; fi; }; ",
     "builtin set -ET; ",
 );
 

@@ -243,6 +243,12 @@ pub async fn set_x_traces_only_the_command(p: &dyn TerminalBackend) -> Outcome {
     let out = ran(s.as_ref(), "set +x; echo quiet", 0).await;
     assert!(out.ends_with("quiet\n") && !out.contains("conch"), "{out:?}");
     assert_eq!(ran(s.as_ref(), "echo quiet", 0).await, "quiet\n");
+    // The traps the framing set are its own: the user's shell has none until it sets one.
+    assert_eq!(ran(s.as_ref(), "trap -p; trap", 0).await, "");
+    assert_eq!(
+        ran(s.as_ref(), "trap 'echo bye' USR1; trap -p", 0).await,
+        "trap -- 'echo bye' SIGUSR1\n"
+    );
     close(s.as_ref()).await;
     Ok(())
 }
