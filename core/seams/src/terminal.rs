@@ -99,12 +99,14 @@ pub enum SendOutcome {
 pub enum CommandEnd {
     /// The command finished and the shell reported its status.
     Exited(i32),
-    /// The deadline passed first. The command may still be running: close the session (or
-    /// signal it) to stop it.
+    /// The deadline passed first and the command was not stopped (the backend could not
+    /// bring the shell back to its prompt, or does not try): it may still be running; close
+    /// the session (or signal it) to stop it.
     TimedOut,
     /// The cancel token fired first. As with `TimedOut`, the command may still be running.
     Cancelled,
-    /// A program is waiting for input on the terminal (the framing cannot answer it).
+    /// A program is waiting for input on the terminal (the framing cannot answer it) and was
+    /// not stopped, as for `TimedOut`.
     WaitingForInput,
     /// The shell itself exited.
     SessionExited,

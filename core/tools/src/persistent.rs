@@ -1,7 +1,9 @@
 //! The persistent shell tools (`bash` from `tool-bash-persistent`, `pwsh` from
-//! `tool-pwsh-persistent`): one PTY session per owner, calls serialised, each
-//! command run through the backend's framing so only its own output and exit status come
-//! back. The tool holds no shell syntax: the terminal backend's dialect frames the command
+//! `tool-pwsh-persistent`): one PTY session per owner, calls serialised (a tokio mutex per
+//! owner, first come first served; [`Tool::serial`] tells front ends that receive calls
+//! together to start them in arrival order), each command run through the backend's framing
+//! so only its own output and exit status come back. A command the backend stopped (timeout,
+//! terminal input) keeps the shell; any other unfinished end resets it. The tool holds no shell syntax: the terminal backend's dialect frames the command
 //! and names the tool.
 
 use std::collections::HashMap;

@@ -5,13 +5,28 @@
 //!
 //! In bash:
 //!
-//! - The end marker comes from PROMPT_COMMAND, which runs before every prompt, so it arrives
-//!   however the command line ended: normally, by a syntax or expansion error, or by an
-//!   interrupt.
+//! - The end marker comes from the framed line itself or, failing that, from PROMPT_COMMAND,
+//!   which runs before every prompt, so it arrives however the command line ended:
+//!   normally, by a syntax or expansion error, or by an interrupt.
+//! - The machinery stays out of the user's view: every helper runs with stderr to /dev/null
+//!   (so `set -x` traces none of it; `__conch_s` turns xtrace off for the frame's own
+//!   commands and the `eval` turns it back on first), and `trap` listings leave out the
+//!   framing's traps.
 //! - The command travels as one ANSI-C quoted word (`$'...'`, every byte outside printable
 //!   ASCII escaped), so no quoting in its text can break the frame, it stays one typed line,
 //!   and no helper process runs per call. `eval` keeps state changes (cd, export,
-//!   functions) in the shell while stdin stays the terminal.
+//!   functions) in the shell. Its stdin is /dev/null, as in the one-shot tool: a program
+//!   that reads stdin sees end of file instead of waiting on the terminal (which would stop
+//!   the call). Programs that open /dev/tty (password prompts) still reach the terminal;
+//!   the session stops them (see `BashSession::stop_command`). `exec` is aliased to give
+//!   the program the terminal back, so `exec bash` starts a working interactive shell.
+//! - The framed line ends itself: after the `eval`, `__conch_e` prints the end marker with
+//!   the status and puts the prompt hook back if the command replaced PROMPT_COMMAND. The
+//!   PROMPT_COMMAND hook prints it only for a line that did not get there (interrupted,
+//!   stopped by the errexit emulation, an expansion error).
+//! - A shell's first prompt prints a fresh-shell marker (carrying the session's nonce): a
+//!   frame whose command replaced the shell (`exec bash`) ends with it, and the session types
+//!   the errexit emulation again before the next frame.
 //! - Markers are printed from pieces (`%s`), so the echoed line never holds a whole marker.
 //! - `set -e` is emulated instead of enabled (see [`INIT`]): the real errexit stays off and
 //!   an ERR trap stops the command line at the first failure with a SIGINT to the shell

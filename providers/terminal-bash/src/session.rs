@@ -761,7 +761,7 @@ impl BashSession {
             return Ok(false);
         }
         if !self.interrupt(start_prompts).await? {
-            return Ok(self.back_at_prompt(start_prompts).await?);
+            return self.back_at_prompt(start_prompts).await;
         }
         let sh = &self.shared;
         // Only a command's group; the shell is never killed here.
