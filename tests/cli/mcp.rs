@@ -778,3 +778,33 @@ fn mcp_persistent_shell_runs_calls_sent_together_in_arrival_order() {
     }
     assert!(s.close_and_wait().success());
 }
+
+/// A queued call to the persistent shell that is cancelled before its turn never ran: the
+/// shell, with its state, is still there for the calls after it.
+#[test]
+fn mcp_a_queued_persistent_call_cancelled_before_its_turn_leaves_the_shell_alone() {
+    let mut s = Server::start("minimal");
+    s.call_ok("bash", json!({"command": "export QC_STATE=kept"}));
+    let gate = s.path("gate");
+    let started = s.path("started");
+    let cmd = format!(
+        "{}; while [ ! -e {} ]; do sleep 0.02; done; echo first",
+        write_pid(&started, "$$"),
+        gate.display()
+    );
+    let first = s.call("bash", json!({"command": cmd}), None);
+    wait_pid_file(&started);
+    let queued = s.call("bash", json!({"command": "echo queued"}), None);
+    s.send(&json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": queued},
+    }));
+    let after = s.call("bash", json!({"command": "echo $QC_STATE"}), None);
+    std::fs::write(&gate, "").unwrap();
+    assert_eq!(text_of(&s.response(first)["result"]), "first\n");
+    let r = s.response(after);
+    assert_eq!(text_of(&r["result"]), "kept\n", "the shell was not reset: {r}");
+    assert!(s.close_and_wait().success());
+    assert!(!s.log.iter().any(|v| v["id"] == queued), "the cancelled call got no answer");
+}

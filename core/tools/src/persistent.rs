@@ -198,7 +198,20 @@ impl Tool for PersistentBashTool {
             None => self.config.timeout_ms,
         };
         let slot = self.slot(&ctx.owner);
-        let mut session = slot.lock().await;
+        // A call cancelled while it waits its turn never ran: it leaves the shell alone.
+        let cancelled = || {
+            Error::new(
+                ErrorCode::Cancelled,
+                format!("the {} tool call was aborted before it ran", self.dialect.name),
+            )
+        };
+        let mut session = tokio::select! {
+            s = slot.lock() => s,
+            () = ctx.cancel.cancelled() => return Err(cancelled()),
+        };
+        if ctx.cancel.is_cancelled() {
+            return Err(cancelled());
+        }
         let live = match session.as_deref() {
             Some(id) => self
                 .terminals
