@@ -181,6 +181,16 @@ pub async fn exit_with_a_background_job_ends_at_once_and_lists_it(
     assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
     let report = within("close after exit", s.close()).await.unwrap();
     assert_eq!(report.root_exit, SessionStatus::Exited(ExitStatus::code(7)));
+    // With an EXIT trap of the user's in place of the framing's, the job keeps the terminal
+    // open; the shell's end is still seen at once, and close stops the job.
+    let s = open_with(p, &[]).await;
+    let started = Instant::now();
+    let o = run(s.as_ref(), "trap 'echo bye' EXIT; sleep 300 & exit 4", LONG).await;
+    assert_eq!(o.end, CommandEnd::SessionExited, "{o:?}");
+    assert_eq!(o.session_status, SessionStatus::Exited(ExitStatus::code(4)), "{o:?}");
+    assert!(o.output.ends_with("bye\n"), "{o:?}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    close(s.as_ref()).await;
     Ok(())
 }
 
