@@ -1,6 +1,6 @@
 //! `terminal-bash`: the terminal backend. Starts a shell on a PTY with a controlled startup
 //! (no rc files or profile, a private OSC prompt marker, history expansion off, a UTF-8
-//! locale when the environment names none: see [`LOCALE_START`] and
+//! locale when the environment names none: see `LOCALE_START` and
 //! `framing::prompt_command`) and answers each send with a
 //! readiness result: prompt or exact stdin-wait probe (stdin_read), output silence
 //! (inferred_idle), deadline (timeout), or shell exit (session_exit).
