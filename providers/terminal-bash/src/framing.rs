@@ -63,7 +63,9 @@ const TAG: &str = "__CONCH_PB";
 ///
 /// The EXIT trap stops the shell's background jobs when it exits (`exit N` would otherwise
 /// leave them holding the terminal, and the session would not see the shell's end until they
-/// ended) and lists them.
+/// ended) and lists them; its last words are the exit marker, after which the shell writes
+/// nothing, so the session knows it has all of the shell's output even while something the
+/// shell left behind keeps the terminal open.
 const INIT: &str = concat!(
     "__conch_dbg() { [[ $BASH_COMMAND == \"builtin set\"* ]] && return 0; builtin trap - DEBUG; ",
     "if [[ $- == *e* ]]; then builtin set +e; __conch_errexit=1; else __conch_errexit=; fi; }; ",
@@ -79,7 +81,8 @@ const INIT: &str = concat!(
     "[[ -n $s ]] || return 0; for p in $(builtin jobs -p); do ",
     "builtin kill -TERM -- -$p || builtin kill -TERM $p; builtin kill -CONT -- -$p; done; ",
     "builtin printf '[the shell exited and stopped its background jobs:%s]\\n' \"$s\"; }; ",
-    "builtin trap '{ __conch_exit; } 2>/dev/null' EXIT; ",
+    "__conch_bye() { __conch_exit; builtin printf '\\n%s_EXIT_%s__\\n' __CONCH_PB \"${__conch_sn-}\"; }; ",
+    "builtin trap '{ __conch_bye; } 2>/dev/null' EXIT; ",
     "trap() { if [[ $# == 0 || $1 == -p ]]; then local l; while IFS= builtin read -r l; do ",
     "[[ -z $l || $l == *__conch_* ]] || builtin printf '%s\\n' \"$l\"; ",
     "done <<< \"$(builtin trap \"$@\")\"; else builtin trap \"$@\"; fi; }; ",
@@ -117,7 +120,8 @@ pub(crate) fn prompt_command(ps1: &str, session_nonce: &str) -> String {
          builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
          __conch_frame=; fi; [[ ${{PROMPT_COMMAND[*]-}} == *__conch_pc* ]] || \
          PROMPT_COMMAND=\"$__conch_hook${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}\"; }}; \
-         if [[ -z ${{__conch_hook-}} ]]; then __conch_hook=$PROMPT_COMMAND; builtin set +H; \
+         if [[ -z ${{__conch_hook-}} ]]; then __conch_hook=$PROMPT_COMMAND; __conch_sn={session_nonce}; \
+         builtin set +H; \
          builtin printf '\\n%s_FRESH_%s__\\n' {TAG} '{session_nonce}'; fi; \
          __conch_pc; }} 2>/dev/null"
     )
@@ -219,6 +223,8 @@ pub(crate) struct FrameScanner {
     end: String,
     /// The marker the first prompt of a new shell prints (`exec bash` replaced the shell).
     fresh: String,
+    /// The marker the shell prints last when it exits.
+    exit: String,
     /// Unmatched text that could still be the beginning of the marker being looked for.
     window: String,
     /// Bytes of command output seen after the start marker (end marker excluded).
@@ -229,6 +235,8 @@ pub(crate) struct FrameScanner {
     errexit: bool,
     /// The frame ended because the command replaced the shell (`exec bash`).
     replaced: bool,
+    /// The shell printed its exit marker: every byte it wrote is in.
+    exited: bool,
 }
 
 impl FrameScanner {
@@ -239,13 +247,20 @@ impl FrameScanner {
             start: format!("{TAG}_START_{nonce}__\n"),
             end: format!("\n{TAG}_END_{nonce}:"),
             fresh: fresh_marker(session_nonce),
+            exit: exit_marker(session_nonce),
             window: String::new(),
             body_bytes: 0,
             started: false,
             code: None,
             errexit: false,
             replaced: false,
+            exited: false,
         }
+    }
+
+    /// True once the exiting shell's last words (its exit marker) arrived.
+    pub(crate) fn shell_exited(&self) -> bool {
+        self.exited
     }
 
     /// True when the frame ended because the command replaced the shell with a new one
@@ -279,7 +294,7 @@ impl FrameScanner {
     /// Ends the scan: every byte after the start marker, up to the end marker when it came,
     /// including text held back in case it began a marker.
     pub(crate) fn finish(self) -> u64 {
-        if self.started && self.code.is_none() {
+        if self.started && self.code.is_none() && !self.exited {
             self.body_bytes + self.window.len() as u64
         } else {
             self.body_bytes
@@ -288,7 +303,7 @@ impl FrameScanner {
 
     /// Feeds parsed text.
     pub(crate) fn push(&mut self, text: &str) {
-        if self.code.is_some() {
+        if self.code.is_some() || self.exited {
             return;
         }
         self.window.push_str(text);
@@ -324,6 +339,13 @@ impl FrameScanner {
             }
             return;
         }
+        if let Some(j) = self.window.find(&self.exit) {
+            // The shell exited (its status comes from the process, not a marker).
+            self.body_bytes += j as u64;
+            self.exited = true;
+            self.window.clear();
+            return;
+        }
         if let Some(j) = self.window.find(&self.fresh) {
             // A new shell's first prompt: the command replaced the shell (`exec bash`), which
             // never reports a status; the exec itself succeeded.
@@ -334,7 +356,8 @@ impl FrameScanner {
             return;
         }
         // Everything but a possible start of a marker is command output.
-        let keep = self.possible_prefix_len(self.end.len().max(self.fresh.len()));
+        let longest = self.end.len().max(self.fresh.len()).max(self.exit.len());
+        let keep = self.possible_prefix_len(longest);
         let done = self.window.len() - keep;
         self.body_bytes += done as u64;
         self.window.drain(..done);
@@ -362,6 +385,11 @@ fn fresh_marker(session_nonce: &str) -> String {
     format!("\n{TAG}_FRESH_{session_nonce}__\n")
 }
 
+/// What an exiting framed shell prints last (see [`INIT`]).
+fn exit_marker(session_nonce: &str) -> String {
+    format!("\n{TAG}_EXIT_{session_nonce}__\n")
+}
+
 /// The command's output inside `retained` (the tail of everything the command's line
 /// produced): after the start marker when it is still there, up to the end marker when it
 /// arrived. `started` says the scanner saw the start marker go by, so a tail that lost it
@@ -375,8 +403,12 @@ pub(crate) fn extract<'a>(
 ) -> &'a str {
     let start = format!("{TAG}_START_{nonce}__\n");
     let end = format!("\n{TAG}_END_{nonce}:");
-    // A replaced shell ends the frame with its fresh marker instead.
-    let end = if retained.contains(&end) { end } else { fresh_marker(session_nonce) };
+    // A replaced shell ends the frame with its fresh marker instead, an exiting one with its
+    // exit marker.
+    let end = [end, fresh_marker(session_nonce), exit_marker(session_nonce)]
+        .into_iter()
+        .find(|m| retained.contains(m.as_str()))
+        .unwrap_or_else(|| format!("\n{TAG}_END_{nonce}:"));
     let body = match retained.find(&start) {
         Some(i) => &retained[i + start.len()..],
         // The tail can lose the start marker under long output; what is left is output.
@@ -442,6 +474,25 @@ mod tests {
         assert_eq!(s.body_bytes(), "step1\n".len() as u64);
         let text = format!("{TAG}_START_n__\nstep1\n\n\n{TAG}_END_n:1:e__\n# ");
         assert_eq!(extract(&text, "n", "sn", true, true), "step1\n");
+    }
+
+    #[test]
+    fn a_replaced_or_exiting_shell_ends_the_frame_with_its_own_marker() {
+        let mut s = FrameScanner::new("n", "sn");
+        s.push(&format!("{TAG}_START_n__\nexit\n[stopped]\n\n{TAG}_EXIT_s"));
+        assert!(!s.shell_exited(), "the marker is not whole yet");
+        s.push("n__\n");
+        assert!(s.shell_exited() && s.code().is_none());
+        assert_eq!(s.finish(), "exit\n[stopped]\n".len() as u64);
+        let text = format!("{TAG}_START_n__\nexit\n\n{TAG}_EXIT_sn__\n");
+        assert_eq!(extract(&text, "n", "sn", true, false), "exit\n");
+        let mut s = FrameScanner::new("n", "sn");
+        s.push(&format!("{TAG}_START_n__\n\n{TAG}_FRESH_sn__\n"));
+        assert_eq!((s.code(), s.replaced_shell()), (Some(0), true));
+        // Another session's markers are output.
+        let mut s = FrameScanner::new("n", "sn");
+        s.push(&format!("{TAG}_START_n__\n\n{TAG}_FRESH_other__\n"));
+        assert_eq!(s.code(), None);
     }
 
     #[test]

@@ -772,6 +772,35 @@ impl BashSession {
         self.back_at_prompt(start_prompts).await
     }
 
+    /// After a framed command's shell exited: waits until all it wrote is in, shown by the
+    /// end of the terminal's output or by the exit marker the framing's EXIT trap prints
+    /// last (a job the shell left behind may keep the terminal open). Bounded by the close
+    /// grace, for a shell whose EXIT trap the command replaced.
+    async fn await_last_words(&self) {
+        let sh = &self.shared;
+        let deadline = Instant::now() + Duration::from_millis(sh.config.dispose_grace_ms);
+        loop {
+            let notified = sh.changed.notified();
+            {
+                let st = sh.lock();
+                let exited = st.frame.as_ref().is_some_and(FrameScanner::shell_exited);
+                if st.eof || exited || st.lost.is_some() {
+                    break;
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep(deadline - now) => {}
+            }
+        }
+        // Let a racing final chunk land before the output is taken.
+        tokio::task::yield_now().await;
+    }
+
     /// The shell printed a prompt after `start_prompts` and owns the foreground. (The
     /// frame's end marker may be missing: a command that replaced PROMPT_COMMAND and was
     /// interrupted before its line ended took the hook with it; the next frame puts it back.)
@@ -955,7 +984,7 @@ impl TerminalSession for BashSession {
         let end = match ready {
             Ready::Framed(code) => Ok(CommandEnd::Exited(code)),
             Ready::Reason(WaitReason::SessionExit) => {
-                tokio::task::yield_now().await;
+                self.await_last_words().await;
                 Ok(CommandEnd::SessionExited)
             }
             Ready::Reason(WaitReason::StdinRead) => stop(StopCause::WaitingForInput).await,
