@@ -778,3 +778,67 @@ fn readme_python_example_is_the_tested_one() {
         .expect("README.md has a python example");
     assert_eq!(shown, tested, "README.md's python example differs from tests/mcp/client.py");
 }
+
+/// Issue 23 item 11: calls to the persistent shell sent together run in the order they
+/// arrived, every time (they used to race to the shell's queue as separate tasks).
+#[test]
+fn mcp_persistent_shell_runs_calls_sent_together_in_arrival_order() {
+    let mut s = Server::start("minimal");
+    let file = s.path("order");
+    // The shell is open before the trials, so the first call does not pay for the open.
+    s.call_ok("bash", json!({"command": "true"}));
+    for trial in 0..10 {
+        let _ = std::fs::remove_file(&file);
+        // Five requests in one write: they arrive together.
+        let mut lines = String::new();
+        let mut ids = Vec::new();
+        for step in 0..5 {
+            let id = s.next_id;
+            s.next_id += 1;
+            ids.push(id);
+            let cmd = format!("echo {step} >> {}", file.display());
+            let req = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": cmd}}});
+            lines.push_str(&req.to_string());
+            lines.push('\n');
+        }
+        s.send_raw(lines.trim_end());
+        for id in ids {
+            let r = s.response(id);
+            assert_eq!(r["result"]["isError"], false, "{r}");
+        }
+        let got = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(got, "0\n1\n2\n3\n4\n", "trial {trial}: the calls ran out of arrival order");
+    }
+    assert!(s.close_and_wait().success());
+}
+
+/// A queued call to the persistent shell that is cancelled before its turn never ran: the
+/// shell, with its state, is still there for the calls after it.
+#[test]
+fn mcp_a_queued_persistent_call_cancelled_before_its_turn_leaves_the_shell_alone() {
+    let mut s = Server::start("minimal");
+    s.call_ok("bash", json!({"command": "export QC_STATE=kept"}));
+    let gate = s.path("gate");
+    let started = s.path("started");
+    let cmd = format!(
+        "{}; while [ ! -e {} ]; do sleep 0.02; done; echo first",
+        write_pid(&started, "$$"),
+        gate.display()
+    );
+    let first = s.call("bash", json!({"command": cmd}), None);
+    wait_pid_file(&started);
+    let queued = s.call("bash", json!({"command": "echo queued"}), None);
+    s.send(&json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": queued},
+    }));
+    let after = s.call("bash", json!({"command": "echo $QC_STATE"}), None);
+    std::fs::write(&gate, "").unwrap();
+    assert_eq!(text_of(&s.response(first)["result"]), "first\n");
+    let r = s.response(after);
+    assert_eq!(text_of(&r["result"]), "kept\n", "the shell was not reset: {r}");
+    assert!(s.close_and_wait().success());
+    assert!(!s.log.iter().any(|v| v["id"] == queued), "the cancelled call got no answer");
+}

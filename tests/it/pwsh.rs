@@ -342,7 +342,7 @@ pwsh_cases! {
         assert_eq!(pwsh(&rt, &o, "$ErrorActionPreference").await.text, "Continue\n", "fresh shell");
         let args = json!({"command": "Start-Sleep 100", "timeout_ms": 2000});
         let out = rt.call(&o, "pwsh", args).await.unwrap();
-        assert_eq!(out.text, "[timed out after 2000ms; the shell was reset]");
+        assert_eq!(out.text, "[timed out after 2000ms; the shell was reset and the next call starts fresh]");
         assert_eq!(pwsh(&rt, &o, "'again'").await.text, "again\n");
         rt.shutdown().await;
     }

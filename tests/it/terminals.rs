@@ -396,20 +396,85 @@ mod persistent {
         let out = bash(&rt, &o, cmd).await;
         assert!(out.starts_with("[output truncated to its last "), "{out:.200}");
         assert!(out.contains("99999\n100000\n"), "the tail survives the lost start marker");
-        assert!(out.ends_with("[timed out after 3000ms; the shell was reset]"), "{out:.200}");
+        assert!(out.ends_with(&kept_after(3000)), "{out:.200}");
+        rt.shutdown().await;
+    }
+
+    /// The note on a command stopped at its `timeout_ms`.
+    fn kept_after(ms: u64) -> String {
+        format!("[timed out after {ms}ms; the command was stopped and the shell kept its state]")
+    }
+
+    /// Sets a cwd, an export and a function in the owner's shell.
+    async fn set_state(rt: &Runtime, o: &Arc<Owner>) {
+        let cmd = "cd /tmp && export PB_Y=set && pb_f() { echo fn; }";
+        assert_eq!(bash(rt, o, json!({"command": cmd})).await, "");
+    }
+
+    async fn assert_state(rt: &Runtime, o: &Arc<Owner>, after: &str) {
+        let out = bash(rt, o, json!({"command": "echo $PWD ${PB_Y-unset}; pb_f"})).await;
+        assert_eq!(out, "/tmp set\nfn\n", "the shell's state after {after}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn issue_23_a_timeout_stops_the_command_and_keeps_the_shell() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        set_state(&rt, &o).await;
+        let out =
+            bash(&rt, &o, json!({"command": "echo before; sleep 100", "timeout_ms": 800})).await;
+        assert_eq!(out, format!("before\n{}", kept_after(800)));
+        assert_state(&rt, &o, "a timeout").await;
         rt.shutdown().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn timeout_resets_the_shell_and_the_next_call_starts_fresh() {
+    async fn issue_23_stdin_readers_get_end_of_file_and_the_shell_keeps_its_state() {
         let rt = minimal();
         let (o, _) = owner("s");
-        bash(&rt, &o, json!({"command": "export PB_Y=set"})).await;
-        let out =
-            bash(&rt, &o, json!({"command": "echo before; sleep 100", "timeout_ms": 800})).await;
-        assert!(out.starts_with("before\n"), "{out:?}");
-        assert!(out.contains("[timed out after 800ms; the shell was reset]"), "{out:?}");
-        assert_eq!(bash(&rt, &o, json!({"command": "echo \"${PB_Y-unset}\""})).await, "unset\n");
+        set_state(&rt, &o).await;
+        for (cmd, want) in [
+            ("cat; echo cat=$?", "cat=0\n"),
+            ("read line; echo read=$?", "read=1\n"),
+            ("read -t 2 x; echo read-t=$?", "read-t=1\n"),
+            ("python3 -c 'input()' 2>/dev/null; echo py=$?", "py=1\n"),
+        ] {
+            assert_eq!(bash(&rt, &o, json!({"command": cmd})).await, want, "{cmd}");
+            assert_state(&rt, &o, cmd).await;
+        }
+        // `exec bash` and a PROMPT_COMMAND assignment keep the framing.
+        let out = bash(&rt, &o, json!({"command": "PROMPT_COMMAND='pb_h=1'; echo pc"})).await;
+        assert_eq!(out, "pc\n");
+        assert_eq!(bash(&rt, &o, json!({"command": "exec bash"})).await, "");
+        let out = bash(&rt, &o, json!({"command": "echo $PWD $PB_Y; echo \"a!b\""})).await;
+        assert_eq!(out, "/tmp set\na!b\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn issue_23_exit_with_a_background_job_reports_the_code_at_once() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let started = std::time::Instant::now();
+        let out = bash(&rt, &o, json!({"command": "sleep 300 & exit 7"})).await;
+        assert!(started.elapsed() < std::time::Duration::from_secs(15), "{:?}", started.elapsed());
+        assert!(out.contains("stopped its background jobs:"), "{out:?}");
+        assert!(out.contains("sleep 300 &"), "{out:?}");
+        assert!(
+            out.ends_with("[exit code: 7]\n[the shell exited; the next call starts a fresh shell]"),
+            "{out:?}"
+        );
+        assert_eq!(bash(&rt, &o, json!({"command": "echo fresh"})).await, "fresh\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn issue_23_set_x_shows_the_command_and_nothing_of_the_framing() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let out = bash(&rt, &o, json!({"command": "set -x; echo traced"})).await;
+        assert_eq!(out.lines().count(), 2, "{out:?}");
+        assert!(out.ends_with("+ echo traced\ntraced\n") && !out.contains("conch"), "{out:?}");
         rt.shutdown().await;
     }
 
@@ -490,17 +555,14 @@ mod persistent {
     async fn regression_10_a_timeout_leaves_no_prompt_and_no_process_behind() {
         let rt = minimal();
         let (o, _) = owner("s");
-        let cmd = "trap '' INT TERM; echo $$ started; sleep 1000";
+        // The command ignores INT and TERM: it is killed, and the shell stays.
+        let cmd = "bash -c 'trap \"\" INT TERM; echo $$ started; exec sleep 1000'";
         let out = bash(&rt, &o, json!({"command": cmd, "timeout_ms": 500})).await;
-        let shell: i32 = out.split_whitespace().next().unwrap().parse().unwrap();
-        assert!(
-            out.ends_with("started\n[timed out after 500ms; the shell was reset]"),
-            "no prompt residue: {out:?}"
-        );
-        assert!(
-            conch_conformance::pid_gone(shell),
-            "the reset stopped the shell that ignored INT and TERM"
-        );
+        let sleeper: i32 = out.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(out.ends_with(&kept_after(500)), "{out:?}");
+        assert!(!out.contains("$ ") && !out.contains("CONCH"), "no prompt residue: {out:?}");
+        assert!(conch_conformance::pid_gone(sleeper), "the command that ignored INT was killed");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo same"})).await, "same\n");
         rt.shutdown().await;
     }
 
@@ -508,12 +570,14 @@ mod persistent {
     async fn an_interactive_child_returns_partial_output() {
         let rt = minimal();
         let (o, _) = owner("s");
-        let out =
-            bash(&rt, &o, json!({"command": "echo first; read -p 'Name? ' n; echo never"})).await;
-        assert!(out.starts_with("first\nName? "), "{out:?}");
-        assert!(out.contains("waiting for input"), "{out:?}");
-        assert!(!out.contains("never"));
-        assert_eq!(bash(&rt, &o, json!({"command": "echo ok"})).await, "ok\n");
+        set_state(&rt, &o).await;
+        // A prompt on the terminal itself (stdin is empty): stopped, its output returned.
+        let cmd = "echo first; read -p 'Name? ' n < /dev/tty; echo never";
+        let out = bash(&rt, &o, json!({"command": cmd})).await;
+        assert!(out.starts_with("first\nName? \n[the command waited for input"), "{out:?}");
+        assert!(out.contains("the shell kept its state"), "{out:?}");
+        assert!(!out.contains("never") && !out.contains("terminal tools"), "{out:?}");
+        assert_state(&rt, &o, "a terminal prompt").await;
         rt.shutdown().await;
     }
 

@@ -42,7 +42,7 @@ pub use subprocess::{
 };
 pub use terminal::{
     CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScrollbackPage,
-    SendOutcome, SendProgress, SendRequest, SendSettle, SendSlot, SessionStatus, TerminalBackend,
-    TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals, WaitReason,
+    SendOutcome, SendProgress, SendRequest, SendSettle, SendSlot, SessionStatus, StopCause,
+    TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals, WaitReason,
 };
 pub use tools::{Progress, ProgressSink, Tool, ToolContext, ToolOutput, ToolRef};

@@ -232,6 +232,9 @@ pub struct ShellDialect {
     /// How the shell decides a command's exit code, for tool descriptions (empty when it
     /// is the usual one: the last command's).
     pub exit_status: &'static str,
+    /// What a persistent shell of this dialect does with a command's input, its timeout and
+    /// a command that waits for input, for tool descriptions.
+    pub persistent_input: &'static str,
 }
 
 impl ShellDialect {
@@ -244,6 +247,12 @@ impl ShellDialect {
         background: "with `&`, even detached with setsid or nohup",
         persistent_state: "cwd, exported variables and functions",
         exit_status: "",
+        persistent_input: "A command's stdin is empty (end of file, as from /dev/null), so \
+                           `cat`, `read` or an interpreter sees no input and returns. On \
+                           timeout, or when a program waits for input on the terminal itself \
+                           (a password prompt), the command is interrupted (killed if it \
+                           ignores that) and the shell keeps its state; only a command that \
+                           cannot be stopped resets the shell, and the result says so.",
     };
 
     /// PowerShell 7 (`pwsh`).
@@ -258,6 +267,9 @@ impl ShellDialect {
                       succeeded, else $LASTEXITCODE when a native command set a non-zero one, \
                       else 1; a terminating error (throw, -ErrorAction Stop) exits 1 with its \
                       message.",
+        persistent_input: "On timeout or interruption the shell is reset and the next call \
+                           starts fresh. Interactive programs that wait for input return their \
+                           partial output and reset the shell.",
     };
 
     /// Every dialect, for configuration and messages.

@@ -253,15 +253,31 @@ pub enum SendOutcome {
 pub enum CommandEnd {
     /// The command finished and the shell reported its status.
     Exited(i32),
-    /// The deadline passed first. The command may still be running: close the session (or
-    /// signal it) to stop it.
+    /// The deadline passed first and the command was not stopped (the backend could not
+    /// bring the shell back to its prompt, or does not try): it may still be running; close
+    /// the session (or signal it) to stop it.
     TimedOut,
     /// The cancel token fired first. As with `TimedOut`, the command may still be running.
     Cancelled,
-    /// A program is waiting for input on the terminal (the framing cannot answer it).
+    /// A program is waiting for input on the terminal (the framing cannot answer it) and was
+    /// not stopped, as for `TimedOut`.
     WaitingForInput,
     /// The shell itself exited.
     SessionExited,
+    /// The command ran past its deadline, or waited for input on the terminal, and was
+    /// stopped (interrupted; killed when it ignored that): the shell is back at its prompt
+    /// with its state (working directory, variables, functions).
+    Stopped(StopCause),
+}
+
+/// Why a framed command was stopped ([`CommandEnd::Stopped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    /// Its deadline passed.
+    Timeout,
+    /// It waited for input on the terminal (a program that opens `/dev/tty`, such as a
+    /// password prompt; stdin itself is at end of file).
+    WaitingForInput,
 }
 
 /// The result of one framed command.

@@ -111,6 +111,12 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
     fn refers_to(&self) -> Vec<ToolRef> {
         Vec::new()
     }
+    /// True when one owner's calls to this tool run one at a time, first in, first out:
+    /// a front end that receives several at once (MCP) starts them in the order they
+    /// arrived, not in the order its tasks happen to reach the tool.
+    fn serial(&self) -> bool {
+        false
+    }
     /// Runs the tool.
     ///
     /// # Errors

@@ -1,7 +1,9 @@
 //! The persistent shell tools (`bash` from `tool-bash-persistent`, `pwsh` from
-//! `tool-pwsh-persistent`): one PTY session per owner, calls serialised, each
-//! command run through the backend's framing so only its own output and exit status come
-//! back. The tool holds no shell syntax: the terminal backend's dialect frames the command
+//! `tool-pwsh-persistent`): one PTY session per owner, calls serialised (a tokio mutex per
+//! owner, first come first served; [`Tool::serial`] tells front ends that receive calls
+//! together to start them in arrival order), each command run through the backend's framing
+//! so only its own output and exit status come back. A command the backend stopped (timeout,
+//! terminal input) keeps the shell; any other unfinished end resets it. The tool holds no shell syntax: the terminal backend's dialect frames the command
 //! and names the tool.
 
 use std::collections::HashMap;
@@ -12,7 +14,7 @@ use async_trait::async_trait;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
     CommandEnd, CommandOutcome, ConfigIssue, Error, ErrorCode, OpenRequest, Owner, PluginConfig,
-    Result, ShellDialect, Terminals, Tool, ToolContext, ToolOutput,
+    Result, ShellDialect, StopCause, Terminals, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -54,8 +56,7 @@ impl PluginConfig for PersistentBashConfig {
 pub struct PersistentBashArgs {
     /// The command; cwd, exported variables and functions persist to the next call.
     pub command: String,
-    /// Timeout in milliseconds, at least 1 (the tool states its default and limit); on
-    /// timeout the shell is reset.
+    /// Timeout in milliseconds, at least 1 (the tool states its default and limit).
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
@@ -91,12 +92,12 @@ impl PersistentBashTool {
         let dialect = terminals.dialect();
         let description = format!(
             "Run a command in your persistent {display} shell: {state} persist between calls; \
-             calls run one at a time. A non-zero exit is shown as [exit code: N].{exit} On \
-             timeout or interruption the shell is reset and the next call starts fresh; so \
-             does the next call after the shell exits. Interactive programs that wait for \
-             input return their partial output and reset the shell.",
+             calls run one at a time, in the order they arrive. A non-zero exit is shown as \
+             [exit code: N].{exit} {input} After the shell exits (`exit N` is shown as \
+             [exit code: N]) the next call starts a fresh shell.",
             display = dialect.display,
             state = dialect.persistent_state,
+            input = dialect.persistent_input,
             exit = if dialect.exit_status.is_empty() {
                 String::new()
             } else {
@@ -119,8 +120,7 @@ impl PersistentBashTool {
                     "description".into(),
                     format!(
                         "Timeout in milliseconds, at least 1 (default {}, limit {}; a larger \
-                         value is lowered to the limit and the result says so); on timeout \
-                         the shell is reset.",
+                         value is lowered to the limit and the result says so).",
                         config.timeout_ms, config.max_timeout_ms
                     )
                     .into(),
@@ -182,6 +182,11 @@ impl Tool for PersistentBashTool {
         self.schema.clone()
     }
 
+    /// One shell per owner: its calls queue on it in arrival order.
+    fn serial(&self) -> bool {
+        true
+    }
+
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
         let args: PersistentBashArgs = parse_args(self.dialect.name, args, &self.schema)?;
         if args.command.trim().is_empty() {
@@ -193,7 +198,20 @@ impl Tool for PersistentBashTool {
             None => self.config.timeout_ms,
         };
         let slot = self.slot(&ctx.owner);
-        let mut session = slot.lock().await;
+        // A call cancelled while it waits its turn never ran: it leaves the shell alone.
+        let cancelled = || {
+            Error::new(
+                ErrorCode::Cancelled,
+                format!("the {} tool call was aborted before it ran", self.dialect.name),
+            )
+        };
+        let mut session = tokio::select! {
+            s = slot.lock() => s,
+            () = ctx.cancel.cancelled() => return Err(cancelled()),
+        };
+        if ctx.cancel.is_cancelled() {
+            return Err(cancelled());
+        }
         let live = match session.as_deref() {
             Some(id) => self
                 .terminals
@@ -244,6 +262,11 @@ impl Tool for PersistentBashTool {
     }
 }
 
+/// The note on a command that opened the terminal for input (stdin itself is empty).
+const WAITED_FOR_TERMINAL: &str = "[the command waited for input on the terminal and was \
+     interrupted; the shell kept its state. Commands get no input here (stdin is empty): pass \
+     it in the command, with a pipe, a here-document or a non-interactive flag]";
+
 /// A finished framed command as the model sees it: its output (the tail of at most `cap`
 /// bytes, saying what was cut) and the markers of how it ended; and whether the shell must
 /// be reset (it did not come back to its prompt by itself). Not for `Cancelled`, which is
@@ -276,8 +299,20 @@ pub(crate) fn render_outcome(
         CommandEnd::Exited(code) => {
             return (with_note(&out, &crate::render::exit_code_marker(code)), false);
         }
+        CommandEnd::Stopped(StopCause::Timeout) => {
+            let note = format!(
+                "[timed out after {timeout_ms}ms; the command was stopped and the shell \
+                 kept its state]"
+            );
+            return (with_note(&out, &note), false);
+        }
+        CommandEnd::Stopped(StopCause::WaitingForInput) => {
+            return (with_note(&out, WAITED_FOR_TERMINAL), false);
+        }
         CommandEnd::TimedOut | CommandEnd::Cancelled => {
-            format!("[timed out after {timeout_ms}ms; the shell was reset]")
+            format!(
+                "[timed out after {timeout_ms}ms; the shell was reset and the next call starts fresh]"
+            )
         }
         CommandEnd::SessionExited => match &outcome.session_status {
             conch_seams::SessionStatus::Exited(e) => {
@@ -296,8 +331,8 @@ pub(crate) fn render_outcome(
                 exited.to_string()
             }
         },
-        CommandEnd::WaitingForInput => "[command is waiting for input; the shell was reset — \
-             use the terminal tools for interactive programs]"
+        CommandEnd::WaitingForInput => "[the command waited for input on the terminal; the \
+             shell was reset and the next call starts fresh]"
             .to_string(),
     };
     (with_note(&out, &note), true)

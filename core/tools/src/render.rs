@@ -35,7 +35,7 @@ const MARKERS: &[&str] = &[
 const EXIT_CODE: &str = "[exit code: ";
 const SIGNAL: &str = "[killed by signal: ";
 const TIMED_OUT: &str = "[timed out after ";
-const WAITING: &str = "[command is waiting for input";
+const WAITING: &str = "[the command waited for input";
 
 /// The note a result starts with when the `timeout_ms` a call asked for was above the
 /// limit and a lower one was used: `[timeout_ms 9999999 is above the limit; used 600000]`.

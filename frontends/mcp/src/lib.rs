@@ -19,8 +19,12 @@
 //! - progress: with a `progressToken`, `notifications/progress` every 500 ms while the call
 //!   runs; `progress` is the elapsed milliseconds (strictly growing), and the message adds
 //!   the output bytes when the tool reports them through its progress sink.
+//! - call order: one owner's calls to a serial tool (the persistent shell) start in the
+//!   order their requests arrived (see `arrival`); other calls run concurrently.
 //! - job completion notices: sent at once as `notifications/message` (level `notice`,
 //!   logger `conch.jobs`) and appended to the next tool result as `[notice] ...` text.
+
+mod arrival;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -124,6 +128,9 @@ pub async fn serve_stdio(
 struct InitializeFirst<T> {
     inner: T,
     initialized: bool,
+    /// Names of the composition's serial tools, and their queues.
+    serial: Vec<String>,
+    arrivals: Arc<arrival::Arrivals>,
 }
 
 /// The JSON-RPC error a request before `initialize` gets.
@@ -153,7 +160,15 @@ where
     async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleServer>> {
         use rmcp::model::{ClientRequest, GetMeta, JsonRpcMessage, ServerJsonRpcMessage};
         loop {
-            let message = self.inner.receive().await?;
+            let mut message = self.inner.receive().await?;
+            // Read in arrival order: a call to a serial tool takes its place in the queue now.
+            if let JsonRpcMessage::Request(request) = &mut message
+                && let ClientRequest::CallToolRequest(call) = &mut request.request
+                && self.serial.iter().any(|s| *s == call.params.name)
+            {
+                let ticket = self.arrivals.take(&call.params.name);
+                call.extensions.insert(ticket);
+            }
             if self.initialized {
                 return Some(message);
             }
@@ -212,6 +227,15 @@ where
     let transport = InitializeFirst {
         inner: rmcp::transport::async_rw::AsyncRwTransport::new_server(reader, writer),
         initialized: false,
+        serial: handler
+            .inner
+            .runtime
+            .tools()
+            .iter()
+            .filter(|t| t.serial())
+            .map(|t| t.name().to_string())
+            .collect(),
+        arrivals: Arc::default(),
     };
     let started = tokio::select! {
         r = handler.clone().serve_with_ct(transport, service_ct.clone()) => r,
@@ -555,6 +579,13 @@ impl ServerHandler for Handler {
             ));
         }
         let args = request.arguments.map(serde_json::Value::Object).unwrap_or_default();
+        // A serial tool's call waits for the calls that arrived before it (or its cancel).
+        if let Some(ticket) = context.extensions.get::<arrival::Ticket>() {
+            tokio::select! {
+                () = ticket.turn() => {}
+                () = context.ct.cancelled() => {}
+            }
+        }
         let r = self.inner.run_call(name, args, &context).await;
         // A cancelled request gets no response, so its notices stay queued for the next one.
         let notices =

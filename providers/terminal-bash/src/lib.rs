@@ -1,5 +1,7 @@
 //! `terminal-bash`: the terminal backend. Starts a shell on a PTY with a controlled startup
-//! (no rc files or profile, a private OSC prompt marker) and answers each send with a
+//! (no rc files or profile, a private OSC prompt marker, history expansion off, a UTF-8
+//! locale when the environment names none: see `LOCALE_START` and
+//! `framing::prompt_command`) and answers each send with a
 //! readiness result: prompt or exact stdin-wait probe (stdin_read), output silence
 //! (inferred_idle), deadline (timeout), or shell exit (session_exit).
 //!
@@ -38,6 +40,22 @@ pub const NAME: &str = "terminal-bash";
 
 /// OSC number of the private prompt marker.
 const MARKER_OSC: &str = "7770";
+
+/// How a bash session starts (`bash --norc --noprofile -c LOCALE_START bash`): when the
+/// environment names no locale (MCP clients start servers without `LANG`), it picks the
+/// first UTF-8 locale the shell's world has, tested by setting it and measuring a
+/// two-byte character (one character only under UTF-8), so non-ASCII text is text, not
+/// octal escapes and line-editor redraws. C.UTF-8 is built into glibc 2.35 and later and
+/// into musl; `C.utf8` is its other spelling; en_US.UTF-8 is the last resort. An explicit
+/// `LANG`, `LC_CTYPE` or `LC_ALL` is kept. Then it execs the interactive shell in the same
+/// process (the session's leader stays the same pid).
+const LOCALE_START: &str = concat!(
+    "if [[ -z ${LC_ALL-}${LC_CTYPE-}${LANG-} ]]; then ",
+    "for l in C.UTF-8 C.utf8 en_US.UTF-8; do { LC_CTYPE=$l; } 2>/dev/null; x=$'\\xc3\\xa9'; ",
+    "if [[ ${#x} == 1 ]]; then export LANG=$l; break; fi; done; unset LC_CTYPE x l; fi\n",
+    // +H: no history expansion, so a `!` typed is a `!` from the first prompt on.
+    "exec \"$0\" --norc --noprofile +H -i",
+);
 
 /// Validated backend config (all timings in milliseconds).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -236,26 +254,31 @@ impl TerminalBash {
 impl TerminalBash {
     /// The argv and variables that start the session's shell with the prompt marker
     /// `payload`.
-    fn shell_command(&self, payload: &str) -> (Vec<String>, Vec<(&'static str, String)>) {
+    fn shell_command(
+        &self,
+        payload: &str,
+        nonce: &str,
+    ) -> (Vec<String>, Vec<(&'static str, String)>) {
         match self.shell {
             Shell::Bash => {
                 // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before
                 // every prompt so a user's PS1 change cannot break readiness, and ends a
                 // pending frame.
                 let ps1 = format!("\\[\\e]{payload}\\a\\]\\$ ");
+                // A short `bash -c` that picks the locale in the shell's own world, then
+                // execs the interactive shell in the same process (see [`LOCALE_START`]).
                 let argv = vec![
                     self.config.bash.clone(),
                     "--norc".into(),
                     "--noprofile".into(),
-                    // No history expansion: a `!` typed is a `!` (`echo "hi!"` must not
-                    // fail with "event not found").
-                    "+H".into(),
-                    "-i".into(),
+                    "-c".into(),
+                    LOCALE_START.into(),
+                    self.config.bash.clone(),
                 ];
                 let env = vec![
                     ("PS1", ps1.clone()),
                     ("PS2", "> ".into()),
-                    ("PROMPT_COMMAND", framing::prompt_command(&ps1)),
+                    ("PROMPT_COMMAND", framing::prompt_command(&ps1, nonce)),
                     ("TERM", "dumb".into()),
                     ("NO_COLOR", "1".into()),
                     ("PAGER", "cat".into()),
@@ -322,8 +345,9 @@ impl TerminalBackend for TerminalBash {
             (Some(c), _) => Some(c),
             (None, base) => base.clone(),
         };
-        let payload = format!("{MARKER_OSC};{}", conch_seams::terminal::marker_nonce());
-        let (argv, env) = self.shell_command(&payload);
+        let nonce = conch_seams::terminal::marker_nonce();
+        let payload = format!("{MARKER_OSC};{nonce}");
+        let (argv, env) = self.shell_command(&payload, &nonce);
         let mut tspec = TerminalSpawnSpec::in_default_dir(argv);
         tspec.cwd = cwd;
         for (k, v) in env {
@@ -350,7 +374,8 @@ impl TerminalBackend for TerminalBash {
         // without a sandbox); a runner that starts but cannot confine is caught below.
         let process =
             self.subprocess.spawn_terminal(tspec).await.map_err(|e| self.spawn_error(e))?;
-        let shared = session::start(process, self.config.clone(), self.shell, &payload, size);
+        let shared =
+            session::start(process, self.config.clone(), self.shell, &payload, &nonce, size);
         let motd = match session::await_first_prompt(&shared, &spec.cancel).await {
             Ok(m) => m,
             Err(e) => {

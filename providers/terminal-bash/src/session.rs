@@ -22,8 +22,8 @@ use conch_output::{Strategy, TextRetainer};
 use conch_seams::{
     CloseReport, CommandEnd, CommandOutcome, Error, ErrorBody, ErrorCode, ForegroundTarget,
     Interrupted, Probe, Result, SandboxMode, ScrollbackPage, SendOutcome, SendProgress,
-    SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery, StdinWait, TerminalProcess,
-    TerminalSession, WaitReason,
+    SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery, StdinWait, StopCause,
+    TerminalProcess, TerminalSession, WaitReason,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -230,6 +230,8 @@ pub(crate) struct Shared {
     /// The framing helpers were typed into this shell (by its first framed command).
     framing_ready: AtomicBool,
     shell: Shell,
+    /// The session's private nonce (the prompt marker's, and the fresh-shell marker's).
+    nonce: String,
 }
 
 impl Shared {
@@ -349,6 +351,7 @@ pub(crate) fn start(
     config: TerminalBashConfig,
     shell: Shell,
     marker: &str,
+    nonce: &str,
     size: conch_seams::TerminalSize,
 ) -> Arc<Shared> {
     let parser = if shell.answers_cursor_queries() {
@@ -385,6 +388,7 @@ pub(crate) fn start(
         close_lock: tokio::sync::Mutex::new(None),
         framing_ready: AtomicBool::new(false),
         shell,
+        nonce: nonce.to_string(),
     });
     let pump = Arc::clone(&shared);
     tokio::spawn(async move {
@@ -665,7 +669,9 @@ impl BashSession {
                     _ => Ready::Reason(WaitReason::StdinRead),
                 });
             }
-            if eof && sh.process.try_status().is_some() {
+            // A framed command's shell that exited is done even while something it left
+            // still holds the terminal open (the close that follows stops that).
+            if (eof || framed) && sh.process.try_status().is_some() {
                 return Ok(Ready::Reason(WaitReason::SessionExit));
             }
             if cancel.is_cancelled() {
@@ -840,6 +846,70 @@ impl BashSession {
         }
     }
 
+    /// Stops a framed command that ran past its deadline or waits for terminal input: an
+    /// interrupt to its group (as Ctrl-C would), then SIGKILL to a group that ignored it.
+    /// True once the shell is back at its prompt, reading, with its state; false when it
+    /// could not be brought back (the caller resets the session).
+    async fn stop_command(&self, start_prompts: u64) -> Result<bool> {
+        if self.shared.shell.commands_share_its_group() {
+            // pwsh runs commands in its own group: an interrupt cannot tell them apart.
+            return Ok(false);
+        }
+        if !self.interrupt(start_prompts).await? {
+            return self.back_at_prompt(start_prompts).await;
+        }
+        let sh = &self.shared;
+        // Only a command's group; the shell is never killed here.
+        let _ = sh.process.signal_foreground(Signal::Kill, ForegroundTarget::NotLeader).await?;
+        if self.interrupt(start_prompts).await? {
+            return Ok(false);
+        }
+        self.back_at_prompt(start_prompts).await
+    }
+
+    /// After a framed command's shell exited: waits until all it wrote is in, shown by the
+    /// end of the terminal's output or by the exit marker the framing's EXIT trap prints
+    /// last (a job the shell left behind may keep the terminal open). Bounded by the close
+    /// grace, for a shell whose EXIT trap the command replaced.
+    async fn await_last_words(&self) {
+        let sh = &self.shared;
+        let deadline = Instant::now() + Duration::from_millis(sh.config.dispose_grace_ms);
+        loop {
+            let notified = sh.changed.notified();
+            {
+                let st = sh.lock();
+                let exited = st.frame.as_ref().is_some_and(FrameScanner::shell_exited);
+                if st.eof || exited || st.lost.is_some() {
+                    break;
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep(deadline - now) => {}
+            }
+        }
+        // Let a racing final chunk land before the output is taken.
+        tokio::task::yield_now().await;
+    }
+
+    /// The shell printed a prompt after `start_prompts` and owns the foreground. (The
+    /// frame's end marker may be missing: a command that replaced PROMPT_COMMAND and was
+    /// interrupted before its line ended took the hook with it; the next frame puts it back.)
+    async fn back_at_prompt(&self, start_prompts: u64) -> Result<bool> {
+        let (prompts, eof) = {
+            let st = self.shared.lock();
+            (st.prompts, st.eof)
+        };
+        if eof || prompts <= start_prompts {
+            return Ok(false);
+        }
+        Ok(self.shared.observe(Probe::Foreground).await?.leader_owns_foreground)
+    }
+
     /// Refuses work on a session that is being closed, whose shell exited (the text would
     /// go nowhere), or whose world was lost (typing could run the command again while
     /// reporting a failure).
@@ -999,7 +1069,7 @@ impl TerminalSession for BashSession {
         let framed = self.shared.shell.frame(command, &nonce, init);
         let start_prompts = {
             let mut st = self.shared.lock();
-            st.frame = Some(FrameScanner::new(&nonce));
+            st.frame = Some(FrameScanner::new(&nonce, &self.shared.nonce));
             let p = st.begin_op(self.shared.config.max_read_bytes, floor);
             st.expect_echo(&framed);
             p
@@ -1020,29 +1090,63 @@ impl TerminalSession for BashSession {
                 return Err(e);
             }
         };
-        let end = match ready {
-            Ready::Framed(code) => CommandEnd::Exited(code),
-            Ready::Reason(WaitReason::SessionExit) => {
-                tokio::task::yield_now().await;
-                CommandEnd::SessionExited
+        let stop = |cause| async move {
+            match self.stop_command(start_prompts).await {
+                Ok(true) => Ok(CommandEnd::Stopped(cause)),
+                Ok(false) => Ok(match cause {
+                    StopCause::Timeout => CommandEnd::TimedOut,
+                    StopCause::WaitingForInput => CommandEnd::WaitingForInput,
+                }),
+                Err(e) => Err(e),
             }
-            Ready::Reason(WaitReason::StdinRead) => CommandEnd::WaitingForInput,
-            Ready::Reason(WaitReason::Timeout | WaitReason::InferredIdle | WaitReason::Matched) => {
-                CommandEnd::TimedOut
-            }
-            Ready::Cancelled => CommandEnd::Cancelled,
         };
-        // A command still running after its deadline or cancellation is left to the caller:
-        // closing the session stops it within the close grace, and interrupting it here
-        // first would only add to that.
+        let end = match ready {
+            Ready::Framed(code) => Ok(CommandEnd::Exited(code)),
+            Ready::Reason(WaitReason::SessionExit) => {
+                self.await_last_words().await;
+                Ok(CommandEnd::SessionExited)
+            }
+            Ready::Reason(WaitReason::StdinRead) => stop(StopCause::WaitingForInput).await,
+            Ready::Reason(WaitReason::Timeout | WaitReason::InferredIdle | WaitReason::Matched) => {
+                stop(StopCause::Timeout).await
+            }
+            Ready::Cancelled => Ok(CommandEnd::Cancelled),
+        };
+        let end = match end {
+            Ok(end) => end,
+            Err(e) => {
+                self.shared.note_loss(&e);
+                self.abandon_op();
+                return Err(e);
+            }
+        };
+        // A command still running after cancellation (or one that could not be stopped) is
+        // left to the caller: closing the session stops it within the close grace.
         let frame = self.shared.lock().frame.take();
+        if frame.as_ref().is_some_and(FrameScanner::replaced_shell) {
+            // `exec bash`: the new shell has the prompt hook (from the environment) but not
+            // the framed commands' helpers.
+            self.shared.framing_ready.store(false, Ordering::Release);
+        }
         let (retained, _) = self.shared.take_op();
         let started = frame.as_ref().is_some_and(FrameScanner::started);
-        let errexit = frame.as_ref().is_some_and(FrameScanner::stopped_by_errexit);
-        let body = framing::extract(&retained, &nonce, started, errexit).to_string();
+        // An interrupted line ends like one the errexit emulation stopped: bash printed one
+        // newline of its own.
+        let scanner_errexit = frame.as_ref().is_some_and(FrameScanner::stopped_by_errexit);
+        let errexit = scanner_errexit || matches!(end, CommandEnd::Stopped(_));
+        let session_nonce = &self.shared.nonce;
+        let body = framing::extract(&retained, &nonce, session_nonce, started, errexit);
+        // The newline bash printed for an interrupt is no output either (the scanner already
+        // left out the errexit emulation's).
+        let interrupt_newline = if matches!(end, CommandEnd::Stopped(_)) && !scanner_errexit {
+            framing::extract(&retained, &nonce, session_nonce, started, false).len() - body.len()
+        } else {
+            0
+        };
+        let body = body.to_string();
         // Exact: the scanner counted every byte after the start marker (up to the end marker
         // when it came), even those the retained tail no longer holds.
-        let total = frame.map_or(0, FrameScanner::finish);
+        let total = frame.map_or(0, FrameScanner::finish).saturating_sub(interrupt_newline as u64);
         let omitted = total.saturating_sub(body.len() as u64);
         Ok(outcome(body, omitted, end))
     }

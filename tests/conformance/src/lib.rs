@@ -20,6 +20,7 @@ pub mod subprocess;
 pub mod terminal;
 pub mod terminal_process;
 pub mod workload_send;
+pub mod workload_shell;
 
 use std::future::Future;
 use std::time::Duration;
@@ -449,7 +450,15 @@ macro_rules! __terminal_cases {
             a_multi_line_send_returns_after_its_last_line_under_load,
             runaway_output_is_capped_at_the_send_deadline,
             a_quiet_command_waits_for_timeout_then_a_plain_wait,
-            wait_for_returns_when_the_pattern_appears
+            wait_for_returns_when_the_pattern_appears,
+            framed_stdin_readers_get_end_of_file_and_keep_the_shell,
+            a_framed_timeout_stops_the_command_and_keeps_the_shell,
+            a_framed_terminal_reader_is_stopped_and_the_shell_kept,
+            exec_bash_and_prompt_command_assignments_keep_the_framing,
+            exit_with_a_background_job_ends_at_once_and_lists_it,
+            history_expansion_is_off,
+            a_shell_without_a_locale_gets_a_utf8_one,
+            set_x_traces_only_the_command
         }
     };
 }

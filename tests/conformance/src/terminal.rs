@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 pub use crate::workload_send::*;
 use crate::{Outcome, skip, within};
 
+pub use crate::workload_shell::*;
+
 /// True when the backend's sessions run PowerShell.
 fn is_pwsh(p: &dyn TerminalBackend) -> bool {
     p.dialect() == ShellDialect::PWSH
