@@ -41,7 +41,7 @@ pub use subprocess::{
     TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
 };
 pub use terminal::{
-    CloseReport, CommandEnd, CommandOutcome, Interrupted, OpenRequest, ScrollbackPage, SendOutcome,
+    CloseReport, CommandEnd, CommandOutcome, Interrupted, OpenRequest, ScreenView, ScrollbackPage, SendOutcome,
     SendSettle, SendSlot, SessionStatus, TerminalBackend, TerminalInfo, TerminalOpenSpec,
     TerminalSession, Terminals, WaitReason,
 };

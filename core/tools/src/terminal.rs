@@ -1,4 +1,4 @@
-//! The six terminal tools over the `Terminals` service, and background sends as `pty-send` jobs.
+//! The seven terminal tools over the `Terminals` service, and background sends as `pty-send` jobs.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -8,7 +8,7 @@ use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_p
 use conch_seams::{
     ConfigIssue, Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement,
     JobStart, JobStatus, Jobs, OpenRequest, PluginConfig, Result, SendOutcome, SendSettle,
-    SessionStatus, Signal, TerminalInfo, Terminals, Tool, ToolContext, ToolOutput,
+    SessionStatus, Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -136,7 +136,7 @@ fn capped_json(value: serde_json::Value, max: usize) -> ToolOutput {
     ToolOutput::text(cap_result(&text, "", max))
 }
 
-/// Shared state of the six tools.
+/// Shared state of the seven tools.
 #[derive(Debug)]
 struct Ctx {
     terminals: Arc<dyn Terminals>,
@@ -222,6 +222,29 @@ struct OpenArgs {
     /// Working directory.
     #[serde(default)]
     cwd: Option<String>,
+    /// Terminal rows (default: the composition's, 24 unless configured).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
+    rows: Option<u16>,
+    /// Terminal columns (default: the composition's, 200 unless configured).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
+    cols: Option<u16>,
+    /// TERM for the shell and its programs, a terminfo name (default: the composition's,
+    /// xterm-256color unless configured; pwsh sessions keep dumb).
+    #[serde(default)]
+    term: Option<String>,
+}
+
+/// The size asked for: both of rows and cols, or neither.
+fn requested_size(tool: &str, rows: Option<u16>, cols: Option<u16>) -> Result<Option<TerminalSize>> {
+    match (rows, cols) {
+        (Some(rows), Some(cols)) => Ok(Some(TerminalSize { rows, cols })),
+        (None, None) => Ok(None),
+        _ => Err(Error::invalid(format!(
+            "invalid arguments for `{tool}`: give both rows and cols, or neither"
+        ))),
+    }
 }
 
 tool!(
@@ -229,8 +252,9 @@ tool!(
     "terminal_open",
     OpenArgs,
     "Open a persistent terminal session ({shell} on a PTY). State (cwd, variables, running \
-     programs) persists across terminal_send calls. Prefer the one-shot {shell} tool when no \
-     interaction is needed. Close the session with terminal_close when done."
+     programs) persists across terminal_send calls. rows and cols set the terminal size \
+     (change it later with terminal_resize); term sets TERM. Prefer the one-shot {shell} tool \
+     when no interaction is needed. Close the session with terminal_close when done."
 );
 
 impl OpenTool {
@@ -239,6 +263,8 @@ impl OpenTool {
         req.type_name = a.type_name;
         req.name = a.name;
         req.cwd = a.cwd.map(PathBuf::from);
+        req.size = requested_size("terminal_open", a.rows, a.cols)?;
+        req.term = a.term;
         req.managed_env = self.0.shell_env.snapshot(ctx.owner.session_id());
         let info = self.0.terminals.open(&ctx.owner, req, ctx.cancel.clone()).await?;
         let v = serde_json::json!({
@@ -273,7 +299,9 @@ tool!(
      until it is reasonable to look again. wait_reason says why it returned: stdin_read (a \
      prompt or a program is waiting for input), inferred_idle (output went quiet and the \
      program uses no CPU; it may still be running), timeout, or session_exit. It never \
-     means the command finished unless the prompt returned."
+     means the command finished unless the prompt returned. The output is line by line as the \
+     terminal shows it (carriage-return redraws and backspaces applied); what a full-screen \
+     program (vim, less, top) draws is left out: read it with terminal_read view \"screen\"."
 );
 
 struct SendOutput {
@@ -415,12 +443,27 @@ impl SendTool {
     }
 }
 
+/// What `terminal_read` returns.
+#[derive(Debug, Deserialize, JsonSchema, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum ReadView {
+    /// Retained lines, paged backward from the newest.
+    Scrollback,
+    /// The visible screen as a person sees it.
+    Screen,
+}
+
 /// Arguments of `terminal_read`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ReadArgs {
     /// The session id (`pty-N`), or the name given at terminal_open.
     session_id: String,
+    /// `scrollback` (default): retained lines, paged with offset_lines and max_lines.
+    /// `screen`: the visible screen as a person sees it (a full-screen program's included),
+    /// trailing blanks trimmed.
+    #[serde(default)]
+    view: Option<ReadView>,
     /// How many lines back from the newest the page ends (default 0).
     #[serde(default)]
     offset_lines: Option<usize>,
@@ -434,12 +477,42 @@ tool!(
     ReadTool,
     "terminal_read",
     ReadArgs,
-    "Read retained scrollback of a terminal session, paging backward from the newest line. \
-     truncated means older output was dropped from retention or the page was cut."
+    "Read a terminal session: its retained scrollback (the default), paging backward from the \
+     newest line, where truncated means older output was dropped from retention or the page \
+     was cut; or, with view \"screen\", the visible screen as a person would see it (what vim, \
+     less or top show), with the cursor position and whether a full-screen program holds the \
+     alternate screen."
 );
 
 impl ReadTool {
     async fn run(&self, ctx: &ToolContext, a: ReadArgs) -> Result<ToolOutput> {
+        if a.view == Some(ReadView::Screen) {
+            if a.offset_lines.is_some() || a.max_lines.is_some() {
+                return Err(Error::invalid(
+                    "invalid arguments for `terminal_read`: offset_lines and max_lines page the \
+                     scrollback; the screen view takes neither",
+                ));
+            }
+            let v = self.0.terminals.screen(&ctx.owner, &a.session_id)?;
+            let suffix = format!(
+                "\n[screen {}x{}; cursor at row {}, col {}{}]",
+                v.size.rows,
+                v.size.cols,
+                v.cursor.0,
+                v.cursor.1,
+                if v.alternate { "; full-screen program (alternate screen)" } else { "" }
+            );
+            let text = cap_result(&v.text, &suffix, self.0.config.max_result_bytes);
+            let body = &text[..text.len() - suffix.len()];
+            return Ok(ToolOutput {
+                structured: Some(serde_json::json!({
+                    "view": "screen", "text": body, "rows": v.size.rows, "cols": v.size.cols,
+                    "cursor": { "row": v.cursor.0, "col": v.cursor.1 },
+                    "alternate_screen": v.alternate, "truncated": body.len() < v.text.len(),
+                })),
+                text,
+            });
+        }
         if a.max_lines == Some(0) {
             return Err(Error::invalid(
                 "invalid arguments for `terminal_read`: max_lines must be at least 1",
@@ -541,6 +614,40 @@ impl SignalTool {
     }
 }
 
+/// Arguments of `terminal_resize`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ResizeArgs {
+    /// The session id (`pty-N`), or the name given at terminal_open.
+    session_id: String,
+    /// New rows.
+    #[schemars(range(min = 1, max = 1000))]
+    rows: u16,
+    /// New columns.
+    #[schemars(range(min = 1, max = 1000))]
+    cols: u16,
+}
+
+tool!(
+    ResizeTool,
+    "terminal_resize",
+    ResizeArgs,
+    "Change a terminal session's rows and columns. The program in the foreground is told \
+     (SIGWINCH) and sees the new size (stty size, tput cols); full-screen programs redraw."
+);
+
+impl ResizeTool {
+    async fn run(&self, ctx: &ToolContext, a: ResizeArgs) -> Result<ToolOutput> {
+        let size = requested_size("terminal_resize", Some(a.rows), Some(a.cols))?
+            .unwrap_or_default();
+        self.0.terminals.resize(&ctx.owner, &a.session_id, size).await?;
+        Ok(capped_json(
+            serde_json::json!({ "session_id": a.session_id, "rows": a.rows, "cols": a.cols }),
+            self.0.config.max_result_bytes,
+        ))
+    }
+}
+
 /// Arguments naming one session.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -597,6 +704,7 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
         Arc::new(OpenTool::new(Arc::clone(&shared))),
         Arc::new(SendTool::new(Arc::clone(&shared))),
         Arc::new(ReadTool::new(Arc::clone(&shared))),
+        Arc::new(ResizeTool::new(Arc::clone(&shared))),
         Arc::new(SignalTool::new(Arc::clone(&shared))),
         Arc::new(ListTool::new(Arc::clone(&shared))),
         Arc::new(CloseTool::new(shared)),
@@ -607,7 +715,7 @@ register_plugin!(PluginEntry {
     name: "tool-terminal",
     provides: None,
     requires: &[SeamId::Terminals],
-    description: "terminal_open/send/read/signal/list/close over the terminals service",
+    description: "terminal_open/send/read/resize/signal/list/close over the terminals service",
     build,
 });
 

@@ -28,7 +28,7 @@ use conch_registry::{
 use conch_seams::{
     CommandLine, ConfigIssue, Error, ErrorCode, ErrorReason, PluginConfig, Result, Sandbox,
     SandboxPolicy, SandboxRelease, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec,
-    TerminalSession, TerminalSpawnSpec,
+    TerminalSession, TerminalSize, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -37,6 +37,12 @@ pub const NAME: &str = "terminal-bash";
 
 /// OSC number of the private prompt marker.
 const MARKER_OSC: &str = "7770";
+
+/// Columns of a session opened with no size (the [`TerminalSize`] default).
+pub(crate) const DEFAULT_COLS: u16 = 200;
+/// The largest rows or columns a session may have (the screen model holds rows × columns
+/// cells).
+pub const MAX_SIZE: u16 = 1000;
 
 /// Validated backend config (all timings in milliseconds).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -67,6 +73,13 @@ pub struct TerminalBashConfig {
     /// The pwsh executable (`shell_dialect: pwsh`): a name looked up on the provider's PATH,
     /// or a path.
     pub pwsh: String,
+    /// The TERM bash sessions get (a terminfo name; pwsh sessions keep `dumb`, which their
+    /// line reading relies on).
+    pub term: String,
+    /// Rows of a session opened without a size.
+    pub rows: u16,
+    /// Columns of a session opened without a size.
+    pub cols: u16,
 }
 
 impl Default for TerminalBashConfig {
@@ -84,8 +97,28 @@ impl Default for TerminalBashConfig {
             cwd: None,
             shell_dialect: "bash".into(),
             pwsh: "pwsh".into(),
+            term: "xterm-256color".into(),
+            rows: TerminalSize::default().rows,
+            cols: TerminalSize::default().cols,
         }
     }
+}
+
+/// Checks a TERM value: a terminfo name, so it can never smuggle a path or a control
+/// character into the environment.
+fn term_issue(term: &str) -> Option<&'static str> {
+    let ok = !term.is_empty()
+        && term.len() <= 64
+        && term.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+    (!ok).then_some("must be a terminfo name (letters, digits, `.`, `_`, `+`, `-`; 1 to 64)")
+}
+
+/// Checks a terminal size: 1 to [`MAX_SIZE`] rows and columns.
+pub(crate) fn size_issue(rows: u16, cols: u16) -> Option<String> {
+    let bad = |n: u16| n == 0 || n > MAX_SIZE;
+    (bad(rows) || bad(cols)).then(|| {
+        format!("rows and cols must be 1 to {MAX_SIZE} (got {rows} rows, {cols} cols)")
+    })
 }
 
 impl PluginConfig for TerminalBashConfig {
@@ -104,6 +137,12 @@ impl PluginConfig for TerminalBashConfig {
         }
         if Shell::by_name(&self.shell_dialect).is_none() {
             return Err(ConfigIssue::new("shell_dialect", "must be `bash` or `pwsh`"));
+        }
+        if let Some(why) = term_issue(&self.term) {
+            return Err(ConfigIssue::new("term", why));
+        }
+        if let Some(why) = size_issue(self.rows, self.cols) {
+            return Err(ConfigIssue::new("rows", why));
         }
         Ok(())
     }
@@ -235,7 +274,11 @@ impl TerminalBash {
 impl TerminalBash {
     /// The argv and variables that start the session's shell with the prompt marker
     /// `payload`.
-    fn shell_command(&self, payload: &str) -> (Vec<String>, Vec<(&'static str, String)>) {
+    fn shell_command(
+        &self,
+        payload: &str,
+        term: &str,
+    ) -> (Vec<String>, Vec<(&'static str, String)>) {
         match self.shell {
             Shell::Bash => {
                 // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before
@@ -252,7 +295,7 @@ impl TerminalBash {
                     ("PS1", ps1.clone()),
                     ("PS2", "> ".into()),
                     ("PROMPT_COMMAND", framing::prompt_command(&ps1)),
-                    ("TERM", "dumb".into()),
+                    ("TERM", term.into()),
                     ("NO_COLOR", "1".into()),
                     ("PAGER", "cat".into()),
                     ("GIT_PAGER", "cat".into()),
@@ -318,10 +361,34 @@ impl TerminalBackend for TerminalBash {
             (Some(c), _) => Some(c),
             (None, base) => base.clone(),
         };
+        let size = spec
+            .size
+            .unwrap_or(TerminalSize { rows: self.config.rows, cols: self.config.cols });
+        if let Some(why) = size_issue(size.rows, size.cols) {
+            return Err(Error::invalid(why).with_provider(NAME).with_operation("open"));
+        }
+        let term = match (&spec.term, self.shell) {
+            (Some(_), Shell::Pwsh) => {
+                return Err(Error::invalid(
+                    "pwsh sessions keep TERM=dumb (their line reading relies on it); open \
+                     without `term`",
+                )
+                .with_provider(NAME)
+                .with_operation("open"));
+            }
+            (Some(t), Shell::Bash) => t.clone(),
+            (None, _) => self.config.term.clone(),
+        };
+        if let Some(why) = term_issue(&term) {
+            return Err(Error::invalid(format!("term {term:?} {why}"))
+                .with_provider(NAME)
+                .with_operation("open"));
+        }
         let payload = format!("{MARKER_OSC};{}", conch_seams::terminal::marker_nonce());
-        let (argv, env) = self.shell_command(&payload);
+        let (argv, env) = self.shell_command(&payload, &term);
         let mut tspec = TerminalSpawnSpec::in_default_dir(argv);
         tspec.cwd = cwd;
+        tspec.size = size;
         for (k, v) in env {
             tspec.env.insert(k.into(), Some(v));
         }
@@ -338,7 +405,6 @@ impl TerminalBackend for TerminalBash {
         {
             return Err(missing_pwsh(&self.config.pwsh));
         }
-        let size = tspec.size;
         // Held by the session (dropped with it), or dropped here when the open fails.
         let (tspec, release) = self.confine(tspec)?;
         let sandbox = self.confinement.as_ref().map(|(_, p)| p.mode);

@@ -45,6 +45,22 @@ impl Scrollback {
         self.trim();
     }
 
+    /// Appends finished lines (each ending in `\n`) and replaces the current, unfinished
+    /// line with `live` (a line that is still being drawn can still change).
+    pub(crate) fn push_lines(&mut self, lines: &str, live: &str) {
+        self.partial.clear();
+        self.push(lines);
+        self.set_live(live);
+    }
+
+    /// Replaces the current, unfinished line.
+    pub(crate) fn set_live(&mut self, live: &str) {
+        if self.partial != live {
+            self.partial.clear();
+            self.push(live);
+        }
+    }
+
     fn push_line(&mut self, mut line: String) {
         if line.len() > self.max_bytes {
             line = conch_output::truncate_utf8(&line, self.max_bytes / 2).to_string();

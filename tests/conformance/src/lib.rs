@@ -19,6 +19,7 @@ pub mod shell;
 pub mod subprocess;
 pub mod terminal;
 pub mod terminal_process;
+pub mod workload_screen;
 
 use std::future::Future;
 use std::time::Duration;
@@ -442,7 +443,14 @@ macro_rules! __terminal_cases {
             scrollback_pages_backward,
             utf8_output_arrives_intact,
             close_stops_processes_that_detached_with_setsid_and_nohup,
-            a_cancelled_open_is_rolled_back
+            a_cancelled_open_is_rolled_back,
+            a_progress_bar_comes_back_as_its_last_state,
+            a_carriage_return_overwrites_and_a_backspace_erases,
+            term_is_a_real_terminal_type_and_can_be_chosen,
+            vim_shows_its_screen_and_exits_cleanly,
+            less_shows_a_page_and_quits,
+            a_python_repl_answers_line_by_line,
+            a_resize_reaches_the_program
         }
     };
 }

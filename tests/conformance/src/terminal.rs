@@ -15,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Outcome, skip, within};
 
+pub use crate::workload_screen::*;
+
 /// True when the backend's sessions run PowerShell.
 fn is_pwsh(p: &dyn TerminalBackend) -> bool {
     p.dialect() == ShellDialect::PWSH
