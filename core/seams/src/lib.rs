@@ -41,8 +41,8 @@ pub use subprocess::{
     TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
 };
 pub use terminal::{
-    CloseReport, CommandEnd, CommandOutcome, Interrupted, OpenRequest, ScreenView, ScrollbackPage, SendOutcome,
-    SendSettle, SendSlot, SessionStatus, TerminalBackend, TerminalInfo, TerminalOpenSpec,
-    TerminalSession, Terminals, WaitReason,
+    CloseReport, CommandEnd, CommandOutcome, Interrupted, OpenRequest, ScreenView, ScrollbackPage,
+    SendOutcome, SendSettle, SendSlot, SessionStatus, TerminalBackend, TerminalInfo,
+    TerminalOpenSpec, TerminalSession, Terminals, WaitReason,
 };
 pub use tools::{Progress, ProgressSink, Tool, ToolContext, ToolOutput};

@@ -237,7 +237,11 @@ struct OpenArgs {
 }
 
 /// The size asked for: both of rows and cols, or neither.
-fn requested_size(tool: &str, rows: Option<u16>, cols: Option<u16>) -> Result<Option<TerminalSize>> {
+fn requested_size(
+    tool: &str,
+    rows: Option<u16>,
+    cols: Option<u16>,
+) -> Result<Option<TerminalSize>> {
     match (rows, cols) {
         (Some(rows), Some(cols)) => Ok(Some(TerminalSize { rows, cols })),
         (None, None) => Ok(None),
@@ -638,8 +642,8 @@ tool!(
 
 impl ResizeTool {
     async fn run(&self, ctx: &ToolContext, a: ResizeArgs) -> Result<ToolOutput> {
-        let size = requested_size("terminal_resize", Some(a.rows), Some(a.cols))?
-            .unwrap_or_default();
+        let size =
+            requested_size("terminal_resize", Some(a.rows), Some(a.cols))?.unwrap_or_default();
         self.0.terminals.resize(&ctx.owner, &a.session_id, size).await?;
         Ok(capped_json(
             serde_json::json!({ "session_id": a.session_id, "rows": a.rows, "cols": a.cols }),

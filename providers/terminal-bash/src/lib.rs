@@ -9,6 +9,11 @@
 //! before every prompt and would otherwise wait up to a second (ten the first time) for a
 //! terminal that never answers.
 //!
+//! bash sessions get a real TERM (`term`, `xterm-256color` by default, or the one asked for
+//! at open) and a size (`rows` × `cols`, or the one asked for at open, changed later by
+//! [`TerminalSession::resize`]); what programs draw is read back line by line or as the
+//! screen (see `session.rs`).
+//!
 //! When the composition binds a sandbox, the shell's whole command line (argv, cwd, env) is
 //! wrapped through it under the `sandbox-policy` default before the PTY spawn, so the session
 //! and everything typed into it run confined, in a mode fixed for the session's lifetime.
@@ -116,9 +121,8 @@ fn term_issue(term: &str) -> Option<&'static str> {
 /// Checks a terminal size: 1 to [`MAX_SIZE`] rows and columns.
 pub(crate) fn size_issue(rows: u16, cols: u16) -> Option<String> {
     let bad = |n: u16| n == 0 || n > MAX_SIZE;
-    (bad(rows) || bad(cols)).then(|| {
-        format!("rows and cols must be 1 to {MAX_SIZE} (got {rows} rows, {cols} cols)")
-    })
+    (bad(rows) || bad(cols))
+        .then(|| format!("rows and cols must be 1 to {MAX_SIZE} (got {rows} rows, {cols} cols)"))
 }
 
 impl PluginConfig for TerminalBashConfig {
@@ -361,9 +365,8 @@ impl TerminalBackend for TerminalBash {
             (Some(c), _) => Some(c),
             (None, base) => base.clone(),
         };
-        let size = spec
-            .size
-            .unwrap_or(TerminalSize { rows: self.config.rows, cols: self.config.cols });
+        let size =
+            spec.size.unwrap_or(TerminalSize { rows: self.config.rows, cols: self.config.cols });
         if let Some(why) = size_issue(size.rows, size.cols) {
             return Err(Error::invalid(why).with_provider(NAME).with_operation("open"));
         }

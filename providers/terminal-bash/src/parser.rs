@@ -106,11 +106,7 @@ impl LineEditor {
 
     /// Start of the screen row the cursor shows on.
     fn row_start(&self) -> usize {
-        if self.pending_wrap {
-            self.col - self.cols
-        } else {
-            self.col - self.col % self.cols
-        }
+        if self.pending_wrap { self.col - self.cols } else { self.col - self.col % self.cols }
     }
 
     fn print(&mut self, c: char) {

@@ -1082,15 +1082,28 @@ impl TerminalSession for BashSession {
             return Err(Error::invalid(why).with_provider(NAME).with_operation("resize"));
         }
         self.check_open()?;
-        {
+        let before = {
             // The models first: what the program redraws after its SIGWINCH is laid out at
             // the new size.
             let mut st = self.shared.lock();
             let n = |v: u16| std::num::NonZeroU16::new(v).unwrap_or(std::num::NonZeroU16::MIN);
             st.screen.screen_mut().set_size(n(size.rows), n(size.cols));
             st.parser.resize(size.rows, size.cols);
+            st.prompts
+        };
+        self.shared.process.resize(size).await.inspect_err(|e| self.shared.note_loss(e))?;
+        // At its prompt, readline redraws the prompt line on SIGWINCH, marker included: the
+        // next send must not take that redraw for its own prompt, so it first waits for it
+        // (bounded), as after a signal.
+        if self.shared.shell == crate::Shell::Bash
+            && self.shared.observe(Probe::Foreground).await?.leader_owns_foreground
+        {
+            let mut st = self.shared.lock();
+            if !st.busy() {
+                st.signalled = Some((before, Instant::now()));
+            }
         }
-        self.shared.process.resize(size).await.inspect_err(|e| self.shared.note_loss(e))
+        Ok(())
     }
 
     async fn signal(&self, signal: Signal) -> Result<SignalDelivery> {

@@ -217,8 +217,8 @@ pub async fn a_python_repl_answers_line_by_line(p: &dyn TerminalBackend) -> Outc
     let r = send(s.as_ref(), "6 * 7").await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     assert_eq!(r.delta, "6 * 7\n42\n>>> ", "{r:?}");
-    let r = send(s.as_ref(), "for i in range(3): print('row', i, end='\\r' if i < 2 else '\\n')")
-        .await;
+    let r =
+        send(s.as_ref(), "for i in range(3): print('row', i, end='\\r' if i < 2 else '\\n')").await;
     assert!(r.delta.ends_with("\n... "), "a continuation prompt: {r:?}");
     let r = send(s.as_ref(), "").await;
     assert!(r.delta.contains("row 2") && !r.delta.contains("row 0"), "{r:?}");
@@ -238,6 +238,11 @@ pub async fn a_resize_reaches_the_program(p: &dyn TerminalBackend) -> Outcome {
     let r = send(s.as_ref(), "stty size; tput cols").await;
     assert!(r.delta.contains("\n30 100\n100\n"), "the size at open: {r:?}");
     assert_eq!(screen(s.as_ref()).size, TerminalSize { rows: 30, cols: 100 });
+    // At the prompt: the shell redraws its prompt line on SIGWINCH, and the next send still
+    // gets its own command's result.
+    within("resize", s.resize(TerminalSize { rows: 31, cols: 101 })).await.expect("resize");
+    let r = send(s.as_ref(), "stty size").await;
+    assert!(r.delta.contains("\n31 101\n"), "the send after a resize at the prompt: {r:?}");
     // A program in the foreground gets SIGWINCH and sees the new size.
     let r = send(
         s.as_ref(),
