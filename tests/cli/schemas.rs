@@ -188,7 +188,7 @@ fn terminal_size_view_and_term_are_in_the_schemas_and_do_what_they_say() {
             r#"{"tool":"terminal_open","args":{"rows":12,"cols":70,"term":"xterm"}}"#,
             r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"echo $TERM $(stty size)"}}"#,
             r#"{"tool":"terminal_resize","args":{"session_id":"pty-1","rows":20,"cols":90}}"#,
-            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"printf 'ab\bX\n'; stty size"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"printf 'ab\\bX\\n'; stty size"}}"#,
             r#"{"tool":"terminal_read","args":{"session_id":"pty-1","view":"screen"}}"#,
             r#"{"tool":"terminal_open","args":{"rows":12}}"#,
             r#"{"tool":"terminal_read","args":{"session_id":"pty-1","view":"screen","max_lines":3}}"#,

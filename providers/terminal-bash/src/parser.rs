@@ -117,7 +117,7 @@ impl LineEditor {
             self.line.push(c);
         }
         self.col += 1;
-        self.pending_wrap = self.col % self.cols == 0;
+        self.pending_wrap = self.col.is_multiple_of(self.cols);
         if self.line.len() >= MAX_LIVE_CHARS {
             self.col -= self.line.len().min(self.col);
             self.finish();
@@ -133,7 +133,7 @@ impl LineEditor {
         // Like a terminal without reverse-wrap: never back past the row's start.
         if self.pending_wrap {
             self.col -= 2.min(self.col);
-        } else if self.col % self.cols != 0 {
+        } else if !self.col.is_multiple_of(self.cols) {
             self.col -= 1;
         }
         self.pending_wrap = false;
@@ -147,7 +147,7 @@ impl LineEditor {
     }
 
     /// Moves to `col` (0-based) of the cursor's screen row.
-    fn to_column(&mut self, col: usize) {
+    fn move_to_column(&mut self, col: usize) {
         self.col = self.row_start() + col.min(self.cols - 1);
         self.pending_wrap = false;
     }
@@ -316,14 +316,14 @@ impl Parser {
                 self.alternate = fin == b'h';
             }
             (false, b'K') => self.line_control(|l| l.erase(first)),
-            (false, b'G' | b'`') => self.line_control(|l| l.to_column(count - 1)),
+            (false, b'G' | b'`') => self.line_control(|l| l.move_to_column(count - 1)),
             (false, b'C') => self.line_control(|l| {
                 let c = l.column();
-                l.to_column(c + count);
+                l.move_to_column(c + count);
             }),
             (false, b'D') => self.line_control(|l| {
                 let c = l.column();
-                l.to_column(c.saturating_sub(count));
+                l.move_to_column(c.saturating_sub(count));
             }),
             _ => {}
         }
