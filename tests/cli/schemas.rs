@@ -240,3 +240,33 @@ fn an_unknown_field_lists_only_the_fields_the_composition_offers() {
     let (_, _, err) = call(yaml, "terminal_send", r#"{"session_id":"x","text":"y","wat":1}"#);
     assert!(err.contains("expected one of `session_id`, `submit`, `text`\n"), "{err}");
 }
+
+#[test]
+fn a_send_to_a_full_screen_program_says_where_its_screen_is() {
+    if !std::path::Path::new("/usr/bin/vim").exists() {
+        println!("SKIP a_send_to_a_full_screen_program_says_where_its_screen_is: no /usr/bin/vim");
+        return;
+    }
+    let results = super::run_batch_in(
+        "terminal",
+        &[
+            r#"{"tool":"terminal_open","args":{"rows":10,"cols":40}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"/usr/bin/vim -u NONE -i NONE -N -n"}}"#,
+            r#"{"tool":"terminal_read","args":{"session_id":"pty-1","view":"screen"}}"#,
+        ],
+    );
+    let send = &results[1]["structured"];
+    assert_eq!(send["full_screen"], true, "{}", results[1]);
+    assert!(!send["output"].as_str().unwrap().contains('~'), "{}", results[1]);
+    assert!(
+        results[1]["text"].as_str().unwrap().ends_with("terminal_read view \"screen\" shows it]"),
+        "{}",
+        results[1]
+    );
+    let screen = &results[2]["structured"];
+    assert_eq!(screen["alternate_screen"], true, "{screen}");
+    assert!(
+        screen["text"].as_str().unwrap().lines().filter(|l| *l == "~").count() >= 5,
+        "{screen}"
+    );
+}

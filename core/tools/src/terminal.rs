@@ -108,12 +108,18 @@ fn sandbox_json(mode: Option<conch_seams::SandboxMode>) -> serde_json::Value {
     mode.map_or(serde_json::Value::Null, |m| m.as_str().into())
 }
 
-/// Renders a settled send.
-fn render_send(id: &str, s: &SendSettle, max: usize) -> ToolOutput {
+/// Renders a settled send. `full_screen`: a full-screen program holds the alternate screen
+/// (its drawing is not in the output, so the result says where to look).
+fn render_send(id: &str, s: &SendSettle, full_screen: bool, max: usize) -> ToolOutput {
     let suffix = format!(
-        "\n[wait_reason: {}; session: {}]",
+        "\n[wait_reason: {}; session: {}{}]",
         s.wait_reason.as_str(),
-        status_text(&s.session_status)
+        status_text(&s.session_status),
+        if full_screen {
+            "; a full-screen program holds the screen: terminal_read view \"screen\" shows it"
+        } else {
+            ""
+        }
     );
     let text = cap_result(&s.delta, &suffix, max);
     let output_len = text.len() - suffix.len();
@@ -123,9 +129,15 @@ fn render_send(id: &str, s: &SendSettle, max: usize) -> ToolOutput {
             "output": &text[..output_len],
             "wait_reason": s.wait_reason.as_str(),
             "session_status": status_json(&s.session_status),
+            "full_screen": full_screen,
         })),
         text,
     }
+}
+
+/// Whether a full-screen program holds the session's alternate screen now.
+fn full_screen(terminals: &Arc<dyn Terminals>, owner: &conch_seams::Owner, id: &str) -> bool {
+    terminals.screen(owner, id).is_ok_and(|v| v.alternate)
 }
 
 fn capped_json(value: serde_json::Value, max: usize) -> ToolOutput {
@@ -305,7 +317,8 @@ tool!(
      program uses no CPU; it may still be running), timeout, or session_exit. It never \
      means the command finished unless the prompt returned. The output is line by line as the \
      terminal shows it (carriage-return redraws and backspaces applied); what a full-screen \
-     program (vim, less, top) draws is left out: read it with terminal_read view \"screen\"."
+     program (vim, less, top) draws is left out (full_screen says one holds the screen): \
+     read it with terminal_read view \"screen\"."
 );
 
 struct SendOutput {
@@ -345,7 +358,10 @@ impl SendTool {
         if !a.run_in_background.unwrap_or(false) {
             let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
             return match slot.send(a.text, submit, ctx.cancel.clone()).await? {
-                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, max)),
+                SendOutcome::Ready(settle) => {
+                    let full = full_screen(&self.0.terminals, &ctx.owner, &a.session_id);
+                    Ok(render_send(&a.session_id, &settle, full, max))
+                }
                 SendOutcome::Interrupted(i) => Err(interrupted_error(&i)),
             };
         }
@@ -357,6 +373,8 @@ impl SendTool {
         start.output_cap = max;
         let id = a.session_id.clone();
         let text = a.text;
+        let terminals = Arc::clone(&self.0.terminals);
+        let owner = Arc::clone(&ctx.owner);
         let info = jobs
             .start(
                 &ctx.owner,
@@ -371,7 +389,8 @@ impl SendTool {
                             let r = slot.send(text, submit, c2).await;
                             let (rendered, settlement) = match r {
                                 Ok(SendOutcome::Ready(s)) => (
-                                    render_send(&id, &s, max).text,
+                                    render_send(&id, &s, full_screen(&terminals, &owner, &id), max)
+                                        .text,
                                     JobSettlement {
                                         status: JobStatus::Completed,
                                         detail: Some(format!(
