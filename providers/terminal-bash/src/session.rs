@@ -1170,3 +1170,38 @@ impl TerminalSession for BashSession {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_screen_model_answers_queries_where_they_were_asked() {
+        let mut screen = screen_model(TerminalSize { rows: 5, cols: 20 }, true);
+        screen.process(b"ab\x1b[6n\r\nxyz   \x1b[6n\x1b[>c\x1b[c\x1b[5n\x1b]11;?\x07\x1b[99n");
+        let answers = std::mem::take(&mut screen.callbacks_mut().out);
+        assert_eq!(
+            String::from_utf8(answers).unwrap(),
+            "\x1b[1;3R\x1b[2;7R\x1b[>0;10;1c\x1b[?1;2c\x1b[0n\x1b]11;rgb:0000/0000/0000\x1b\\",
+            "each cursor answer is the position at its own request"
+        );
+        // Where the parser answers (pwsh), the screen model stays silent.
+        let mut quiet = screen_model(TerminalSize { rows: 5, cols: 20 }, false);
+        quiet.process(b"\x1b[6n\x1b[>c");
+        assert!(quiet.callbacks().out.is_empty());
+    }
+
+    #[test]
+    fn the_screen_model_holds_what_a_full_screen_program_drew() {
+        let model = |bytes: &[u8]| {
+            let mut screen = screen_model(TerminalSize { rows: 6, cols: 30 }, true);
+            screen.process(bytes);
+            screen
+        };
+        let screen = model(b"$ vim\r\n\x1b[?1049h\x1b[H\x1b[2Jhello\r\n~\r\n~\x1b[6;1H\"f\" 1L");
+        let s = screen.screen();
+        assert!(s.alternate_screen());
+        let rows: Vec<String> = s.rows(0, 30).map(|r| r.trim_end().to_string()).collect();
+        assert_eq!(rows, ["hello", "~", "~", "", "", "\"f\" 1L"]);
+    }
+}
