@@ -86,8 +86,9 @@ pub(crate) struct LineEditor {
     line: Vec<char>,
     /// Cursor, as an index into `line` (may be past its end: gaps fill with spaces).
     col: usize,
-    /// The last column was just printed: the cursor shows there, the next character wraps.
-    pending_wrap: bool,
+    /// The last thing done was printing a character (so a cursor at a row boundary is the
+    /// deferred wrap of the row before it: see [`LineEditor::pending_wrap`]).
+    after_print: bool,
     cols: usize,
     /// Finished lines, each ending in `\n`, not yet taken.
     done: String,
@@ -98,26 +99,34 @@ impl LineEditor {
         Self {
             line: Vec::new(),
             col: 0,
-            pending_wrap: false,
+            after_print: false,
             cols: usize::from(cols.max(1)),
             done: String::new(),
         }
     }
 
+    /// The last column was just printed: the cursor shows there, the next character wraps.
+    /// (Worked out when asked rather than at every character, which would cost a division.)
+    fn pending_wrap(&self) -> bool {
+        self.after_print && self.col > 0 && self.col.is_multiple_of(self.cols)
+    }
+
     /// Start of the screen row the cursor shows on.
     fn row_start(&self) -> usize {
-        if self.pending_wrap { self.col - self.cols } else { self.col - self.col % self.cols }
+        if self.pending_wrap() { self.col - self.cols } else { self.col - self.col % self.cols }
     }
 
     fn print(&mut self, c: char) {
-        if self.col < self.line.len() {
+        if self.col == self.line.len() {
+            self.line.push(c);
+        } else if self.col < self.line.len() {
             self.line[self.col] = c;
         } else {
             self.line.resize(self.col, ' ');
             self.line.push(c);
         }
         self.col += 1;
-        self.pending_wrap = self.col.is_multiple_of(self.cols);
+        self.after_print = true;
         if self.line.len() >= MAX_LIVE_CHARS {
             self.col -= self.line.len().min(self.col);
             self.finish();
@@ -126,35 +135,35 @@ impl LineEditor {
 
     fn cr(&mut self) {
         self.col = self.row_start();
-        self.pending_wrap = false;
+        self.after_print = false;
     }
 
     fn bs(&mut self) {
         // Like a terminal without reverse-wrap: never back past the row's start.
-        if self.pending_wrap {
+        if self.pending_wrap() {
             self.col -= 2.min(self.col);
         } else if !self.col.is_multiple_of(self.cols) {
             self.col -= 1;
         }
-        self.pending_wrap = false;
+        self.after_print = false;
     }
 
     fn tab(&mut self) {
         let start = self.row_start();
-        let at = if self.pending_wrap { self.col - 1 } else { self.col } - start;
+        let at = if self.pending_wrap() { self.col - 1 } else { self.col } - start;
         self.col = start + ((at / 8 + 1) * 8).min(self.cols - 1);
-        self.pending_wrap = false;
+        self.after_print = false;
     }
 
     /// Moves to `col` (0-based) of the cursor's screen row.
     fn move_to_column(&mut self, col: usize) {
         self.col = self.row_start() + col.min(self.cols - 1);
-        self.pending_wrap = false;
+        self.after_print = false;
     }
 
     /// The cursor's 0-based column within its screen row.
     fn column(&self) -> usize {
-        if self.pending_wrap { self.cols - 1 } else { self.col % self.cols }
+        if self.pending_wrap() { self.cols - 1 } else { self.col % self.cols }
     }
 
     /// Erase in line: 0 to the end of the row, 1 to its start, 2 the whole row.
@@ -185,7 +194,7 @@ impl LineEditor {
     fn finish(&mut self) {
         self.done.extend(self.line.drain(..));
         self.done.push('\n');
-        self.pending_wrap = false;
+        self.after_print = false;
     }
 
     fn lf(&mut self) {
@@ -282,13 +291,14 @@ impl Parser {
         if cut == 0 {
             return;
         }
-        let rest = self.line_bytes.split_off(cut);
-        let bytes = std::mem::replace(&mut self.line_bytes, rest);
         if !self.alternate {
-            for c in String::from_utf8_lossy(&bytes).chars() {
-                self.lines.print(c);
+            let bytes = &self.line_bytes[..cut];
+            match std::str::from_utf8(bytes) {
+                Ok(text) => text.chars().for_each(|c| self.lines.print(c)),
+                Err(_) => String::from_utf8_lossy(bytes).chars().for_each(|c| self.lines.print(c)),
             }
         }
+        self.line_bytes.drain(..cut);
     }
 
     /// Applies one control to the line rendering, after the text before it.
