@@ -73,8 +73,9 @@ pub(crate) struct Parser {
 }
 
 /// The longest line the line rendering holds before it is cut into a line of its own (an
-/// endless line must not make every chunk cost its whole length).
-const MAX_LIVE_CHARS: usize = 16 * 1024;
+/// endless line must stay bounded in memory; 1 Mi characters is past what a send returns or
+/// the scrollback keeps by default).
+const MAX_LIVE_CHARS: usize = 1 << 20;
 
 /// One line as a terminal of a given width shows it while a program writes to it: a cursor
 /// that printing advances and overwrites at, CR, backspace, tab, erase in line and cursor
@@ -667,6 +668,19 @@ mod tests {
         assert_eq!(rendered(10, b"0123456789\rX\r\n"), "X123456789\n");
         // Backspace never goes back past the row's start.
         assert_eq!(rendered(10, b"0123456789ab\x08\x08\x08Z\r\n"), "0123456789Zb\n");
+    }
+
+    #[test]
+    fn a_long_line_stays_one_line() {
+        let long = "x".repeat(300_000);
+        let mut p = Parser::new("m").with_cols(200);
+        let mut out = String::new();
+        for chunk in format!("{long}\r\n").as_bytes().chunks(4096) {
+            p.feed(chunk);
+            out.push_str(&p.take_lines());
+        }
+        assert_eq!(out.len(), long.len() + 1);
+        assert_eq!(out.lines().count(), 1);
     }
 
     #[test]

@@ -45,12 +45,12 @@ impl Scrollback {
         self.trim();
     }
 
-    /// Appends finished lines (each ending in `\n`) and replaces the current, unfinished
-    /// line with `live` (a line that is still being drawn can still change).
-    pub(crate) fn push_lines(&mut self, lines: &str, live: &str) {
+    /// Appends finished lines (each ending in `\n`) after the last finished one: the
+    /// unfinished line set by [`Scrollback::set_live`] is not part of them (a line still
+    /// being drawn can change, so it is set anew when a page is read).
+    pub(crate) fn push_lines(&mut self, lines: &str) {
         self.partial.clear();
         self.push(lines);
-        self.set_live(live);
     }
 
     /// Replaces the current, unfinished line.

@@ -329,8 +329,7 @@ impl Shared {
         st.last_output = Instant::now();
         let lines = st.parser.take_lines();
         if !lines.is_empty() {
-            let live = st.parser.live_line();
-            st.scrollback.push_lines(&lines, &live);
+            st.scrollback.push_lines(&lines);
             if let Some(from) = st.op_from.take() {
                 // The op's first line starts where the op began (after the prompt).
                 let first_end = lines.find('\n').map_or(lines.len(), |i| i + 1);
@@ -342,9 +341,6 @@ impl Shared {
             } else if let Some(op) = st.op.as_mut() {
                 op.push(&lines);
             }
-        } else {
-            let live = st.parser.live_line();
-            st.scrollback.set_live(&live);
         }
         for ev in events {
             match ev {
@@ -1069,7 +1065,11 @@ impl TerminalSession for BashSession {
     }
 
     fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage {
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
+        // The unfinished line as it stands now (not copied at every chunk: a long line being
+        // drawn would cost its length each time).
+        let live = st.parser.live_line();
+        st.scrollback.set_live(&live);
         st.scrollback.page(offset_lines, max_lines, self.shared.config.max_read_bytes)
     }
 
