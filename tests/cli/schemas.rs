@@ -166,6 +166,52 @@ fn terminal_read_max_lines_zero_is_refused_as_its_schema_says() {
 }
 
 #[test]
+fn terminal_size_view_and_term_are_in_the_schemas_and_do_what_they_say() {
+    let terminal = tools("terminal", &[]);
+    assert_eq!(
+        property(&terminal, "terminal_read", "view")["enum"],
+        serde_json::json!(["scrollback", "screen"])
+    );
+    for (tool, prop) in [
+        ("terminal_open", "rows"),
+        ("terminal_open", "cols"),
+        ("terminal_resize", "rows"),
+        ("terminal_resize", "cols"),
+    ] {
+        assert_eq!(property(&terminal, tool, prop)["minimum"], 1, "{tool}.{prop}");
+        assert_eq!(property(&terminal, tool, prop)["maximum"], 1000, "{tool}.{prop}");
+    }
+    assert_eq!(property(&terminal, "terminal_open", "term")["type"], "string");
+    let results = super::run_batch_in(
+        "terminal",
+        &[
+            r#"{"tool":"terminal_open","args":{"rows":12,"cols":70,"term":"xterm"}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"echo $TERM $(stty size)"}}"#,
+            r#"{"tool":"terminal_resize","args":{"session_id":"pty-1","rows":20,"cols":90}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"printf 'ab\\bX\\n'; stty size"}}"#,
+            r#"{"tool":"terminal_read","args":{"session_id":"pty-1","view":"screen"}}"#,
+            r#"{"tool":"terminal_open","args":{"rows":12}}"#,
+            r#"{"tool":"terminal_read","args":{"session_id":"pty-1","view":"screen","max_lines":3}}"#,
+        ],
+    );
+    let out = |i: usize| results[i]["text"].as_str().unwrap_or_default().to_string();
+    assert!(out(1).contains("\nxterm 12 70\n"), "{}", results[1]);
+    assert_eq!(results[2]["ok"], true, "{}", results[2]);
+    assert!(out(3).contains("\naX\n20 90\n"), "{}", results[3]);
+    let screen = &results[4]["structured"];
+    assert_eq!(
+        (screen["rows"].as_u64(), screen["cols"].as_u64()),
+        (Some(20), Some(90)),
+        "{screen}"
+    );
+    assert_eq!(screen["alternate_screen"], false, "{screen}");
+    assert!(screen["text"].as_str().unwrap().contains("\naX\n20 90\n"), "{screen}");
+    assert!(out(4).ends_with("; cursor at row 5, col 2]"), "{}", out(4));
+    assert_eq!(results[5]["error"]["code"], "invalid_argument", "{}", results[5]);
+    assert_eq!(results[6]["error"]["code"], "invalid_argument", "{}", results[6]);
+}
+
+#[test]
 fn an_unknown_field_lists_only_the_fields_the_composition_offers() {
     let (code, _, err) = call("standard", "bash", r#"{"command":"true","timeout":5}"#);
     assert_eq!(code, Some(1));
@@ -212,4 +258,34 @@ fn terminal_send_offers_keys_waits_and_an_output_cap_with_their_bounds() {
     let (_, _, err) =
         call("terminal", "terminal_send", r#"{"session_id":"x","timeout_ms":600001}"#);
     assert!(err.contains("timeout_ms"), "{err}");
+}
+
+#[test]
+fn a_send_to_a_full_screen_program_says_where_its_screen_is() {
+    if !std::path::Path::new("/usr/bin/vim").exists() {
+        println!("SKIP a_send_to_a_full_screen_program_says_where_its_screen_is: no /usr/bin/vim");
+        return;
+    }
+    let results = super::run_batch_in(
+        "terminal",
+        &[
+            r#"{"tool":"terminal_open","args":{"rows":10,"cols":40}}"#,
+            r#"{"tool":"terminal_send","args":{"session_id":"pty-1","text":"/usr/bin/vim -u NONE -i NONE -N -n"}}"#,
+            r#"{"tool":"terminal_read","args":{"session_id":"pty-1","view":"screen"}}"#,
+        ],
+    );
+    let send = &results[1]["structured"];
+    assert_eq!(send["full_screen"], true, "{}", results[1]);
+    assert!(!send["output"].as_str().unwrap().contains('~'), "{}", results[1]);
+    assert!(
+        results[1]["text"].as_str().unwrap().ends_with("terminal_read view \"screen\" shows it]"),
+        "{}",
+        results[1]
+    );
+    let screen = &results[2]["structured"];
+    assert_eq!(screen["alternate_screen"], true, "{screen}");
+    assert!(
+        screen["text"].as_str().unwrap().lines().filter(|l| *l == "~").count() >= 5,
+        "{screen}"
+    );
 }

@@ -41,8 +41,9 @@ pub use subprocess::{
     TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
 };
 pub use terminal::{
-    CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScrollbackPage,
-    SendOutcome, SendProgress, SendRequest, SendSettle, SendSlot, SessionStatus, StopCause,
-    TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals, WaitReason,
+    CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScreenView,
+    ScrollbackPage, SendOutcome, SendProgress, SendRequest, SendSettle, SendSlot, SessionStatus,
+    StopCause, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
+    WaitReason,
 };
 pub use tools::{Progress, ProgressSink, Tool, ToolContext, ToolOutput, ToolRef};

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::shell::ShellDialect;
-use crate::subprocess::{ExitStatus, SignalDelivery};
+use crate::subprocess::{ExitStatus, SignalDelivery, TerminalSize};
 use crate::{Result, Signal};
 
 /// Why a send returned.
@@ -310,12 +310,31 @@ pub struct ScrollbackPage {
     pub truncated: bool,
 }
 
+/// The visible screen of a session, as a person looking at the terminal would see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScreenView {
+    /// The screen's rows, newline-joined, with trailing spaces and trailing blank rows
+    /// trimmed.
+    pub text: String,
+    /// The terminal size the screen is laid out in.
+    pub size: TerminalSize,
+    /// The cursor's 0-based row and column.
+    pub cursor: (u16, u16),
+    /// A full-screen program switched to the alternate screen (vim, less, top): what the
+    /// screen shows is that program's, and it is not in the scrollback.
+    pub alternate: bool,
+}
+
 /// How a session was opened.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct TerminalOpenSpec {
     /// Working directory.
     pub cwd: Option<PathBuf>,
+    /// Rows and columns (`None`: the backend's configured size).
+    pub size: Option<TerminalSize>,
+    /// The TERM the shell and its programs see (`None`: the backend's configured type).
+    pub term: Option<String>,
     /// Aborts unpublished setup.
     pub cancel: CancellationToken,
     /// Trusted managed CONCH_* snapshot for the shell; applied last, so it wins.
@@ -365,6 +384,19 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     ) -> Result<CommandOutcome>;
     /// Reads a page of scrollback, `offset` lines back from the newest.
     fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage;
+    /// The visible screen (`None`: the backend keeps no screen).
+    fn screen(&self) -> Option<ScreenView> {
+        None
+    }
+    /// Changes the terminal's rows and columns; the foreground program gets SIGWINCH.
+    ///
+    /// # Errors
+    /// `unsupported` when the backend cannot resize; `invalid_argument` for a zero size;
+    /// `io` or `connection_failed` when the terminal is gone.
+    async fn resize(&self, size: TerminalSize) -> Result<()> {
+        let _ = size;
+        Err(crate::Error::new(crate::ErrorCode::Unsupported, "this terminal cannot be resized"))
+    }
     /// Signals the current foreground group.
     ///
     /// # Errors
@@ -409,6 +441,10 @@ pub struct OpenRequest {
     pub name: Option<String>,
     /// Working directory.
     pub cwd: Option<PathBuf>,
+    /// Rows and columns (`None`: the backend's configured size).
+    pub size: Option<TerminalSize>,
+    /// The TERM the shell sees (`None`: the backend's configured type).
+    pub term: Option<String>,
     /// Trusted managed CONCH_* snapshot (the same one one-shot commands get).
     pub managed_env: std::collections::BTreeMap<String, String>,
 }
@@ -494,6 +530,16 @@ pub trait Terminals: Send + Sync + fmt::Debug + 'static {
         offset_lines: usize,
         max_lines: usize,
     ) -> Result<ScrollbackPage>;
+    /// The session's visible screen.
+    ///
+    /// # Errors
+    /// `not_found`, `foreign_owner`, `unsupported` (the backend keeps no screen).
+    fn screen(&self, owner: &crate::Owner, id: &str) -> Result<ScreenView>;
+    /// Changes the session's rows and columns.
+    ///
+    /// # Errors
+    /// `not_found`, `foreign_owner`, `invalid_argument`, the backend's errors.
+    async fn resize(&self, owner: &crate::Owner, id: &str, size: TerminalSize) -> Result<()>;
     /// Signals the foreground group.
     ///
     /// # Errors

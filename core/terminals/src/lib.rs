@@ -24,8 +24,9 @@ use conch_registry::{
 };
 use conch_seams::{
     CloseReport, CommandOutcome, Error, ErrorCode, ErrorReason, OpenRequest, Owner, Result,
-    ScrollbackPage, SendOutcome, SendRequest, SendSlot, ShellDialect, Signal, SignalDelivery,
-    TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
+    ScreenView, ScrollbackPage, SendOutcome, SendRequest, SendSlot, ShellDialect, Signal,
+    SignalDelivery, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, TerminalSize,
+    Terminals,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -391,6 +392,8 @@ impl Terminals for TerminalService {
         let (id, pending) = self.reserve(owner, req.name.as_deref())?;
         let mut spec = TerminalOpenSpec::default();
         spec.cwd = req.cwd;
+        spec.size = req.size;
+        spec.term = req.term;
         spec.managed_env = req.managed_env;
         spec.cancel = pending.abort.clone();
 
@@ -494,6 +497,19 @@ impl Terminals for TerminalService {
     ) -> Result<ScrollbackPage> {
         let record = self.inner.owned(owner.key(), id)?;
         Ok(record.session.read(offset_lines, max_lines))
+    }
+
+    fn screen(&self, owner: &Owner, id: &str) -> Result<ScreenView> {
+        let record = self.inner.owned(owner.key(), id)?;
+        record.session.screen().ok_or_else(|| {
+            Error::new(ErrorCode::Unsupported, "this terminal backend keeps no screen")
+                .with_provider(NAME)
+        })
+    }
+
+    async fn resize(&self, owner: &Owner, id: &str, size: TerminalSize) -> Result<()> {
+        let record = self.inner.owned(owner.key(), id)?;
+        record.session.resize(size).await
     }
 
     async fn signal(&self, owner: &Owner, id: &str, signal: Signal) -> Result<SignalDelivery> {

@@ -1,4 +1,4 @@
-//! The six terminal tools over the `Terminals` service, and background sends as `pty-send` jobs.
+//! The seven terminal tools over the `Terminals` service, and background sends as `pty-send` jobs.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -8,8 +8,8 @@ use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_p
 use conch_seams::{
     ConfigIssue, Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement,
     JobStart, JobStatus, Jobs, Key, OpenRequest, PluginConfig, Result, SendOutcome, SendRequest,
-    SendSettle, SessionStatus, Signal, TerminalInfo, Terminals, Tool, ToolContext, ToolOutput,
-    ToolRef,
+    SendSettle, SessionStatus, Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext,
+    ToolOutput, ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -125,18 +125,30 @@ fn sandbox_json(mode: Option<conch_seams::SandboxMode>) -> serde_json::Value {
 /// practice, until the prompt is back, the session ends, or job_kill).
 const BACKGROUND_SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(86_400);
 
-/// The line that ends a settled send's result.
-fn send_suffix(s: &SendSettle) -> String {
+/// The line that ends a settled send's result. `full_screen`: a full-screen program holds
+/// the alternate screen (its drawing is not in the output, so the result says where to look).
+fn send_suffix(s: &SendSettle, full_screen: bool) -> String {
     format!(
-        "\n[wait_reason: {}; session: {}]",
+        "\n[wait_reason: {}; session: {}{}]",
         s.wait_reason.as_str(),
-        status_text(&s.session_status)
+        status_text(&s.session_status),
+        if full_screen {
+            "; a full-screen program holds the screen: terminal_read view \"screen\" shows it"
+        } else {
+            ""
+        }
     )
 }
 
 /// Renders a settled send: its output within `output_max` bytes, the whole within `max`.
-fn render_send(id: &str, s: &SendSettle, output_max: usize, max: usize) -> ToolOutput {
-    let suffix = send_suffix(s);
+fn render_send(
+    id: &str,
+    s: &SendSettle,
+    full_screen: bool,
+    output_max: usize,
+    max: usize,
+) -> ToolOutput {
+    let suffix = send_suffix(s, full_screen);
     let text = cap_result(&cap_result(&s.delta, "", output_max), &suffix, max);
     let output_len = text.len() - suffix.len();
     ToolOutput {
@@ -145,6 +157,7 @@ fn render_send(id: &str, s: &SendSettle, output_max: usize, max: usize) -> ToolO
             "output": &text[..output_len],
             "wait_reason": s.wait_reason.as_str(),
             "session_status": status_json(&s.session_status),
+            "full_screen": full_screen,
         })),
         text,
     }
@@ -171,7 +184,12 @@ fn sandbox_text(mode: Option<conch_seams::SandboxMode>) -> String {
     mode.map_or("unconfined".into(), |m| format!("sandbox: {}", m.as_str()))
 }
 
-/// Shared state of the six tools.
+/// Whether a full-screen program holds the session's alternate screen now.
+fn full_screen(terminals: &Arc<dyn Terminals>, owner: &conch_seams::Owner, id: &str) -> bool {
+    terminals.screen(owner, id).is_ok_and(|v| v.alternate)
+}
+
+/// Shared state of the seven tools.
 #[derive(Debug)]
 struct Ctx {
     terminals: Arc<dyn Terminals>,
@@ -275,6 +293,33 @@ struct OpenArgs {
     /// Working directory.
     #[serde(default)]
     cwd: Option<String>,
+    /// Terminal rows (default: the composition's, 24 unless configured).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
+    rows: Option<u16>,
+    /// Terminal columns (default: the composition's, 200 unless configured).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
+    cols: Option<u16>,
+    /// TERM for the shell and its programs, a terminfo name (default: the composition's,
+    /// xterm-256color unless configured; pwsh sessions keep dumb).
+    #[serde(default)]
+    term: Option<String>,
+}
+
+/// The size asked for: both of rows and cols, or neither.
+fn requested_size(
+    tool: &str,
+    rows: Option<u16>,
+    cols: Option<u16>,
+) -> Result<Option<TerminalSize>> {
+    match (rows, cols) {
+        (Some(rows), Some(cols)) => Ok(Some(TerminalSize { rows, cols })),
+        (None, None) => Ok(None),
+        _ => Err(Error::invalid(format!(
+            "invalid arguments for `{tool}`: give both rows and cols, or neither"
+        ))),
+    }
 }
 
 tool!(
@@ -282,8 +327,9 @@ tool!(
     "terminal_open",
     OpenArgs,
     "Open a persistent terminal session ({shell} on a PTY). State (cwd, variables, running \
-     programs) persists across terminal_send calls. Close the session with terminal_close when \
-     done."
+     programs) persists across terminal_send calls. rows and cols set the terminal size \
+     (change it later with terminal_resize); term sets TERM. Close the session with \
+     terminal_close when done."
 );
 
 impl OpenTool {
@@ -292,6 +338,8 @@ impl OpenTool {
         req.type_name = a.type_name;
         req.name = a.name;
         req.cwd = a.cwd.map(PathBuf::from);
+        req.size = requested_size("terminal_open", a.rows, a.cols)?;
+        req.term = a.term;
         req.managed_env = self.0.shell_env.snapshot(ctx.owner.session_id());
         let info = self.0.terminals.open(&ctx.owner, req, ctx.cancel.clone()).await?;
         let v = serde_json::json!({
@@ -368,7 +416,10 @@ tool!(
      stdin_read (a prompt or a program is waiting for input), inferred_idle (output went \
      quiet and the program uses no CPU; it may still be running), matched (wait_for \
      appeared), timeout (the command may still run), or session_exit. It never means the \
-     command finished unless the prompt returned."
+     command finished unless the prompt returned. The output is line by line as the \
+     terminal shows it (carriage-return redraws and backspaces applied); what a full-screen \
+     program (vim, less, top) draws is left out (full_screen says one holds the screen): \
+     read it with terminal_read view \"screen\"."
 );
 
 /// A background send's output: what arrived so far (the newest `cap` bytes), then the
@@ -474,7 +525,10 @@ impl SendTool {
         if !background {
             let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
             return match slot.send(req, ctx.cancel.clone()).await? {
-                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, output, max)),
+                SendOutcome::Ready(settle) => {
+                    let full = full_screen(&self.0.terminals, &ctx.owner, &a.session_id);
+                    Ok(render_send(&a.session_id, &settle, full, output, max))
+                }
                 SendOutcome::Interrupted(i) => Err(interrupted_error(&i)),
             };
         }
@@ -489,6 +543,9 @@ impl SendTool {
             // Until readiness, however long it takes (job_kill stops it).
             req.timeout = Some(BACKGROUND_SEND_LIMIT);
         }
+        let id = a.session_id.clone();
+        let terminals = Arc::clone(&self.0.terminals);
+        let owner = Arc::clone(&ctx.owner);
         let info = jobs
             .start(
                 &ctx.owner,
@@ -505,7 +562,7 @@ impl SendTool {
                             let r = slot.send(req, c2).await;
                             let (rendered, settlement) = match r {
                                 Ok(SendOutcome::Ready(s)) => (
-                                    send_suffix(&s),
+                                    send_suffix(&s, full_screen(&terminals, &owner, &id)),
                                     JobSettlement {
                                         status: JobStatus::Completed,
                                         detail: Some(format!(
@@ -587,12 +644,27 @@ impl SendTool {
     }
 }
 
+/// What `terminal_read` returns.
+#[derive(Debug, Deserialize, JsonSchema, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum ReadView {
+    /// Retained lines, paged backward from the newest.
+    Scrollback,
+    /// The visible screen as a person sees it.
+    Screen,
+}
+
 /// Arguments of `terminal_read`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ReadArgs {
     /// The session id (`pty-N`), or the name given at terminal_open.
     session_id: String,
+    /// `scrollback` (default): retained lines, paged with offset_lines and max_lines.
+    /// `screen`: the visible screen as a person sees it (a full-screen program's included),
+    /// trailing blanks trimmed.
+    #[serde(default)]
+    view: Option<ReadView>,
     /// How many lines back from the newest the page ends (default 0).
     #[serde(default)]
     offset_lines: Option<usize>,
@@ -606,12 +678,42 @@ tool!(
     ReadTool,
     "terminal_read",
     ReadArgs,
-    "Read retained scrollback of a terminal session, paging backward from the newest line. \
-     truncated means older output was dropped from retention or the page was cut."
+    "Read a terminal session: its retained scrollback (the default), paging backward from the \
+     newest line, where truncated means older output was dropped from retention or the page \
+     was cut; or, with view \"screen\", the visible screen as a person would see it (what vim, \
+     less or top show), with the cursor position and whether a full-screen program holds the \
+     alternate screen."
 );
 
 impl ReadTool {
     async fn run(&self, ctx: &ToolContext, a: ReadArgs) -> Result<ToolOutput> {
+        if a.view == Some(ReadView::Screen) {
+            if a.offset_lines.is_some() || a.max_lines.is_some() {
+                return Err(Error::invalid(
+                    "invalid arguments for `terminal_read`: offset_lines and max_lines page the \
+                     scrollback; the screen view takes neither",
+                ));
+            }
+            let v = self.0.terminals.screen(&ctx.owner, &a.session_id)?;
+            let suffix = format!(
+                "\n[screen {}x{}; cursor at row {}, col {}{}]",
+                v.size.rows,
+                v.size.cols,
+                v.cursor.0,
+                v.cursor.1,
+                if v.alternate { "; full-screen program (alternate screen)" } else { "" }
+            );
+            let text = cap_result(&v.text, &suffix, self.0.config.max_result_bytes);
+            let body = &text[..text.len() - suffix.len()];
+            return Ok(ToolOutput {
+                structured: Some(serde_json::json!({
+                    "view": "screen", "text": body, "rows": v.size.rows, "cols": v.size.cols,
+                    "cursor": { "row": v.cursor.0, "col": v.cursor.1 },
+                    "alternate_screen": v.alternate, "truncated": body.len() < v.text.len(),
+                })),
+                text,
+            });
+        }
         if a.max_lines == Some(0) {
             return Err(Error::invalid(
                 "invalid arguments for `terminal_read`: max_lines must be at least 1",
@@ -719,6 +821,45 @@ impl SignalTool {
     }
 }
 
+/// Arguments of `terminal_resize`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ResizeArgs {
+    /// The session id (`pty-N`), or the name given at terminal_open.
+    session_id: String,
+    /// New rows.
+    #[schemars(range(min = 1, max = 1000))]
+    rows: u16,
+    /// New columns.
+    #[schemars(range(min = 1, max = 1000))]
+    cols: u16,
+}
+
+tool!(
+    ResizeTool,
+    "terminal_resize",
+    ResizeArgs,
+    "Change a terminal session's rows and columns. The program in the foreground is told \
+     (SIGWINCH) and sees the new size (stty size, tput cols); full-screen programs redraw."
+);
+
+impl ResizeTool {
+    async fn run(&self, ctx: &ToolContext, a: ResizeArgs) -> Result<ToolOutput> {
+        let size =
+            requested_size("terminal_resize", Some(a.rows), Some(a.cols))?.unwrap_or_default();
+        self.0.terminals.resize(&ctx.owner, &a.session_id, size).await?;
+        Ok(prose(
+            &format!(
+                "Resized terminal session {} to {} rows and {} columns; its foreground program \
+                 was told (SIGWINCH).",
+                a.session_id, a.rows, a.cols
+            ),
+            serde_json::json!({ "session_id": a.session_id, "rows": a.rows, "cols": a.cols }),
+            self.0.config.max_result_bytes,
+        ))
+    }
+}
+
 /// Arguments naming one session.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -792,6 +933,7 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
         Arc::new(OpenTool::new(Arc::clone(&shared))),
         Arc::new(SendTool::new(Arc::clone(&shared))),
         Arc::new(ReadTool::new(Arc::clone(&shared))),
+        Arc::new(ResizeTool::new(Arc::clone(&shared))),
         Arc::new(SignalTool::new(Arc::clone(&shared))),
         Arc::new(ListTool::new(Arc::clone(&shared))),
         Arc::new(CloseTool::new(shared)),
@@ -802,7 +944,7 @@ register_plugin!(PluginEntry {
     name: "tool-terminal",
     provides: None,
     requires: &[SeamId::Terminals],
-    description: "terminal_open/send/read/signal/list/close over the terminals service",
+    description: "terminal_open/send/read/resize/signal/list/close over the terminals service",
     build,
 });
 

@@ -10,8 +10,10 @@
 //!   text is that Enter, not a second one (which would bring a prompt no command owns).
 //! - Text goes inside a bracketed paste (`ESC [200~ … ESC [201~`) when its reader handles
 //!   one: readline at bash's prompt (bash binds the paste keys even under `TERM=dumb`, where
-//!   it never announces the mode), or any program that switched the mode on (`ESC [?2004h`,
-//!   tracked by [`Modes`]). Readline then inserts tabs, quotes and line breaks as text and
+//!   it never announces the mode), or any line-oriented program that switched the mode on
+//!   (`ESC [?2004h`, tracked by [`Modes`]). A full-screen program on the alternate screen
+//!   gets keystrokes even then: vim, for one, inserts a paste as text, so a typed `:q!`
+//!   would land in the file instead of quitting. Readline then inserts tabs, quotes and line breaks as text and
 //!   runs all the pasted lines as one input: one prompt comes back after the last line,
 //!   which is what makes a multi-line send return after all its lines ran. A line end that
 //!   ends the text is Enter typed after the paste, so text ending in a newline runs even

@@ -11,6 +11,11 @@
 //! before every prompt and would otherwise wait up to a second (ten the first time) for a
 //! terminal that never answers.
 //!
+//! bash sessions get a real TERM (`term`, `xterm-256color` by default, or the one asked for
+//! at open) and a size (`rows` × `cols`, or the one asked for at open, changed later by
+//! [`TerminalSession::resize`]); what programs draw is read back line by line or as the
+//! screen (see `session.rs`).
+//!
 //! When the composition binds a sandbox, the shell's whole command line (argv, cwd, env) is
 //! wrapped through it under the `sandbox-policy` default before the PTY spawn, so the session
 //! and everything typed into it run confined, in a mode fixed for the session's lifetime.
@@ -31,7 +36,7 @@ use conch_registry::{
 use conch_seams::{
     CommandLine, ConfigIssue, Error, ErrorCode, ErrorReason, PluginConfig, Result, Sandbox,
     SandboxPolicy, SandboxRelease, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec,
-    TerminalSession, TerminalSpawnSpec,
+    TerminalSession, TerminalSize, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -56,6 +61,11 @@ const LOCALE_START: &str = concat!(
     // +H: no history expansion, so a `!` typed is a `!` from the first prompt on.
     "exec \"$0\" --norc --noprofile +H -i",
 );
+/// Columns of a session opened with no size (the [`TerminalSize`] default).
+pub(crate) const DEFAULT_COLS: u16 = 200;
+/// The largest rows or columns a session may have (the screen model holds rows × columns
+/// cells).
+pub const MAX_SIZE: u16 = 1000;
 
 /// Validated backend config (all timings in milliseconds).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -86,6 +96,13 @@ pub struct TerminalBashConfig {
     /// The pwsh executable (`shell_dialect: pwsh`): a name looked up on the provider's PATH,
     /// or a path.
     pub pwsh: String,
+    /// The TERM bash sessions get (a terminfo name; pwsh sessions keep `dumb`, which their
+    /// line reading relies on).
+    pub term: String,
+    /// Rows of a session opened without a size.
+    pub rows: u16,
+    /// Columns of a session opened without a size.
+    pub cols: u16,
 }
 
 impl Default for TerminalBashConfig {
@@ -103,8 +120,27 @@ impl Default for TerminalBashConfig {
             cwd: None,
             shell_dialect: "bash".into(),
             pwsh: "pwsh".into(),
+            term: "xterm-256color".into(),
+            rows: TerminalSize::default().rows,
+            cols: TerminalSize::default().cols,
         }
     }
+}
+
+/// Checks a TERM value: a terminfo name, so it can never smuggle a path or a control
+/// character into the environment.
+fn term_issue(term: &str) -> Option<&'static str> {
+    let ok = !term.is_empty()
+        && term.len() <= 64
+        && term.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+    (!ok).then_some("must be a terminfo name (letters, digits, `.`, `_`, `+`, `-`; 1 to 64)")
+}
+
+/// Checks a terminal size: 1 to [`MAX_SIZE`] rows and columns.
+pub(crate) fn size_issue(rows: u16, cols: u16) -> Option<String> {
+    let bad = |n: u16| n == 0 || n > MAX_SIZE;
+    (bad(rows) || bad(cols))
+        .then(|| format!("rows and cols must be 1 to {MAX_SIZE} (got {rows} rows, {cols} cols)"))
 }
 
 impl PluginConfig for TerminalBashConfig {
@@ -123,6 +159,12 @@ impl PluginConfig for TerminalBashConfig {
         }
         if Shell::by_name(&self.shell_dialect).is_none() {
             return Err(ConfigIssue::new("shell_dialect", "must be `bash` or `pwsh`"));
+        }
+        if let Some(why) = term_issue(&self.term) {
+            return Err(ConfigIssue::new("term", why));
+        }
+        if let Some(why) = size_issue(self.rows, self.cols) {
+            return Err(ConfigIssue::new("rows", why));
         }
         Ok(())
     }
@@ -258,6 +300,7 @@ impl TerminalBash {
         &self,
         payload: &str,
         nonce: &str,
+        term: &str,
     ) -> (Vec<String>, Vec<(&'static str, String)>) {
         match self.shell {
             Shell::Bash => {
@@ -279,7 +322,7 @@ impl TerminalBash {
                     ("PS1", ps1.clone()),
                     ("PS2", "> ".into()),
                     ("PROMPT_COMMAND", framing::prompt_command(&ps1, nonce)),
-                    ("TERM", "dumb".into()),
+                    ("TERM", term.into()),
                     ("NO_COLOR", "1".into()),
                     ("PAGER", "cat".into()),
                     ("GIT_PAGER", "cat".into()),
@@ -345,11 +388,34 @@ impl TerminalBackend for TerminalBash {
             (Some(c), _) => Some(c),
             (None, base) => base.clone(),
         };
+        let size =
+            spec.size.unwrap_or(TerminalSize { rows: self.config.rows, cols: self.config.cols });
+        if let Some(why) = size_issue(size.rows, size.cols) {
+            return Err(Error::invalid(why).with_provider(NAME).with_operation("open"));
+        }
+        let term = match (&spec.term, self.shell) {
+            (Some(_), Shell::Pwsh) => {
+                return Err(Error::invalid(
+                    "pwsh sessions keep TERM=dumb (their line reading relies on it); open \
+                     without `term`",
+                )
+                .with_provider(NAME)
+                .with_operation("open"));
+            }
+            (Some(t), Shell::Bash) => t.clone(),
+            (None, _) => self.config.term.clone(),
+        };
+        if let Some(why) = term_issue(&term) {
+            return Err(Error::invalid(format!("term {term:?} {why}"))
+                .with_provider(NAME)
+                .with_operation("open"));
+        }
         let nonce = conch_seams::terminal::marker_nonce();
         let payload = format!("{MARKER_OSC};{nonce}");
-        let (argv, env) = self.shell_command(&payload, &nonce);
+        let (argv, env) = self.shell_command(&payload, &nonce, &term);
         let mut tspec = TerminalSpawnSpec::in_default_dir(argv);
         tspec.cwd = cwd;
+        tspec.size = size;
         for (k, v) in env {
             tspec.env.insert(k.into(), Some(v));
         }
@@ -366,7 +432,6 @@ impl TerminalBackend for TerminalBash {
         {
             return Err(missing_pwsh(&self.config.pwsh));
         }
-        let size = tspec.size;
         // Held by the session (dropped with it), or dropped here when the open fails.
         let (tspec, release) = self.confine(tspec)?;
         let sandbox = self.confinement.as_ref().map(|(_, p)| p.mode);

@@ -45,6 +45,22 @@ impl Scrollback {
         self.trim();
     }
 
+    /// Appends finished lines (each ending in `\n`) after the last finished one: the
+    /// unfinished line set by [`Scrollback::set_live`] is not part of them (a line still
+    /// being drawn can change, so it is set anew when a page is read).
+    pub(crate) fn push_lines(&mut self, lines: &str) {
+        self.partial.clear();
+        self.push(lines);
+    }
+
+    /// Replaces the current, unfinished line.
+    pub(crate) fn set_live(&mut self, live: &str) {
+        if self.partial != live {
+            self.partial.clear();
+            self.push(live);
+        }
+    }
+
     fn push_line(&mut self, mut line: String) {
         if line.len() > self.max_bytes {
             line = conch_output::truncate_utf8(&line, self.max_bytes / 2).to_string();

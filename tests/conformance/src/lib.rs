@@ -19,6 +19,7 @@ pub mod shell;
 pub mod subprocess;
 pub mod terminal;
 pub mod terminal_process;
+pub mod workload_screen;
 pub mod workload_send;
 pub mod workload_shell;
 
@@ -458,7 +459,14 @@ macro_rules! __terminal_cases {
             exit_with_a_background_job_ends_at_once_and_lists_it,
             history_expansion_is_off,
             a_shell_without_a_locale_gets_a_utf8_one,
-            set_x_traces_only_the_command
+            set_x_traces_only_the_command,
+            a_progress_bar_comes_back_as_its_last_state,
+            a_carriage_return_overwrites_and_a_backspace_erases,
+            term_is_a_real_terminal_type_and_can_be_chosen,
+            vim_shows_its_screen_and_exits_cleanly,
+            less_shows_a_page_and_quits,
+            a_python_repl_answers_line_by_line,
+            a_resize_reaches_the_program
         }
     };
 }

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::workload_send::*;
 use crate::{Outcome, skip, within};
 
+pub use crate::workload_screen::*;
 pub use crate::workload_shell::*;
 
 /// True when the backend's sessions run PowerShell.
