@@ -466,7 +466,8 @@ macro_rules! __terminal_cases {
             vim_shows_its_screen_and_exits_cleanly,
             less_shows_a_page_and_quits,
             a_python_repl_answers_line_by_line,
-            a_resize_reaches_the_program
+            a_resize_reaches_the_program,
+            password_prompts_wait_for_input_and_never_echo_the_secret
         }
     };
 }

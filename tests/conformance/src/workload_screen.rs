@@ -268,3 +268,36 @@ pub async fn a_resize_reaches_the_program(p: &dyn TerminalBackend) -> Outcome {
     close(s.as_ref()).await;
     Ok(())
 }
+
+/// A password prompt (echo off) is an input wait showing its prompt, and the secret typed
+/// into it never comes back in a result: bash's `read -s`, and Python's `getpass`, which
+/// opens `/dev/tty` itself.
+pub async fn password_prompts_wait_for_input_and_never_echo_the_secret(
+    p: &dyn TerminalBackend,
+) -> Outcome {
+    bash_only(p)?;
+    let s = open_with(p, TerminalOpenSpec::default()).await;
+    let r = send(s.as_ref(), "read -rs -p 'Password: ' pw; echo; echo \"got ${#pw} chars\"").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(r.delta.ends_with("Password: "), "the prompt is shown: {r:?}");
+    let r = send(s.as_ref(), "hunter2").await;
+    assert!(r.delta.contains("got 7 chars"), "{r:?}");
+    assert!(!r.delta.contains("hunter2"), "the secret is not echoed: {r:?}");
+    let python = program(s.as_ref(), "python3").await?;
+    let r = send(
+        s.as_ref(),
+        &format!(
+            "{python} -c 'import getpass; print(\"len\", len(getpass.getpass(\"Secret: \")))'"
+        ),
+    )
+    .await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(r.delta.ends_with("Secret: "), "{r:?}");
+    let r = send(s.as_ref(), "s3cr3t-value").await;
+    assert!(r.delta.contains("len 12"), "{r:?}");
+    assert!(!r.delta.contains("s3cr3t-value"), "the secret is not echoed: {r:?}");
+    let v = screen(s.as_ref());
+    assert!(!v.text.contains("hunter2") && !v.text.contains("s3cr3t"), "{}", v.text);
+    close(s.as_ref()).await;
+    Ok(())
+}
