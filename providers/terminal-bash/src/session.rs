@@ -1222,6 +1222,12 @@ impl TerminalSession for BashSession {
         let nonce = conch_seams::terminal::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
         let framed = self.shared.shell.frame(command, &nonce, init);
+        // Pasted where readline takes pastes: it then inserts the whole line and echoes it
+        // at once, where typed it echoes (and the pump takes in) one byte at a time.
+        let paste = match self.shared.shell {
+            Shell::Bash => self.pastes(floor).await.inspect_err(|e| self.shared.note_loss(e))?,
+            Shell::Pwsh => false,
+        };
         let start_prompts = {
             let mut st = self.shared.lock();
             st.frame = Some(FrameScanner::new(&nonce, &self.shared.nonce));
@@ -1229,8 +1235,7 @@ impl TerminalSession for BashSession {
             st.expect_echo(&framed);
             p
         };
-        let mut line = framed.into_bytes();
-        line.push(b'\r');
+        let line = crate::input::encode(&framed, &[], true, paste, false);
         if let Err(e) = self.shared.process.write(&line).await {
             self.shared.note_loss(&e);
             self.abandon_op();

@@ -244,13 +244,17 @@ pub async fn a_resize_reaches_the_program(p: &dyn TerminalBackend) -> Outcome {
     let r = send(s.as_ref(), "stty size").await;
     assert!(r.delta.contains("\n31 101\n"), "the send after a resize at the prompt: {r:?}");
     // A program in the foreground gets SIGWINCH and sees the new size.
-    let r = send(
-        s.as_ref(),
+    // The loop forks a sleep every 50 ms, so it is never idle: the send waits for its line.
+    let mut req = SendRequest::line(
         "bash -c 'trap \"echo winch \\$(stty size)\" WINCH; echo waiting; \
          while sleep 0.05; do :; done'",
-    )
-    .await;
-    assert!(r.delta.contains("\nwaiting\n"), "{r:?}");
+    );
+    req.wait_for = Some("^waiting".into());
+    let r = match within("the loop", s.send(req, CancellationToken::new())).await.expect("send") {
+        SendOutcome::Ready(settle) => settle,
+        SendOutcome::Interrupted(i) => panic!("interrupted: {i:?}"),
+    };
+    assert_eq!(r.wait_reason, WaitReason::Matched, "{r:?}");
     within("resize", s.resize(TerminalSize { rows: 40, cols: 120 })).await.expect("resize");
     let deadline = tokio::time::Instant::now() + crate::PATIENCE;
     while !s.read(0, 5).text.contains("winch 40 120") {
