@@ -27,6 +27,13 @@ async fn send(rt: &Runtime, o: &Arc<Owner>, id: &str, text: &str) -> Value {
     call(rt, o, "terminal_send", json!({"session_id": id, "text": text})).await.structured.unwrap()
 }
 
+/// Starts `text` as a background send (a `pty-send` job); returns the job id.
+async fn send_in_background(rt: &Runtime, o: &Arc<Owner>, id: &str, text: &str) -> String {
+    let args = json!({"session_id": id, "text": text, "run_in_background": true});
+    let out = call(rt, o, "terminal_send", args).await;
+    out.structured.unwrap()["job_id"].as_str().unwrap().to_string()
+}
+
 fn pid_gone(pid: i32) -> bool {
     conch_conformance::pid_gone(pid)
 }
@@ -264,14 +271,7 @@ async fn background_send_is_a_pty_send_job() {
     let rt = terminal_runtime(3000);
     let (o, _) = owner("s");
     let id = open(&rt, &o).await;
-    let out = call(
-        &rt,
-        &o,
-        "terminal_send",
-        json!({"session_id": id, "text": "sleep 0.3; echo done", "run_in_background": true}),
-    )
-    .await;
-    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let job = send_in_background(&rt, &o, &id, "sleep 0.3; echo done").await;
     assert!(job.starts_with("pty-send-"), "{job}");
     let e = rt
         .call(&o, "terminal_send", json!({"session_id": id, "text": "echo no"}))
@@ -284,14 +284,7 @@ async fn background_send_is_a_pty_send_job() {
     assert_eq!(s["status"], "completed", "{s}");
     assert!(s["output"].as_str().unwrap().contains("done"), "{s}");
     // A killed background send interrupts the foreground program with a real SIGINT.
-    let out = call(
-        &rt,
-        &o,
-        "terminal_send",
-        json!({"session_id": id, "text": "sleep 1000", "run_in_background": true}),
-    )
-    .await;
-    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let job = send_in_background(&rt, &o, &id, "sleep 1000").await;
     call(&rt, &o, "job_kill", json!({"job_id": job})).await;
     let r = call(&rt, &o, "job_output", json!({"job_id": job, "wait": true, "timeout_ms": 30000}))
         .await;
@@ -654,14 +647,7 @@ async fn killing_a_background_send_interrupts_even_with_isig_disabled() {
     let (o, _) = owner("s");
     let id = open(&rt, &o).await;
     // With ISIG off a typed Ctrl-C is just a byte; only a real SIGINT stops the program.
-    let out = call(
-        &rt,
-        &o,
-        "terminal_send",
-        json!({"session_id": id, "text": "stty -isig; echo st''arted; sleep 1000", "run_in_background": true}),
-    )
-    .await;
-    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let job = send_in_background(&rt, &o, &id, "stty -isig; echo st''arted; sleep 1000").await;
     // Kill only once the command is running, so the kill is not answered by "nothing typed".
     await_scrollback(&rt, &o, "\nstarted").await;
     call(&rt, &o, "job_kill", json!({"job_id": job})).await;
@@ -732,14 +718,7 @@ async fn a_background_send_runs_while_silent_and_streams_its_output() {
     let rt = terminal_runtime(1000);
     let (o, _) = owner("s");
     let id = open(&rt, &o).await;
-    let out = call(
-        &rt,
-        &o,
-        "terminal_send",
-        json!({"session_id": id, "text": "echo ti''ck-1; sleep 4; echo fin''ished", "run_in_background": true}),
-    )
-    .await;
-    let job = out.structured.unwrap()["job_id"].as_str().unwrap().to_string();
+    let job = send_in_background(&rt, &o, &id, "echo ti''ck-1; sleep 4; echo fin''ished").await;
     let (status, seen) = read_job_until(&rt, &o, &job, "tick-1\n").await;
     assert_eq!(status, "running", "output streams while the send runs: {seen}");
     // Past the idle window and still running: silence is not completion.

@@ -17,8 +17,11 @@ use crate::{Outcome, skip, within};
 /// Deadline of a framed command that should end by itself.
 const LONG: Duration = Duration::from_secs(20);
 
-fn bash_only(p: &dyn TerminalBackend) -> Option<Outcome> {
-    (p.dialect() != ShellDialect::BASH).then(|| skip("the workload cases type bash"))
+fn bash_only(p: &dyn TerminalBackend) -> Outcome {
+    if p.dialect() != ShellDialect::BASH {
+        return skip("the workload cases type bash");
+    }
+    Ok(())
 }
 
 async fn open_with(p: &dyn TerminalBackend, env: &[(&str, &str)]) -> Arc<dyn TerminalSession> {
@@ -49,6 +52,15 @@ async fn set_state(s: &dyn TerminalSession, dir: &std::path::Path) {
     ran(s, &cmd, 0).await;
 }
 
+/// A bash session whose cwd (a fresh directory, returned with it), an export and a function
+/// are set, for the cases that prove the state survives.
+async fn stateful(p: &dyn TerminalBackend) -> (tempfile::TempDir, Arc<dyn TerminalSession>) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_with(p, &[]).await;
+    set_state(s.as_ref(), dir.path()).await;
+    (dir, s)
+}
+
 async fn assert_state(s: &dyn TerminalSession, dir: &std::path::Path, after: &str) {
     let out = ran(s, "pwd -P; echo $WL_VAR; wl_fn", 0).await;
     let real = std::fs::canonicalize(dir).unwrap();
@@ -63,12 +75,8 @@ async fn close(s: &dyn TerminalSession) {
 pub async fn framed_stdin_readers_get_end_of_file_and_keep_the_shell(
     p: &dyn TerminalBackend,
 ) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let s = open_with(p, &[]).await;
-    set_state(s.as_ref(), dir.path()).await;
+    bash_only(p)?;
+    let (dir, s) = stateful(p).await;
     // Each returns at once with what end of file means to it, as in the one-shot tool.
     for (cmd, code, out) in [
         ("cat; echo cat=$?", 0, "cat=0\n"),
@@ -92,12 +100,8 @@ pub async fn framed_stdin_readers_get_end_of_file_and_keep_the_shell(
 pub async fn a_framed_timeout_stops_the_command_and_keeps_the_shell(
     p: &dyn TerminalBackend,
 ) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let s = open_with(p, &[]).await;
-    set_state(s.as_ref(), dir.path()).await;
+    bash_only(p)?;
+    let (dir, s) = stateful(p).await;
     let o = run(s.as_ref(), "echo part; sleep 100", Duration::from_millis(800)).await;
     assert_eq!(o.end, CommandEnd::Stopped(StopCause::Timeout), "{o:?}");
     assert_eq!((o.output.as_str(), o.omitted_bytes), ("part\n", 0), "{o:?}");
@@ -118,12 +122,8 @@ pub async fn a_framed_timeout_stops_the_command_and_keeps_the_shell(
 pub async fn a_framed_terminal_reader_is_stopped_and_the_shell_kept(
     p: &dyn TerminalBackend,
 ) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let s = open_with(p, &[]).await;
-    set_state(s.as_ref(), dir.path()).await;
+    bash_only(p)?;
+    let (dir, s) = stateful(p).await;
     // A password prompt reads the terminal itself, not stdin: it is stopped, not answered.
     let o = run(s.as_ref(), "printf 'Password: '; read -r x < /dev/tty", LONG).await;
     assert_eq!(o.end, CommandEnd::Stopped(StopCause::WaitingForInput), "{o:?}");
@@ -136,12 +136,8 @@ pub async fn a_framed_terminal_reader_is_stopped_and_the_shell_kept(
 pub async fn exec_bash_and_prompt_command_assignments_keep_the_framing(
     p: &dyn TerminalBackend,
 ) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let s = open_with(p, &[]).await;
-    set_state(s.as_ref(), dir.path()).await;
+    bash_only(p)?;
+    let (dir, s) = stateful(p).await;
     // direnv, conda and starship assign PROMPT_COMMAND; replacing it must not lose frames.
     assert_eq!(ran(s.as_ref(), "PROMPT_COMMAND='wl_hook=ran'; echo set", 0).await, "set\n");
     assert_eq!(ran(s.as_ref(), "echo $wl_hook", 0).await, "ran\n", "the user's hook runs");
@@ -167,9 +163,7 @@ pub async fn exec_bash_and_prompt_command_assignments_keep_the_framing(
 pub async fn exit_with_a_background_job_ends_at_once_and_lists_it(
     p: &dyn TerminalBackend,
 ) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
+    bash_only(p)?;
     let s = open_with(p, &[]).await;
     let started = Instant::now();
     let o = run(s.as_ref(), "sleep 300 & exit 7", LONG).await;
@@ -195,9 +189,7 @@ pub async fn exit_with_a_background_job_ends_at_once_and_lists_it(
 }
 
 pub async fn history_expansion_is_off(p: &dyn TerminalBackend) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
+    bash_only(p)?;
     let s = open_with(p, &[]).await;
     let text = "echo \"a!b\"; echo done";
     let r = match within(text, s.send(SendRequest::line(text), CancellationToken::new()))
@@ -216,9 +208,7 @@ pub async fn history_expansion_is_off(p: &dyn TerminalBackend) -> Outcome {
 }
 
 pub async fn a_shell_without_a_locale_gets_a_utf8_one(p: &dyn TerminalBackend) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
+    bash_only(p)?;
     // What an MCP client that starts servers without LANG gives the shell: no locale. (Set
     // empty, the way an open spec can say "none"; empty counts as unset for the C library.)
     let s = open_with(p, &[("LANG", ""), ("LC_ALL", ""), ("LC_CTYPE", "")]).await;
@@ -245,9 +235,7 @@ pub async fn a_shell_without_a_locale_gets_a_utf8_one(p: &dyn TerminalBackend) -
 }
 
 pub async fn set_x_traces_only_the_command(p: &dyn TerminalBackend) -> Outcome {
-    if let Some(o) = bash_only(p) {
-        return o;
-    }
+    bash_only(p)?;
     let s = open_with(p, &[]).await;
     let out = ran(s.as_ref(), "set -x; echo traced", 0).await;
     let lines: Vec<&str> = out.lines().collect();
