@@ -134,7 +134,17 @@ impl Format for StrictYaml {
     }
 }
 
-/// A YAML document walked only to refuse a mapping key seen twice, at the second one.
+/// Reads one document from `d` only to refuse a mapping key seen twice in any of its
+/// mappings, failing at the second one (`duplicate key `k``, with the deserializer's
+/// position). Format-agnostic: it serves the YAML compositions here and the CLI's JSON calls.
+///
+/// # Errors
+/// The duplicate key, or whatever `d` fails to read.
+pub fn refuse_duplicate_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    NoDuplicateKeys::deserialize(d).map(|_| ())
+}
+
+/// A document walked only to refuse a mapping key seen twice, at the second one.
 struct NoDuplicateKeys;
 
 impl<'de> Deserialize<'de> for NoDuplicateKeys {
@@ -147,7 +157,7 @@ impl<'de> serde::de::Visitor<'de> for NoDuplicateKeys {
     type Value = NoDuplicateKeys;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("any YAML value")
+        f.write_str("any value")
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<Self, E> {
