@@ -255,6 +255,15 @@ impl State {
         }
     }
 
+    /// Ends the active send's own state (its start column, `wait_for` pattern and match);
+    /// returns its progress callback.
+    fn end_send(&mut self) -> Option<Progress> {
+        self.op_from = None;
+        self.watch = None;
+        self.matched = false;
+        self.progress.take()
+    }
+
     /// The visible screen, trailing blanks trimmed.
     fn screen_view(&self) -> ScreenView {
         let screen = self.screen.screen();
@@ -368,22 +377,20 @@ impl Shared {
         if !lines.is_empty() {
             st.scrollback.push_lines(&lines);
             let streaming = st.progress.is_some();
-            if let Some(from) = st.op_from.take() {
-                // The op's first line starts where the op began (after the prompt).
-                let first_end = lines.find('\n').map_or(lines.len(), |i| i + 1);
-                let first: String = lines[..first_end].chars().skip(from).collect();
-                if let Some(op) = st.op.as_mut() {
-                    op.push(&first);
-                    op.push(&lines[first_end..]);
-                    if streaming {
-                        progressed.push_str(&first);
-                        progressed.push_str(&lines[first_end..]);
+            let from = st.op_from.take();
+            if let Some(op) = st.op.as_mut() {
+                let mine = match from {
+                    // The op's first line starts where the op began (after the prompt).
+                    Some(from) => {
+                        let first_end = lines.find('\n').map_or(lines.len(), |i| i + 1);
+                        let first = lines[..first_end].chars().skip(from);
+                        std::borrow::Cow::Owned(first.chain(lines[first_end..].chars()).collect())
                     }
-                }
-            } else if let Some(op) = st.op.as_mut() {
-                op.push(&lines);
+                    None => std::borrow::Cow::Borrowed(lines.as_str()),
+                };
+                op.push(&mine);
                 if streaming {
-                    progressed.push_str(&lines);
+                    progressed.push_str(&mine);
                 }
             }
         }
@@ -470,11 +477,8 @@ impl Shared {
     /// The active op's output, ended: its finished lines and its part of the current one.
     fn take_op(&self) -> (String, u64) {
         let mut st = self.lock();
-        st.watch = None;
-        st.matched = false;
         let live = st.op_live();
-        st.op_from = None;
-        let progress = st.progress.take().filter(|_| st.op.is_some() && !live.is_empty());
+        let progress = st.end_send().filter(|_| st.op.is_some() && !live.is_empty());
         let r = st
             .op
             .take()
@@ -1096,9 +1100,7 @@ impl BashSession {
         let mut st = self.shared.lock();
         st.op = None;
         st.frame = None;
-        st.watch = None;
-        st.matched = false;
-        st.progress = None;
+        st.end_send();
     }
 
     fn rendered_delta(&self) -> String {
