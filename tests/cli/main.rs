@@ -187,14 +187,14 @@ fn env_overrides_for_plugins_outside_the_composition_are_ignored() {
     assert!(err.contains("unknown plugin `bash-locl` (did you mean `bash-local`?)"), "{err}");
 }
 
-/// The README's error examples, each a `$ command` line followed by what it prints on
-/// stderr, are exactly what the binary prints. They run in /tmp in the README; here in a
-/// private directory holding the same files.
+/// The error examples of docs/compositions.md, each a `$ command` line followed by what it
+/// prints on stderr, are exactly what the binary prints. They run in /tmp in the doc; here in
+/// a private directory holding the same files.
 #[test]
-fn readme_error_examples_are_what_the_binary_prints() {
-    let readme = include_str!("../../README.md");
-    let start = readme.find("Errors are typed").expect("README has the error examples");
-    let block = readme[start..].split("```").nth(1).expect("a fenced block follows");
+fn documented_error_examples_are_what_the_binary_prints() {
+    let doc = include_str!("../../docs/compositions.md");
+    let start = doc.find("Errors are typed").expect("docs/compositions.md has the error examples");
+    let block = doc[start..].split("```").nth(1).expect("a fenced block follows");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     let files = [
@@ -213,7 +213,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
         ("notools.yaml", "plugins: { subprocess-local: {}, bash-local: {} }\n"),
     ];
     for (name, yaml) in files {
-        assert!(readme.contains(&format!("`{}`", yaml.trim())), "README shows {name}");
+        assert!(doc.contains(&format!("`{}`", yaml.trim())), "docs/compositions.md shows {name}");
         std::fs::write(root.join(name), yaml).unwrap();
     }
     let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_conch")).parent().unwrap();
@@ -232,7 +232,7 @@ fn readme_error_examples_are_what_the_binary_prints() {
             .unwrap();
         let got =
             String::from_utf8_lossy(&out.stderr).replace(&format!("{}/", root.display()), "/tmp/");
-        assert_eq!(got.trim_end(), *want, "README example `{cmd}`");
+        assert_eq!(got.trim_end(), *want, "docs/compositions.md example `{cmd}`");
         checked += 1;
     }
     assert!(checked >= 10, "{checked} examples");

@@ -736,7 +736,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// The official Python SDK (`mcp`, the version `.ci/run` pins) runs tests/mcp/client.py,
-/// which runs the README's example and then checks schemas, errors, progress and notices.
+/// which runs the example of docs/mcp.md and then checks schemas, errors, progress and notices.
 #[test]
 fn mcp_python_sdk_client_drives_conch_mcp() {
     let Some(python) = std::env::var_os("CONCH_MCP_PYTHON") else {
@@ -761,22 +761,22 @@ fn mcp_python_sdk_client_drives_conch_mcp() {
     assert!(stdout.trim_end().ends_with("PASS"), "{stdout}\n{stderr}");
 }
 
-/// The README's Python example is the one the SDK test runs.
+/// The Python example of docs/mcp.md is the one the SDK test runs.
 #[test]
-fn readme_python_example_is_the_tested_one() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+fn documented_python_example_is_the_tested_one() {
+    let doc = std::fs::read_to_string(repo_root().join("docs/mcp.md")).unwrap();
     let script = std::fs::read_to_string(repo_root().join("tests/mcp/client.py")).unwrap();
     let tested = script
-        .split("# README:begin\n")
+        .split("# docs/mcp.md:begin\n")
         .nth(1)
-        .and_then(|rest| rest.split("# README:end\n").next())
-        .expect("client.py marks the README part");
-    let shown = readme
+        .and_then(|rest| rest.split("# docs/mcp.md:end\n").next())
+        .expect("client.py marks the part docs/mcp.md shows");
+    let shown = doc
         .split("```python\n")
         .nth(1)
         .and_then(|rest| rest.split("```\n").next())
-        .expect("README.md has a python example");
-    assert_eq!(shown, tested, "README.md's python example differs from tests/mcp/client.py");
+        .expect("docs/mcp.md has a python example");
+    assert_eq!(shown, tested, "docs/mcp.md's python example differs from tests/mcp/client.py");
 }
 
 /// Issue 23 item 11: calls to the persistent shell sent together run in the order they

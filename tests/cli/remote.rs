@@ -1,5 +1,5 @@
 //! The real `conch sandboxd` binary on 127.0.0.1 driven by the real `conch` CLI through the
-//! `remote-sandbox` and `remote-terminal` compositions, as the README shows it.
+//! `remote-sandbox` and `remote-terminal` compositions, as docs/remote.md shows it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

@@ -2,11 +2,11 @@
 
 Usage: python client.py <path to the conch binary>
 
-The part between the README markers is the README's Python example, kept byte for byte
+The part between the docs/mcp.md markers is that page's Python example, kept byte for byte
 (a Rust test compares them); the checks after it run that example and then assert more.
 """
 
-# README:begin
+# docs/mcp.md:begin
 import asyncio
 
 from mcp import ClientSession, StdioServerParameters
@@ -32,7 +32,7 @@ async def main(command: str = "conch") -> None:
             )
             print(job.structured_content["job_id"])  # bash-1
             print((await notices.get())["text"])  # job bash-1 (...) completed
-# README:end
+# docs/mcp.md:end
 
 
 # The checks below are the test; the example above is run first, as a user would.
@@ -67,7 +67,7 @@ async def run_example(conch: str) -> None:
             "bash-1",
             "job bash-1 (echo from the background) completed",
         ],
-        f"the README example printed {lines!r}",
+        f"the docs/mcp.md example printed {lines!r}",
     )
 
 

@@ -164,8 +164,8 @@ fn harden_self() {
 }
 
 impl LocalSubprocess {
-    /// A provider with the given config. Makes this process non-dumpable (see the README's
-    /// environment policy).
+    /// A provider with the given config. Makes this process non-dumpable (see the environment
+    /// policy in docs/tools.md).
     pub fn new(config: LocalConfig) -> Self {
         harden_self();
         let spills = Arc::new(SpillRegistry::new(config.spill_limits()));

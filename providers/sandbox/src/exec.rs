@@ -44,7 +44,7 @@
 //! Landlock is still applied there as a second layer (FIFOs on read-only binds, signal
 //! scoping) but its absence is tolerated, since bubblewrap is the primary confinement.
 //!
-//! Known limits (stated in the README section and tested where they hold):
+//! Known limits (stated in docs/sandbox.md and tested where they hold):
 //! - Without the mount layer (no mount namespace for this user): `chmod` and `utime` of
 //!   files outside the roots that the user owns are not denied (Landlock has no right for
 //!   them and seccomp cannot see paths), and a read-only path under a root (`.git/hooks`)

@@ -781,7 +781,7 @@ pub async fn a_unix_socket_outside_the_root_is_not_reachable(
     assert!(status.code == Some(0) || out.contains("Error"), "python3 ran: {out}");
     let accepted = listener.accept();
     if status.code == Some(0) || accepted.is_ok() {
-        // Reached: the hole the README and exec.rs state without the mount layer before
+        // Reached: the hole docs/sandbox.md and exec.rs state without the mount layer before
         // Landlock ABI 9.
         return skip(format!(
             "known hole: {} reaches pathname unix sockets outside the roots here ({}); \

@@ -65,7 +65,7 @@ const TERMINAL_RETAIN: usize = 8 << 20;
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RemoteConfig {
-    /// The daemon's base URL, `http://HOST:PORT` (plain HTTP; see the README for TLS).
+    /// The daemon's base URL, `http://HOST:PORT` (plain HTTP; see docs/remote.md for TLS).
     pub url: String,
     /// File holding the bearer token (trailing whitespace ignored).
     pub token_file: Option<PathBuf>,
