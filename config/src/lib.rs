@@ -2,6 +2,10 @@
 //! environment overrides for the plugins it lists, merged with figment. Duplicate YAML keys
 //! and unknown config fields are errors that name the file and the key
 //! (`plugins.<plugin>.<key>`), and the variable when the value came from the environment.
+//!
+//! Overrides apply only to plugins the file lists; others are ignored. `Composition::config_issue`
+//! gives a plugin's validation issues the same form. `Composition::with_setting` sets a front end's
+//! own value over file and environment (`conch conformance` sets `sandbox-policy.workspace_root`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

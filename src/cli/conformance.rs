@@ -14,6 +14,10 @@
 //! The shell and terminal cases make scratch directories in the system temp directory, so
 //! under a `sandbox-policy` that directory is made the workspace root for those suites (the
 //! policy's mode stays the composition's).
+//!
+//! Before the cases, the command builds one probe runtime: the same-world check, and one trivial
+//! shell call and terminal open, so a provider that cannot start anything here is a skipped suite
+//! with its reason.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,6 +2,15 @@
 //! run the conformance suites, serve a remote sandbox, and benchmark. It lives in the
 //! library so that a binary linking more plugins (a provider's own, or a test's) is the same
 //! CLI: `fn main() -> ExitCode { my_provider::register(); conch::cli::main() }`.
+//!
+//! `anyhow` is used here and nowhere else in the library. `sandboxd.rs` is the daemon's entry,
+//! `conformance.rs` the conformance command, `logging.rs` the subscriber (`CONCH_LOG`,
+//! `--log-format`), and `floors.rs` and `remote_bench.rs` the goal benchmarks. The sandbox helper,
+//! `conch sandbox-exec`, is dispatched in `main` before any runtime starts.
+//!
+//! `call` waits for the jobs its call started (their notices and `job_output` results follow the
+//! result), and SIGTERM or SIGINT to `call` or `batch` cancels the call in flight and disposes the
+//! owner before the providers shut down, as `mcp` does.
 
 mod bench;
 mod conformance;

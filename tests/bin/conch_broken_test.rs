@@ -7,6 +7,10 @@
 //! - `leak_env` (default true): every spawn's environment gets `CONCH_BROKEN_LEAK=1`, a
 //!   managed-looking name the scrub must never let through (`ambient_managed_env_is_scrubbed`);
 //! - `hang_which`: `which` of this program never answers (a case that hangs).
+//!
+//! A broken provider lives here rather than behind a cargo feature of `conch`: features unify
+//! across everything one cargo invocation builds, so `cargo test --workspace` would have put it
+//! into `target/debug/conch` and its `plugins` list; this package is never published.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,5 +1,9 @@
 //! Child environment policy: the ambient scrub every provider applies, and the managed
 //! CONCH_* facts (`ShellEnv`) that shell tools inject per call.
+//!
+//! `CALL_ID_VAR` (`CONCH_CALL_ID`) is the spawn id a process provider marks its trees with;
+//! `call_id_value` chains it after the ids this process inherited, so an outer conch still finds an
+//! inner one's processes.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

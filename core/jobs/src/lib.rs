@@ -7,6 +7,12 @@
 //! deletes a record on settlement: records stay visible to `job_list` until the owner is
 //! disposed or the registry shuts down, because "a job finished" is a fact the model may ask
 //! about later.
+//!
+//! The registry checks the per-owner cap before the producer runs, and the first settlement wins. A
+//! deleted record releases its producer's output (`JobOutput::release`; a spill a result may have
+//! named is kept, and only the spill limits evict it). The cancel hook is async: `Jobs::kill`
+//! returns once the cancellation was delivered, and one that could not be force-fails the record
+//! and is returned as the error.
 #![deny(missing_docs)]
 
 mod job;

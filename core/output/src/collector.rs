@@ -24,6 +24,8 @@
 //!   final. After an eviction no path is published again: reads and summaries carry
 //!   `spill: None` with `spill_evicted: true`, so whoever renders them can say the full
 //!   output is gone rather than that it never existed.
+//!
+//! Reads are by offset; a read from before what the collector still holds is `lossy`.
 
 use std::collections::VecDeque;
 use std::fs::{self, File};

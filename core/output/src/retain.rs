@@ -6,6 +6,9 @@
 //! may be inserted before it) is not counted against the budget and not counted as kept
 //! text, so `total_bytes == kept content bytes + omitted_bytes` holds exactly; the marker
 //! only adds its own short, fixed-shape length on top of `max_bytes`.
+//!
+//! The retainers count what they omit exactly; terminal-bash keeps each send's output in a tail
+//! retainer.
 
 use crate::utf8::{tail_utf8, truncate_utf8};
 

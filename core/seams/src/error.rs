@@ -1,5 +1,10 @@
 //! The one public error type every seam returns, with stable, append-only codes and an
 //! optional typed reason, so callers match on values, never on message text.
+//!
+//! A reason such as `MISSING_PROGRAM`, which a subprocess provider sets when a spawn's program is
+//! not there, lets an executor name what to install. A final reason (`BOOT_CHANGED`, `REMOTE_GONE`)
+//! makes `Error::retryable` false whatever the code: nothing succeeds until the world is rebuilt.
+//! `ErrorBody` is the error's owned wire form; the `as_str` values are pinned by tests.
 
 use std::borrow::Cow;
 use std::fmt;

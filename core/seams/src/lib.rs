@@ -1,6 +1,26 @@
 //! conch seams: the abstract service traits, their vocabulary, and the one error type.
 //!
 //! Tools consume these traits only; providers implement them; the registry wires them.
+//!
+//! The vocabulary: `Subprocess`, `Process`, `TerminalProcess`, `ShellExecutor`, `ShellProcess`,
+//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Tool`, the `Owner` scope,
+//! `Signal`, and `PluginConfig`/`ConfigIssue` (the one config-validation convention).
+//!
+//! `Process::kill`, `release` and `close_stdin` and `Subprocess::which` are async and fallible: a
+//! request a provider could not deliver is the caller's error (a failed job kill is reported by
+//! `job_kill`; teardown logs it), and `which` never reports a lost world as "not found". Work whose
+//! world was lost has a state of its own: `ShellProcessStatus::Lost`, `JobStatus::Lost` (`lost`)
+//! and `SessionStatus::Lost`.
+//!
+//! `ShellDialect` (`BASH`, `PWSH`) carries every shell-specific word a tool needs: the tool name,
+//! how one command runs, the directory command, background examples, persistent state, what a
+//! persistent shell does with input and timeouts, and the exit-code rule.
+//!
+//! The `serde` feature derives Serialize/Deserialize for the wire vocabulary: `SpawnSpec` (without
+//! its cancel token), stdio specs, `AfterExit` (milliseconds), `ExitStatus`, `StreamRead` and
+//! `CollectedOutput` (with `spill_evicted`, defaulting to false for older peers), `Leftover`,
+//! `SpillRef` (a path plus the `World` it lives in), terminal specs, observations and reports,
+//! `Signal`, `ErrorCode`, `ErrorBody`.
 #![deny(missing_docs)]
 
 pub mod config;

@@ -11,6 +11,8 @@
 //! `DUPLICATE_NAME`, `SEND_ACTIVE`, `OWNER_NOT_LIVE`, `SERVICE_DISPOSING`, `NO_BACKEND`,
 //! `BAD_NAME`) beside its [`ErrorCode`]; callers match on it, never on the message (which
 //! shows it in front for humans).
+//!
+//! A failed close keeps the record, so the close can be retried.
 #![deny(missing_docs)]
 
 use std::collections::{HashMap, HashSet};

@@ -6,6 +6,12 @@
 //! enumerations are `enum` lists of strings, nothing is referenced (`$ref`, `$defs`) or
 //! composed (`oneOf`, `anyOf`, `allOf`, `const`), integers carry no `format`, objects say
 //! `additionalProperties: false`, and descriptions are single paragraphs.
+//!
+//! Arguments are serde types with schemas from schemars and `deny_unknown_fields`, all parsed by
+//! `parse_args`, whose errors name the field path (`timeout_ms`, `a.b[2]`) and which refuses a
+//! field the tool's published schema does not offer, listing the ones it does. `schema_of` rewrites
+//! schemars' output into the subset above; `tests/cli/schemas.rs` walks every embedded
+//! composition's tools.
 
 use conch_seams::{Error, Result};
 use schemars::JsonSchema;

@@ -6,6 +6,10 @@
 //! `sandbox_permissions: "require_escalated"` and a `justification` asks the approval seam
 //! and, if approved, runs the command once under danger-full-access. It never escalates on
 //! its own: only a call that asks does.
+//!
+//! The escalation fields join the schema (built once) only under a confining executor, and a denial
+//! renders as `[sandbox: file|network access denied under <mode> mode]`; an approved call's result
+//! is marked `escalated`.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,6 +1,14 @@
 //! Model-facing tools. They consume seams only (`ShellExecutor`, `Jobs`), so they behave the
 //! same over local, sandboxed or remote providers, and hold no shell syntax: every word that
 //! depends on the shell comes from the seam's `ShellDialect`.
+//!
+//! The plugins: `tool-bash` and `tool-pwsh` (`bash.rs`: one tool, named and worded after the
+//! executor's dialect; each refuses an executor of the other dialect), `tool-jobs` (`job_output`,
+//! `job_list`, `job_kill`), `tool-terminal` (`terminal_open`, `send`, `read`, `resize`, `signal`,
+//! `list`, `close`) and `tool-bash-persistent`/`tool-pwsh-persistent` (`persistent.rs`: a shell
+//! tool named after the terminal backend's dialect, which each plugin checks). `render.rs` holds
+//! the exit markers both renderers write (one-shot `render_run`, persistent `render_outcome`) and
+//! `parse_exit_status`; `args.rs` parses arguments and shapes schemas.
 
 mod args;
 mod bash;

@@ -1,4 +1,7 @@
 //! The seven terminal tools over the `Terminals` service, and background sends as `pty-send` jobs.
+//!
+//! Background sends are `pty-send` jobs. Every result is capped at `max_result_bytes`, cut on
+//! code-point boundaries.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

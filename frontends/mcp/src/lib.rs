@@ -23,6 +23,17 @@
 //!   order their requests arrived (see `arrival`); other calls run concurrently.
 //! - job completion notices: sent at once as `notifications/message` (level `notice`,
 //!   logger `conch.jobs`) and appended to the next tool result as `[notice] ...` text.
+//!
+//! rmcp is pinned (`=3.11.0`) and used by no other crate, so the MCP library can be swapped without
+//! touching a tool. `serve_stdio` runs one session as one `Owner` over rmcp's reactor-driven
+//! `stdio_pipes` transport; the `ServerHandler` is written by hand (tools are whatever the
+//! composition built) and runs calls through `Runtime::call_with` with a `ToolContext` whose cancel
+//! token the request's MCP cancellation trips. The owner's `NoticeSink` queues job notices for the
+//! next result and forwards each as a `notifications/message`. `InitializeFirst`, a wrapper around
+//! rmcp's transport, answers a request sent before `initialize` with "initialize first" (-32600)
+//! itself, since rmcp would read it as a request of the stateless 2026 lifecycle and answer about
+//! missing `_meta` fields. An `EofWatch` around stdin, or the caller's shutdown future
+//! (SIGTERM/SIGINT in the binary), disposes the owner before rmcp is stopped.
 
 mod arrival;
 

@@ -1,5 +1,8 @@
 //! `approval-allowlist`: approves escalations whose command a composition listed, by prefix
 //! or by a regex over the whole command; everything else is denied.
+//!
+//! `prefixes` approve simple commands, without shell operators, at a word boundary; `patterns` are
+//! regexes over the whole command.
 
 use std::sync::Arc;
 

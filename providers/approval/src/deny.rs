@@ -1,4 +1,5 @@
-//! `approval-deny`: the default approver, which refuses every escalation.
+//! `approval-deny`: the default approver, which refuses every escalation and names the
+//! providers that would allow some.
 
 use std::sync::Arc;
 

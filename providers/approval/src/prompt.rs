@@ -4,6 +4,8 @@
 //!
 //! The question and the answer go through [`PromptIo`], so the dialogue is tested over real
 //! pipes; the terminal implementation is the only part that needs a terminal.
+//!
+//! A timed-out read is handed to the next prompt rather than racing a second reader.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};

@@ -3,6 +3,26 @@
 //! fail. A dialect ([`Flavor`]) supplies only its names, its terminal overrides and the argv
 //! that runs one command; bash-local, bash-sandbox, pwsh-local and pwsh-sandbox are this one
 //! executor with a flavour and, for the sandboxed two, a sandbox bound.
+//!
+//! `Settings` holds the config keys every flavour has, checked by one `validate`; each flavour's
+//! config struct is declared by the `local_shell_config!` macro with its own executable key.
+//! `resolve` applies defaults and caps (`max_command_bytes`, NUL refusal) and layers the
+//! environment (flavour overrides, caller env, managed snapshot), with no filesystem facts. Timeout
+//! and abort are fused (the first cause wins); the engine also handles leftovers, background
+//! handles that never fail, the optional sandbox wrap, and the missing-program message (a provider
+//! error with `MISSING_PROGRAM`, or, sandboxed, a PATH look-up until the program was found once). A
+//! `Flavor` supplies only its plugin names, `ShellDialect`, terminal overrides, executable key and
+//! `invocation(program, command) -> {argv, env}`.
+//!
+//! Sandboxed (`LocalShell::sandboxed`), `resolve` stamps the complete per-call policy into
+//! `ShellExecSpec::sandbox`: the default from `sandbox-policy`, with the mode a request may
+//! override through `ShellExecRequest::sandbox_mode` (the shell tool sets danger-full-access only
+//! for an approved escalation). The spawn path wraps the `CommandLine {argv, cwd, env}` through
+//! `Sandbox::wrap` before building the `SpawnSpec`. A wrap error, a spawn failure of a wrapped
+//! command, or an exit the sandbox's own `classify` calls a runner failure (`runner_failed`) is
+//! `sandbox_unavailable` in the foreground and a killed handle with `runner_failed` in the
+//! background; results carry `Sandbox::classify`'s `SandboxInfo`. `ShellExecutor::sandbox_mode`
+//! tells tools the default mode.
 
 use std::marker::PhantomData;
 use std::path::PathBuf;

@@ -14,6 +14,9 @@
 //! A command longer than one argv string may be (Linux refuses a longer one with E2BIG) goes
 //! to bash in several argv strings and a fixed loader joins and evals them, so the argv stays
 //! the only channel and works for any subprocess provider, remote ones included.
+//!
+//! A command longer than one argv string (128 KiB) goes as argv chunks to a fixed loader that
+//! joins, clears and `eval`s them: still pure argv, so any subprocess provider can run it.
 
 pub mod engine;
 pub mod pwsh;

@@ -19,6 +19,9 @@
 //! A command longer than fits one argv string once encoded travels in environment
 //! variables ([`CHUNK_VAR`]`0`, `1`, ...; raw UTF-8, cut on char boundaries), which the
 //! wrapper joins and removes before the command runs, so the command never sees them.
+//!
+//! A command too long for one argument travels in `__CONCH_PWSH_COMMAND_<n>` variables the wrapper
+//! removes before it runs.
 
 use std::sync::Arc;
 

@@ -23,6 +23,21 @@
 //! evicted; one stream larger than the whole cap keeps its spill (up to its own
 //! `spill_cap`) while it runs and loses it as soon as it settles. Reads report an evicted
 //! spill as such (`spill_evicted`), never by its path.
+//!
+//! The crate is `cfg(unix)`; nix, libc and portable-pty are Unix target dependencies. The provider
+//! makes the conch process non-dumpable, so children cannot read its environment through `/proc`,
+//! and resolves bare program names on the child's PATH so std can use posix_spawn. A spawn whose
+//! program is missing fails `spawn_failed` with reason `MISSING_PROGRAM` (pipes and PTYs alike).
+//!
+//! Every spawn gets an id `<process>.<provider>.<n>` in `CONCH_CALL_ID`, set after the overlay so
+//! config cannot replace it, which every descendant inherits: it survives setsid, nohup and double
+//! forks, so it is what finds a call's or a session's detached processes. A cgroup would be
+//! tighter, but is not writable everywhere; the environment is, for same-user processes. The holes
+//! are listed at `procfs`'s `Tag`.
+//!
+//! A provider's spill directory is a persistent `SpillRoot`, made by the first spill, so calls
+//! whose output fits in memory touch no disk. Shutdown finally stops every process still carrying
+//! the provider's id (a `WaitForEof` spawn's detached orphans).
 #![cfg(unix)]
 
 mod home;

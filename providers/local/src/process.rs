@@ -1,6 +1,15 @@
 //! One spawned local process: stream pumps, exit watcher, kill escalation. Its tree is its
 //! process group, the holders of its output pipes, and every process carrying its id
 //! (detached ones included).
+//!
+//! A spawn runs in a new process group with its cwd resolved and checked here, and its environment
+//! built as scrub, then overlay, then the spawn id. Streams are collected merged or separate. The
+//! process settles as `AfterExit` says: at EOF of its streams (`WaitForEof`), or, for shell calls
+//! (`StopLeftovers`), once the shell exited, the drain passed and every leftover was stopped: group
+//! members, output-pipe holders (found by pipe inode in `/proc/*/fd`) and processes carrying the
+//! id; a kill's stopped processes outside the group are leftovers too. After a kill, settlement is
+//! bounded even when an escaped process holds a pipe, and waits for the kill to finish. `release`
+//! keeps the spills, since results may have named them.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;

@@ -23,6 +23,13 @@
 //!   long loses its exit status to this reaper.
 //! - Set up once per process however many providers exist ([`init`] is idempotent), before
 //!   the first spawn of any of them.
+//!
+//! A burst of deaths is gathered for 5 ms (`COALESCE`) into one look. Nobody waits for the thread
+//! to start, because its first look, made once it listens, sees what died before. Orphans land on
+//! the main thread's `children` list (the kernel hands them to the subreaper's first live thread),
+//! so the clean-call orphan look reads that one file. With the subreaper, a reaped spawn's
+//! leftovers outside its group can only be under an unowned child, so a clean call skips the full
+//! scan.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};

@@ -4,6 +4,9 @@
 //!
 //! Control calls are HTTP with JSON bodies; bytes travel base64 in JSON and raw in binary
 //! WebSocket frames. Every field is sent explicitly (a clean exit says `"code": 0`).
+//!
+//! JSON control bodies, tagged WebSocket text messages, and binary data frames
+//! `[1][stream][id_len][id][offset][bytes]`.
 
 use std::collections::BTreeMap;
 

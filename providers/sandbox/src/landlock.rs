@@ -1,5 +1,7 @@
 //! `sandbox-landlock`: confines a command with the `sandbox-exec` helper (Landlock +
 //! seccomp, see [`crate::exec`]) in front of its exact argv.
+//!
+//! At build it asks the helper (`sandbox-exec --probe`) once what it can enforce here.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -23,6 +23,11 @@
 //! Limits: sockets are found in `/proc/net/unix` when the command starts; a socket bound
 //! later (or bound with a relative path, or in another network namespace) is not masked;
 //! Landlock ABI 9 (`ResolveUnix`) closes this for good where the kernel has it.
+//!
+//! The mount namespace is made directly, or in a user namespace; where neither is possible,
+//! Landlock confines alone. `read_only_points` sorts the read-only paths for both runners: existing
+//! ones become mount points, a worktree's `.git` file becomes one, and missing ones under a
+//! directory are left to Landlock.
 
 #![allow(unsafe_code)]
 

@@ -36,6 +36,12 @@
 //!   call.
 //! - The framed line starts with a space; with `HISTCONTROL=ignorespace` it is not recorded,
 //!   so the nonce is not readable from `history`.
+//!
+//! The typed line is short because the line editor echoes every typed byte: a starter function,
+//! re-defined by PROMPT_COMMAND before every prompt, prints the start marker; the command follows
+//! as one `$'...'` word; the end marker and status are printed by PROMPT_COMMAND. `set -e` is
+//! emulated by a `set` alias, a one-shot DEBUG trap that `set` arms, and an ERR trap, so it never
+//! makes the shell exit.
 
 /// Prefix of every frame marker.
 const TAG: &str = "__CONCH_PB";

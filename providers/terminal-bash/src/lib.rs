@@ -19,6 +19,32 @@
 //! When the composition binds a sandbox, the shell's whole command line (argv, cwd, env) is
 //! wrapped through it under the `sandbox-policy` default before the PTY spawn, so the session
 //! and everything typed into it run confined, in a mode fixed for the session's lifetime.
+//!
+//! bash runs as `bash --norc --noprofile +H -i` with a private OSC marker (`OSC 7770;<nonce> BEL`)
+//! in PS1, re-asserted by PROMPT_COMMAND. With `shell_dialect: pwsh` (`Shell`) it starts `pwsh
+//! -NoLogo -NoProfile -NoExit -EncodedCommand <framing::pwsh_init>` instead: PSReadLine removed, a
+//! `PSConsoleHostReadLine` reading with .NET's `Console.In.ReadLine()` (one echo per typed
+//! character), a `prompt` function that ends a pending frame and prints the marker, and
+//! `__conch_f`, which frames a command typed as ` . __conch_f '<nonce>' '<base64>'` (the pwsh text
+//! comes from `conch_provider_bash::pwsh`). pwsh sessions answer cursor position requests
+//! (`parser.rs` follows the printed text's column; the pump writes the answer, and Tier 1 waits
+//! while one is in flight), because .NET asks before every prompt; pwsh runs commands in its own
+//! process group, so a signal while it is busy counts as a command's, and an interrupt repeats its
+//! SIGINT until the prompt is back.
+//!
+//! When the composition binds a sandbox (and then a `sandbox-policy`, or the build fails naming
+//! it), the shell's `{argv, cwd, env}` is wrapped through `Sandbox::wrap` before `spawn_terminal`,
+//! so the whole session runs confined in a mode fixed at open (`TerminalSession::sandbox_mode`,
+//! shown by `terminal_open` and `terminal_list` as `sandbox`, null when unconfined); a wrap error,
+//! or a startup exit the sandbox's `classify` calls a runner failure, fails the open as
+//! `sandbox_unavailable`. Under `sandbox-bwrap` bash cannot see the session's process group from
+//! inside the pid namespace and leads a group of its own; subprocess-local's PTY still counts it as
+//! the shell's (a group whose leader descends from the session leader only through processes of the
+//! leader's group, i.e. the runner), so Tier 0 and the signal guards hold.
+//!
+//! A send is a `SendRequest` (`#[non_exhaustive]`: text, keys, submit, timeout,
+//! ignore_silence, wait_for, max_output_bytes, progress); the session runs over
+//! `TerminalProcess`, so the request never crosses the remote wire.
 
 mod framing;
 mod input;

@@ -19,6 +19,9 @@
 //! seen, within the terminal's size. Cursor movements are not followed (they are dropped
 //! like every other sequence), so the answer is exact for text written line by line, which
 //! is what a shell asking before its prompt needs.
+//!
+//! Sequences are bounded: an unterminated one ends at a line break, a new ESC or its length cap, so
+//! it cannot swallow what follows. CRLF and UTF-8 are carried across reads.
 
 /// One parsed piece of output.
 #[derive(Clone, Debug, PartialEq, Eq)]

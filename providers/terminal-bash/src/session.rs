@@ -25,6 +25,17 @@
 //! - A send's own limits (`SendRequest`): its deadline replaces the configured one; with
 //!   `ignore_silence` or `wait_for`, Tier 2 never ends it; a `wait_for` match ends it
 //!   before any tier (`matched`); its output cap bounds the retained delta (newest kept).
+//!
+//! The tier 1 probe runs from the moment output goes quiet, with a growing gap. An interrupt sends
+//! SIGINT to each command group that takes the foreground, again every `COMMAND_REINTERRUPT_GAP`
+//! while one still holds it, since a SIGINT landing between bash's fork and the child's exec is
+//! lost; `Interrupted::still_running` tells the caller when a command outlived the grace. TERM
+//! (`xterm-256color` by default, config `term` or `TerminalOpenSpec::term`) and the size at open
+//! travel in the spawn spec; `resize` updates the line and screen models, then the PTY
+//! (`TerminalProcess::resize`).
+//!
+//! The screen model's callbacks answer the terminal queries of a bash session's programs
+//! (cursor position, status, device attributes, colours).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

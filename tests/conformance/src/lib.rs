@@ -9,6 +9,14 @@
 //!
 //! Cases never sleep to synchronise and use generous timeouts so a loaded 2-core machine
 //! does not make them flaky.
+//!
+//! Each list is handed to a callback macro, so the tests and `conch conformance` run the same
+//! functions; a skipped test prints `SKIP <test>: <reason>`. `shell_suite!(gate: f, make)` and
+//! `terminal_suite!(gate: f, make)` return at once from every case while `f()` is `Err(why)`, and
+//! print one visible line per suite, `skipped: <why> (N cases)` (the pwsh instantiations use
+//! `pwsh_on_path`). A runner's stated hole and a script in the other dialect are skips too: shell
+//! and terminal cases type their commands in the seam's dialect (bash, or the PowerShell text that
+//! means the same).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 

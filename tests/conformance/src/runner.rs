@@ -2,6 +2,12 @@
 //! task of its own, so a failing case (a panic) is caught as the task's `JoinError` and
 //! reported with its message and where it was raised, and bounded by a deadline, so a case
 //! that hangs fails instead of stopping the run.
+//!
+//! `run_case` runs one case in a tokio task of its own with a deadline: a panic is caught as the
+//! task's `JoinError`, and a panic hook, installed on first use, records where it was raised and
+//! keeps case panics off stderr (other panics go to the previous hook). `same_world` checks that a
+//! subprocess provider's processes are visible in this process's `/proc` (same boot id and pid
+//! namespace), which the cases need.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, Once};

@@ -6,6 +6,9 @@
 //! exponential backoff until `give_up` has passed; then it fails as `remote_unavailable`.
 //! A daemon known to be gone ([`Health`]) fails a call at once instead, and so does one that
 //! was replaced (another boot id).
+//!
+//! Calls are retried until a give-up deadline and report every attempt to the shared verdict on the
+//! daemon (`health.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

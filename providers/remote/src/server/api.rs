@@ -1,4 +1,7 @@
 //! The HTTP half of RXP/1: control calls with JSON bodies, typed errors, auth and limits.
+//!
+//! Every route but `/health` needs the bearer token; bodies are size-limited and errors are typed
+//! JSON.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

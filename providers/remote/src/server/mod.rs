@@ -13,6 +13,10 @@
 //!   the output, the exit and the settlement instead of `not_found`. It no longer counts
 //!   against `--max-procs`.
 //! - The token is compared in constant time and never logged.
+//!
+//! Beyond each client window, the daemon asks the hosted provider for `replay_bytes`
+//! (`--retain-bytes`), so spills appear exactly as locally while a reconnecting client can still be
+//! replayed what it missed.
 
 mod api;
 mod ws;
