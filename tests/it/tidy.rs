@@ -278,3 +278,92 @@ fn core_crates_depend_on_no_provider_or_front_end() {
     }
     assert!(bad.is_empty(), "core/ holds contracts and services only:\n{}", bad.join("\n"));
 }
+
+/// Characters of a top-level document, counted as text (the diagrams' box drawing counts
+/// once per character, not per byte).
+fn doc_chars(name: &str) -> (String, usize) {
+    let text = std::fs::read_to_string(root().join(name)).unwrap();
+    let chars = text.chars().count();
+    (text, chars)
+}
+
+#[test]
+fn architecture_md_stays_a_map() {
+    // Issue 24: a map, not an atlas. Mechanism belongs in the `//!` docs of the file that
+    // owns it, so the map stays short enough to read whole; one sentence per line keeps
+    // lines short and diffs local.
+    let (text, chars) = doc_chars("ARCHITECTURE.md");
+    assert!(chars <= 12_500, "ARCHITECTURE.md is {chars} characters; the cap is 12500");
+    let long: Vec<String> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.chars().count() > 200)
+        .map(|(i, l)| format!("line {}: {} characters", i + 1, l.chars().count()))
+        .collect();
+    assert!(long.is_empty(), "ARCHITECTURE.md lines over 200 characters:\n{}", long.join("\n"));
+}
+
+#[test]
+fn readme_stays_a_front_page() {
+    // Issue 24: the README says what conch is, how to start and where to read on; each
+    // topic lives in docs/.
+    let (_, chars) = doc_chars("README.md");
+    assert!(
+        chars <= 20_500,
+        "README.md is {chars} characters; the cap is 20500 (move topics to docs/)"
+    );
+}
+
+/// The targets of the inline Markdown links of `text` (`[text](target)`), outside fenced
+/// code blocks.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let Some(end) = rest.find(')') else { break };
+            out.push(rest[..end].to_string());
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn relative_links_in_the_docs_point_at_files() {
+    // Moving text between README.md, ARCHITECTURE.md and docs/ must not leave a link behind
+    // that points nowhere.
+    let mut files = vec![root().join("README.md"), root().join("ARCHITECTURE.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    assert!(!docs.is_empty(), "docs/ holds the topic pages");
+    files.extend(docs);
+    let mut bad = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for target in link_targets(&text) {
+            let path = target.split('#').next().unwrap_or_default();
+            if path.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            if !file.parent().unwrap().join(path).exists() {
+                bad.push(format!("{}: {target}", rel(file)));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "links to files that do not exist:\n{}", bad.join("\n"));
+}

@@ -1,11 +1,11 @@
 //! The plugin registry: plugins register with `inventory`; a composition picks them; the
 //! registry checks exactly-one-provider-per-seam and builds a [`Runtime`] in dependency order.
 //!
-//! `plan` resolves a composition without constructing anything: an unknown plugin (with a
-//! suggestion), a duplicate seam, a missing seam and the dependency order. `Runtime` holds the
-//! seams and tools and tears plugins down in reverse order, awaited. `BuildContext::config`
-//! deserializes and validates (`PluginConfig::validate`) every plugin's config, so a bad value
-//! names file, plugin and key the same way everywhere.
+//! `plan` resolves a composition without constructing anything: it reports an unknown plugin (with
+//! a suggestion), a duplicate seam or a missing seam, and orders the plugins by dependency.
+//! `Runtime` holds the seams and tools and tears plugins down in reverse order, awaited.
+//! `BuildContext::config` deserializes and validates (`PluginConfig::validate`) every plugin's
+//! config, so a bad value names file, plugin and key the same way everywhere.
 #![deny(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,7 +1,7 @@
 //! The HTTP half of RXP/1: control calls with JSON bodies, typed errors, auth and limits.
 //!
-//! Every route but `/health` needs the bearer token; bodies are size-limited and errors are typed
-//! JSON.
+//! Every route but `/health` goes through the bearer-token check; bodies are size-limited, and
+//! every refusal is typed JSON.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
