@@ -25,7 +25,7 @@
 //!   `spill: None` with `spill_evicted: true`, so whoever renders them can say the full
 //!   output is gone rather than that it never existed.
 //!
-//! Reads are by offset; a read from before what the collector still holds is `lossy`.
+//! Reads are by caller-owned offset; a read from before the memory window is `lossy`.
 
 use std::collections::VecDeque;
 use std::fs::{self, File};

@@ -7,11 +7,11 @@
 //! terminal lives in, through [`crate::procfs`].
 //!
 //! `spawn_terminal` validates the cwd first and drops the slave in the parent; one reader thread
-//! feeds a channel, counting what is queued and delivered, and a waiter thread reaps. The probe
-//! runs on request, on the blocking pool. `terminate` stops descendants and processes carrying the
-//! terminal's id children first while the frozen leader is spared, then the leader (HUP, grace,
-//! KILL), then whatever still carries the id; it does so also after the leader exited. The shutdown
-//! sweep stops a terminal's session and id.
+//! feeds a channel, counting what is queued and delivered, and a waiter thread reaps. The
+//! foreground is read via the master; the probe runs on request, on the blocking pool. `terminate`
+//! stops descendants and processes carrying the terminal's id children first while the frozen
+//! leader is spared, then the leader (HUP, grace, KILL), then whatever still carries the id; it
+//! does so also after the leader exited. The shutdown sweep stops a terminal's session and id.
 
 use std::fmt;
 use std::io::{Read, Write};
