@@ -29,7 +29,11 @@
 //! The tier 1 probe runs from the moment output goes quiet, with a growing gap. An interrupt sends
 //! SIGINT to each command group that takes the foreground, again every `COMMAND_REINTERRUPT_GAP`
 //! while one still holds it, since a SIGINT landing between bash's fork and the child's exec is
-//! lost; `Interrupted::still_running` tells the caller when a command outlived the grace. TERM
+//! lost. The shell's own group gets one only while no command was seen, never while readline may
+//! still be reading a framed line (it would keep the signal for its next read and run the line
+//! unstopped), and again every `REINTERRUPT_GAP` while its prompt is not back; a framed command
+//! whose shell stays busy gets a second round before the session is given up.
+//! `Interrupted::still_running` tells the caller when a command outlived the grace. TERM
 //! (`xterm-256color` by default, config `term` or `TerminalOpenSpec::term`) and the size at open
 //! travel in the spawn spec; `resize` updates the line and screen models, then the PTY
 //! (`TerminalProcess::resize`).
@@ -47,7 +51,7 @@ use conch_seams::{
     CloseReport, CommandEnd, CommandOutcome, Error, ErrorBody, ErrorCode, ForegroundTarget,
     Interrupted, Probe, Result, SandboxMode, ScreenView, ScrollbackPage, SendOutcome, SendProgress,
     SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery, StdinWait, StopCause,
-    TerminalProcess, TerminalSession, TerminalSize, WaitReason,
+    TerminalObservation, TerminalProcess, TerminalSession, TerminalSize, WaitReason,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -82,8 +86,8 @@ const CONFIRM_GAP: Duration = Duration::from_millis(2);
 const SIGNAL_SETTLE: Duration = Duration::from_millis(1_000);
 /// How long close waits for the shell to be reaped after teardown said it exited.
 const REAP_LIMIT: Duration = Duration::from_secs(30);
-/// Between repeated interrupts of a shell whose commands share its process group (pwsh):
-/// a SIGINT that arrived while it was still reading the line reached no command.
+/// Between repeated interrupts of the shell's own group while its prompt is not back: a
+/// SIGINT that arrived while it was still reading the line may have reached no command.
 const REINTERRUPT_GAP: Duration = Duration::from_millis(250);
 /// Between SIGINTs to a command group that still holds the foreground: one that landed
 /// between bash's fork and the child's exec met the shell's handler, which only sets a flag,
@@ -930,7 +934,9 @@ impl BashSession {
     /// The line may still be queued for readline or between readline and the new job when we
     /// first look, so every command group that takes the foreground before the shell settles
     /// gets its own SIGINT, and the shell's own group gets one only while no command was seen.
-    /// True when a command still held the foreground when the grace ended.
+    /// A framed bash line gets none while readline may still be reading it (see
+    /// [`Self::shell_may_be_signalled`]). True when a command still held the foreground when
+    /// the grace ended.
     async fn interrupt(&self, start_prompts: u64) -> Result<bool> {
         let sh = &self.shared;
         let grace = Duration::from_millis(sh.config.dispose_grace_ms);
@@ -938,6 +944,7 @@ impl BashSession {
         let poll = Duration::from_millis(sh.config.poll_interval_ms);
         // Room for a few more tries within a short grace.
         let command_gap = COMMAND_REINTERRUPT_GAP.min(grace / 4);
+        let shell_gap = REINTERRUPT_GAP.min(grace / 4);
         let mut signalled: Vec<i32> = Vec::new();
         let mut command_seen = false;
         let mut settled = 0;
@@ -946,21 +953,21 @@ impl BashSession {
         let mut command_holds;
         loop {
             let notified = sh.changed.notified();
-            let (prompts, eof) = {
+            let (prompts, eof, line_unstarted) = {
                 let st = sh.lock();
                 if let Some(why) = &st.lost {
                     return Err(lost(why));
                 }
-                (st.prompts, st.eof)
+                (st.prompts, st.eof, st.frame.as_ref().is_some_and(|f| !f.started()))
             };
             if eof {
                 return Ok(false);
             }
             // Settled means bash is back at its prompt AND blocked reading the terminal: a
             // SIGINT that reached readline before it read the queued line leaves that line to
-            // run next, and readline only blocks once no input is pending.
-            let probe = if prompts > start_prompts { Probe::Stdin } else { Probe::Foreground };
-            let obs = sh.observe(probe).await?;
+            // run next, and readline only blocks once no input is pending. The stdin probe
+            // also tells a shell running a builtin loop from one reading the terminal.
+            let obs = sh.observe(Probe::Stdin).await?;
             command_holds = !obs.leader_owns_foreground;
             // Stable over several samples, like Tier 1: readline can block for an instant
             // with the interrupted line still queued on the terminal, about to run.
@@ -979,13 +986,17 @@ impl BashSession {
             // then the line may still sit in readline, and the signal discards it. Once a
             // command ran, the shell in the foreground means it is back, and a SIGINT would
             // be left pending in readline and eat the next line typed.
-            let shell_may_get_one = !obs.leader_owns_foreground || !command_seen;
-            // Where commands share the shell's group (pwsh), one SIGINT may have landed while
-            // the shell was still reading the line, before any command ran: until its prompt
-            // is back, the group gets another now and then (harmless at pwsh's prompt).
-            let again = sh.shell.commands_share_its_group()
-                && prompts <= start_prompts
-                && last_sent.is_some_and(|t| t.elapsed() >= REINTERRUPT_GAP);
+            let shell_may_get_one = !obs.leader_owns_foreground
+                || (!command_seen
+                    && self
+                        .shell_may_be_signalled(line_unstarted && prompts <= start_prompts, &obs));
+            // The shell's own group, signalled while no command group was seen, gets another
+            // SIGINT now and then until its prompt is back: the first may have reached no
+            // command (pwsh may still have been reading the line; a bash command's trap may
+            // have taken it). Each is harmless at the prompt, which ends the repeats.
+            let again = prompts <= start_prompts
+                && obs.leader_owns_foreground
+                && last_sent.is_some_and(|t| t.elapsed() >= shell_gap);
             // A command group signalled before that still holds the foreground: the signal
             // may have been lost while the command started (see COMMAND_REINTERRUPT_GAP).
             let command_again = !obs.leader_owns_foreground
@@ -1003,17 +1014,37 @@ impl BashSession {
                 } else {
                     ForegroundTarget::NotLeader
                 };
-                if let Ok(Some(d)) = sh.process.signal_foreground(Signal::Int, target).await {
-                    command_seen |= !d.leader;
-                    if !signalled.contains(&d.pgid) {
-                        signalled.push(d.pgid);
+                match sh.process.signal_foreground(Signal::Int, target).await {
+                    Ok(Some(d)) => {
+                        command_seen |= !d.leader;
+                        if !signalled.contains(&d.pgid) {
+                            signalled.push(d.pgid);
+                        }
                     }
+                    Ok(None) => {}
+                    // Not delivered (the group changed under us, or the world did not
+                    // answer): the next sample tries again rather than wait out the grace
+                    // for a signal nobody got.
+                    Err(_) => signalled.retain(|g| *g != pg),
                 }
             }
             if !pause(notified, poll, deadline).await {
                 return Ok(command_holds);
             }
         }
+    }
+
+    /// Whether bash's own group, in the foreground, may get a SIGINT now. Not while readline
+    /// may be reading a framed line (`reading_line`: it was typed and has not started): a
+    /// SIGINT that lands as readline takes the line is kept by readline's handler for its
+    /// next read, and bash then runs the line as if none came (a builtin loop would spin on
+    /// unstopped); one that lands mid-paste discards what readline read and leaves the rest
+    /// of the line to run as typed keys. Once the line runs (its start marker came), or
+    /// bash is blocked reading with no input queued, the signal is taken at once.
+    fn shell_may_be_signalled(&self, reading_line: bool, obs: &TerminalObservation) -> bool {
+        !reading_line
+            || self.shared.shell != Shell::Bash
+            || matches!(obs.stdin, StdinWait::Waiting | StdinWait::Unavailable)
     }
 
     /// Stops a framed command that ran past its deadline or waits for terminal input: an
@@ -1026,6 +1057,15 @@ impl BashSession {
             return Ok(false);
         }
         if !self.interrupt(start_prompts).await? {
+            if self.back_at_prompt(start_prompts).await? {
+                return Ok(true);
+            }
+            // The shell itself is still busy (a builtin loop that outlived the first round
+            // of interrupts on a loaded machine): one more round, as a command gets after
+            // its SIGKILL. The shell is never killed.
+            if self.interrupt(start_prompts).await? {
+                return Ok(false);
+            }
             return self.back_at_prompt(start_prompts).await;
         }
         let sh = &self.shared;
@@ -1066,7 +1106,8 @@ impl BashSession {
         tokio::task::yield_now().await;
     }
 
-    /// The shell printed a prompt after `start_prompts` and owns the foreground. (The
+    /// The shell printed a prompt after `start_prompts`, owns the foreground and is not
+    /// busy (a builtin loop that ran after that prompt is not a shell at its prompt). (The
     /// frame's end marker may be missing: a command that replaced PROMPT_COMMAND and was
     /// interrupted before its line ended took the hook with it; the next frame puts it back.)
     async fn back_at_prompt(&self, start_prompts: u64) -> Result<bool> {
@@ -1077,7 +1118,8 @@ impl BashSession {
         if eof || prompts <= start_prompts {
             return Ok(false);
         }
-        Ok(self.shared.observe(Probe::Foreground).await?.leader_owns_foreground)
+        let obs = self.shared.observe(Probe::Stdin).await?;
+        Ok(obs.leader_owns_foreground && obs.stdin != StdinWait::NotWaiting)
     }
 
     /// Refuses work on a session that is being closed, whose shell exited (the text would
