@@ -150,7 +150,8 @@ fn read_token(path: &PathBuf) -> Result<String, DaemonError> {
 }
 
 /// Binds, prints `listening on <addr>` as the first stderr line, and serves `sub` over RXP/1
-/// until the future `stop` returns resolves, then kills and reaps every process it holds.
+/// until the future that `stop` returns resolves, then kills and reaps every process it
+/// holds.
 ///
 /// `stop` is called after the bind and before that line, so a signal handler it installs
 /// is in place by the time a script that waited for the line sends a signal.
