@@ -25,7 +25,7 @@ pub fn link_all() {
     #[cfg(unix)]
     conch_provider_local::register();
     conch_provider_bash::register();
-    conch_provider_remote::client::register();
+    conch_provider_remote::register();
     conch_tools::register();
     conch_jobs::register();
     conch_provider_terminal_bash::register();

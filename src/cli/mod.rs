@@ -106,7 +106,7 @@ enum Command {
     Conformance(conformance::Args),
     /// Serve this composition's subprocess provider to `remote-sandbox` clients over RXP/1
     /// (HTTP + WebSocket) until SIGTERM/SIGINT.
-    Sandboxd(sandboxd::Args),
+    Sandboxd(conch_frontend_sandboxd::Args),
     /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
     /// terminal_send vs persistent bash, and time to stdin_read), `floors` (every goal
     /// next to its floor measured in the same run, with the ratio), or `remote` (the same

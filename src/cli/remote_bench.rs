@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, ensure};
-use conch_provider_remote::server::{self, ServerConfig};
+use conch_frontend_sandboxd::rxp::{self, ServerConfig};
 use conch_registry::Runtime;
 use conch_seams::Owner;
 use serde_json::json;
@@ -27,15 +27,15 @@ impl Daemon {
     async fn start() -> anyhow::Result<Self> {
         let host = crate::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
         let sub = host.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
-        let token = conch_provider_remote::proto::random_id();
-        let state = server::State::new(
+        let token = conch_provider_remote_proto::random_id();
+        let state = rxp::State::new(
             sub,
             ServerConfig { token: Some(token.clone()), ..ServerConfig::default() },
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let served = tokio::spawn(server::serve(listener, state, async move {
+        let served = tokio::spawn(rxp::serve(listener, state, async move {
             let _ = rx.await;
         }));
         Ok(Self { url, token, host, stop: Some(tx), served })

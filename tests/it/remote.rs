@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use conch_frontend_sandboxd::rxp::{self, ServerConfig, State};
 use conch_provider_local::{LocalConfig, LocalSubprocess};
-use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
-use conch_provider_remote::server::{self, ServerConfig, State};
+use conch_provider_remote::{RemoteConfig, RemoteSubprocess};
 
 mod client_errors;
 mod daemon;
@@ -47,7 +47,7 @@ impl Daemon {
                 let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
                 let state = State::new(sub, cfg);
                 state_tx.send(Arc::clone(&state)).unwrap();
-                server::serve(listener, state, async move {
+                rxp::serve(listener, state, async move {
                     let _ = rx.await;
                 })
                 .await

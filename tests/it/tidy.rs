@@ -198,6 +198,8 @@ fn folders_name_their_crates() {
             format!("conch-{x}")
         } else if let Some(x) = r.strip_prefix("providers/") {
             format!("conch-provider-{x}")
+        } else if let Some(x) = r.strip_prefix("frontends/") {
+            format!("conch-frontend-{x}")
         } else {
             continue;
         };
@@ -366,4 +368,53 @@ fn relative_links_in_the_docs_point_at_files() {
         }
     }
     assert!(bad.is_empty(), "links to files that do not exist:\n{}", bad.join("\n"));
+}
+
+/// Every package `name` links, directly or through others, read from Cargo.lock. The lock
+/// does not tell dev-dependencies apart, so this over-counts, never under-counts.
+fn linked_packages(name: &str) -> std::collections::BTreeSet<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let lock = std::fs::read_to_string(root().join("Cargo.lock")).unwrap();
+    // Two versions of one package merge under its name: again an over-count only.
+    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for block in lock.split("[[package]]").skip(1) {
+        let Some(pkg) = block.lines().find_map(|l| l.strip_prefix("name = ")) else { continue };
+        let entry = deps.entry(pkg.trim_matches('"').to_string()).or_default();
+        if let Some(list) = block.split("dependencies = [").nth(1) {
+            let list = list.split(']').next().unwrap_or_default();
+            for d in list.split(',').map(|d| d.trim().trim_matches('"')).filter(|d| !d.is_empty()) {
+                // "name" or "name version" when the lock holds more than one version.
+                entry.insert(d.split(' ').next().unwrap_or(d).to_string());
+            }
+        }
+    }
+    assert!(deps.contains_key(name), "{name} is not in Cargo.lock");
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![name.to_string()];
+    while let Some(p) = todo.pop() {
+        for d in deps.get(&p).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                todo.push(d.clone());
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_remote_client_links_no_server_and_the_daemon_no_client() {
+    // The wire types are shared; each side's HTTP stack stays its own.
+    let rules: [(&str, &[&str]); 3] = [
+        ("conch-provider-remote-proto", &["axum", "hyper", "reqwest", "tokio-tungstenite"]),
+        ("conch-provider-remote", &["axum", "conch-frontend-sandboxd"]),
+        ("conch-frontend-sandboxd", &["reqwest", "conch-provider-remote"]),
+    ];
+    let mut bad = Vec::new();
+    for (krate, forbidden) in rules {
+        let linked = linked_packages(krate);
+        bad.extend(
+            forbidden.iter().filter(|f| linked.contains(**f)).map(|f| format!("{krate} links {f}")),
+        );
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use conch_env::ShellEnv;
-use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
-use conch_provider_remote::proto::{self, Capabilities, Info, Limits, Started};
+use conch_provider_remote::{RemoteConfig, RemoteSubprocess};
+use conch_provider_remote_proto::{self as proto, Capabilities, Info, Limits, Started};
 use conch_seams::{Error, ErrorCode, SpawnSpec, Subprocess, SubprocessCapabilities};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};

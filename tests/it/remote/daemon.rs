@@ -1,7 +1,7 @@
 //! Daemon promises: auth before anything runs, shutdown reaps, leave retires.
 
 use conch_conformance::{pid_gone, within};
-use conch_provider_remote::server::ServerConfig;
+use conch_frontend_sandboxd::rxp::ServerConfig;
 use conch_seams::{ErrorCode, ErrorReason, SpawnSpec, Subprocess};
 
 use super::{Daemon, with_token};
@@ -18,7 +18,7 @@ async fn a_wrong_or_missing_token_is_refused_before_anything_runs() {
     });
     for token in [Some("wrong-token"), None] {
         let err = with_token(token, || {
-            conch_provider_remote::client::RemoteSubprocess::connect(&d.client_config())
+            conch_provider_remote::RemoteSubprocess::connect(&d.client_config())
         })
         .unwrap_err();
         assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conch_conformance::{pid_gone, within};
+use conch_frontend_sandboxd::rxp::{self, ServerConfig, State};
 use conch_provider_local::{LocalConfig, LocalSubprocess};
-use conch_provider_remote::client::{RemoteConfig, RemoteSubprocess};
-use conch_provider_remote::server::{self, ServerConfig, State};
+use conch_provider_remote::{RemoteConfig, RemoteSubprocess};
 use conch_seams::{
     Error, ErrorCode, ErrorReason, OutputSpec, Process, SpawnSpec, StdinSpec, StreamId, Subprocess,
 };
@@ -619,7 +619,7 @@ impl Doomed {
                 let state = State::new(sub, cfg);
                 up_tx.send(Arc::clone(&state)).unwrap();
                 tokio::select! {
-                    r = server::serve(listener, state, std::future::pending()) => r.unwrap(),
+                    r = rxp::serve(listener, state, std::future::pending()) => r.unwrap(),
                     _ = killed => {}
                 }
             });

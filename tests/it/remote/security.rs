@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use conch_conformance::within;
-use conch_provider_remote::proto::{self, ClientMsg, ErrorReply, ServerMsg, StartProc};
-use conch_provider_remote::server::ServerConfig;
+use conch_frontend_sandboxd::rxp::ServerConfig;
+use conch_provider_remote_proto::{self as proto, ClientMsg, ErrorReply, ServerMsg, StartProc};
 use conch_seams::{ErrorCode, OutputSpec, SpawnSpec, StdinSpec, StreamId, Subprocess};
 use futures::{SinkExt as _, StreamExt as _};
 use reqwest::{Method, StatusCode};

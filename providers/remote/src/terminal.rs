@@ -14,7 +14,7 @@ use reqwest::Method;
 use super::Shared;
 use super::input::Input;
 use super::mirror::Mirror;
-use crate::proto::{self, Stream};
+use conch_provider_remote_proto::{self as proto, Stream};
 
 /// Largest chunk `read_chunk` hands out.
 const CHUNK: usize = 64 << 10;

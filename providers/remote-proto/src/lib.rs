@@ -1,6 +1,8 @@
-//! RXP/1, the wire vocabulary shared by `conch sandboxd` and the `remote-sandbox` client.
-//! `docs/protocol.md` is the prose description; this module is the one definition both
-//! sides compile against.
+//! RXP/1, the wire vocabulary shared by `conch sandboxd` (`conch_frontend_sandboxd`) and the
+//! `remote-sandbox` client (`conch_provider_remote`). `docs/protocol.md` is the prose
+//! description; this crate is the one definition both sides compile against. It holds the
+//! serde wire types and their helpers (base64, the binary frame codec, random ids) and no
+//! HTTP or WebSocket library, so neither side links the other's.
 //!
 //! Control calls are HTTP with JSON bodies; bytes travel base64 in JSON and raw in binary
 //! WebSocket frames. Every field is sent explicitly (a clean exit says `"code": 0`).

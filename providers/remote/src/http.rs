@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::health::{Attempt, Health, REFUSED_RETRY, is_refusal};
-use crate::proto::{BOOT_HEADER, CLIENT_HEADER, ErrorReply};
+use conch_provider_remote_proto::{BOOT_HEADER, CLIENT_HEADER, ErrorReply};
 
 /// Everything a control call needs.
 #[derive(Debug, Clone)]

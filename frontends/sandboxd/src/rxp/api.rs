@@ -19,7 +19,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::{Entry, Held, ProcEntry, State, TermEntry, same_secret};
-use crate::proto::{self, Accepted, ErrorReply, ProcStatus, Started, Which};
+use conch_provider_remote_proto::{
+    self as proto, Accepted, ErrorReply, ProcStatus, Started, Which,
+};
 
 type Shared = Arc<State>;
 

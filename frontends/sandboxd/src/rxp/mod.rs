@@ -32,7 +32,7 @@ use conch_seams::{
 };
 use tokio::sync::watch;
 
-use crate::proto::{self, Capabilities, Info, Limits};
+use conch_provider_remote_proto::{self as proto, Capabilities, Info, Limits};
 
 pub use api::router;
 

@@ -32,7 +32,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 
 use super::mirror::Mirror;
-use crate::proto::{self, ClientMsg, ServerMsg};
+use conch_provider_remote_proto::{self as proto, ClientMsg, ServerMsg};
 
 /// Ids this provider streams, by id.
 pub(crate) type Mirrors = Arc<Mutex<HashMap<String, Weak<Mirror>>>>;

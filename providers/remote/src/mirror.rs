@@ -17,7 +17,7 @@ use conch_output::{Collector, CollectorConfig};
 use conch_seams::{Error, ErrorBody, ExitStatus, Leftover, Result, SpillRef, World};
 use tokio::sync::watch;
 
-use crate::proto::{ServerMsg, SpillState, Stream};
+use conch_provider_remote_proto::{ServerMsg, SpillState, Stream};
 
 /// What the server said about one id.
 #[derive(Debug, Default)]

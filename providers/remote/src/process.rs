@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::Shared;
 use super::input::Input;
 use super::mirror::Mirror;
-use crate::proto::Stream;
+use conch_provider_remote_proto::Stream;
 
 /// A process running in the daemon's world.
 #[derive(Debug)]

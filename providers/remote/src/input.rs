@@ -21,7 +21,7 @@ use reqwest::Method;
 use tokio::sync::Mutex;
 
 use super::Shared;
-use crate::proto::{self, Accepted};
+use conch_provider_remote_proto::{self as proto, Accepted};
 
 #[derive(Debug, Default)]
 struct State {

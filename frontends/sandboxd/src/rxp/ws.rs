@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 
 use super::api::client_of;
 use super::{Entry, Held, State};
-use crate::proto::{self, ClientMsg, ServerMsg, SpillState, Stream};
+use conch_provider_remote_proto::{self as proto, ClientMsg, ServerMsg, SpillState, Stream};
 
 /// Largest data payload per frame (well under the frame limit).
 const CHUNK: usize = 256 << 10;

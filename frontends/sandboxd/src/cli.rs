@@ -1,0 +1,189 @@
+//! The `conch sandboxd` command's flags and its serving loop; the binary only builds the
+//! composition in between and supplies the stop signal.
+
+use std::future::Future;
+use std::net::{AddrParseError, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conch_seams::Subprocess;
+
+use crate::rxp::{self, ServerConfig};
+
+/// The daemon's flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Address to listen on (`127.0.0.1:0` picks a free port; the first stderr line says
+    /// which).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// File holding the bearer token clients must send (required on every address, loopback
+    /// too, unless --insecure-no-auth is given).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Accept requests without a token (an explicit opt-in); only allowed on a loopback
+    /// address.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+    /// A client silent this long (ms) loses its processes.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ms: u64,
+    /// Live processes and terminals per client.
+    #[arg(long, default_value_t = 256)]
+    pub max_procs: usize,
+    /// Output bytes kept in memory per stream, beyond what the client asked to keep, and per
+    /// terminal, for replay after a reconnect (older bytes come from the stream's spill
+    /// while it has one; past both, the client is told of a gap).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub retain_bytes: usize,
+    /// Server heartbeat interval (ms).
+    #[arg(long, default_value_t = 5000)]
+    pub heartbeat_ms: u64,
+}
+
+/// Why the daemon did not start or stopped serving. The binary prints each with its source
+/// chain.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DaemonError {
+    /// `--listen` is not an `IP:PORT`.
+    #[error("--listen {listen}: expected IP:PORT")]
+    Listen {
+        /// The flag's value.
+        listen: String,
+        /// What the parser said.
+        source: AddrParseError,
+    },
+    /// Both ways of authenticating were given.
+    #[error("give either --token-file or --insecure-no-auth, not both")]
+    TwoAuths,
+    /// Neither way of authenticating was given.
+    #[error(
+        "give --token-file PATH (the bearer token clients must send), or \
+         --insecure-no-auth on a loopback address"
+    )]
+    NoAuth,
+    /// `--insecure-no-auth` off loopback.
+    #[error("--insecure-no-auth is only allowed on a loopback address, not {0}; give --token-file")]
+    NoAuthOffLoopback(SocketAddr),
+    /// The token file could not be read.
+    #[error("reading --token-file {}", path.display())]
+    ReadToken {
+        /// The flag's value.
+        path: PathBuf,
+        /// The read's error.
+        source: std::io::Error,
+    },
+    /// The token is too short to be a secret.
+    #[error(
+        "the token in {} is {len} characters; use at least 16 random ones \
+         (e.g. `head -c 32 /dev/urandom | base64 > {}`)",
+        path.display(),
+        path.display()
+    )]
+    ShortToken {
+        /// The flag's value.
+        path: PathBuf,
+        /// The trimmed token's length.
+        len: usize,
+    },
+    /// The address could not be bound.
+    #[error("binding {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The bind's error.
+        source: std::io::Error,
+    },
+    /// The listener failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The flags, checked: where to listen and how the daemon runs (its token included).
+#[derive(Debug)]
+pub struct Listen {
+    addr: SocketAddr,
+    cfg: ServerConfig,
+}
+
+impl Args {
+    /// Checks the address and the authentication flags and reads the token file, before
+    /// anything is built.
+    ///
+    /// # Errors
+    /// A malformed address, a missing, doubled or off-loopback authentication choice, and a
+    /// token file that cannot be read or holds fewer than 16 characters.
+    pub fn check(&self) -> Result<Listen, DaemonError> {
+        let addr: SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|source| DaemonError::Listen { listen: self.listen.clone(), source })?;
+        let token = match (&self.token_file, self.insecure_no_auth) {
+            (Some(_), true) => return Err(DaemonError::TwoAuths),
+            (Some(path), false) => Some(read_token(path)?),
+            (None, true) if rxp::is_loopback(&addr) => None,
+            (None, true) => return Err(DaemonError::NoAuthOffLoopback(addr)),
+            (None, false) => return Err(DaemonError::NoAuth),
+        };
+        let cfg = ServerConfig {
+            token,
+            lease: Duration::from_millis(self.lease_ms.max(1)),
+            max_procs: self.max_procs.max(1),
+            retain_bytes: self.retain_bytes,
+            heartbeat: Duration::from_millis(self.heartbeat_ms.max(10)),
+            ..ServerConfig::default()
+        };
+        Ok(Listen { addr, cfg })
+    }
+}
+
+fn read_token(path: &PathBuf) -> Result<String, DaemonError> {
+    let token = std::fs::read_to_string(path)
+        .map_err(|source| DaemonError::ReadToken { path: path.clone(), source })?;
+    let token = token.trim().to_owned();
+    if token.len() < 16 {
+        return Err(DaemonError::ShortToken { path: path.clone(), len: token.len() });
+    }
+    Ok(token)
+}
+
+/// Binds, prints `listening on <addr>` as the first stderr line, and serves `sub` over RXP/1
+/// until the future that `stop` returns resolves, then kills and reaps every process it
+/// holds.
+///
+/// `stop` is called after the bind and before that line, so a signal handler it installs
+/// is in place by the time a script that waited for the line sends a signal.
+///
+/// # Errors
+/// The bind or the listener failed.
+pub async fn run<S>(
+    listen: Listen,
+    sub: Arc<dyn Subprocess>,
+    stop: impl FnOnce() -> S,
+) -> Result<(), DaemonError>
+where
+    S: Future<Output = ()> + Send + 'static,
+{
+    let Listen { addr, cfg } = listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Bind { addr, source })?;
+    let bound = listener.local_addr()?;
+    let signal = stop();
+    // The first stderr line, which scripts and tests wait for.
+    eprintln!("listening on {bound}");
+    let state = rxp::State::new(Arc::clone(&sub), cfg);
+    tracing::info!(
+        provider = sub.provider_name(),
+        auth = if state.has_token() { "bearer" } else { "none (loopback)" },
+        "conch sandboxd serving RXP/1"
+    );
+    let stop = async {
+        signal.await;
+        tracing::info!("shutting down: stopping every process");
+    };
+    rxp::serve(listener, state, stop).await?;
+    Ok(())
+}
