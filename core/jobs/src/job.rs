@@ -2,6 +2,7 @@
 //! phases that waiters (released at commit) and teardown (released after the notice step)
 //! observe.
 
+use conch_sync::LockExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -100,7 +101,7 @@ impl Job {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, JobState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// The public record as of now.
@@ -125,12 +126,12 @@ impl Job {
     }
 
     pub(crate) fn set_task(&self, handle: AbortHandle) {
-        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        *self.task.locked() = Some(handle);
     }
 
     /// Stops the settlement task if it is still waiting on the producer.
     pub(crate) fn abort_task(&self) {
-        if let Some(handle) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(handle) = self.task.locked().take() {
             handle.abort();
         }
     }

@@ -1,6 +1,7 @@
 //! [`JobRegistry`]: preflight and slot reservation, id minting, the exact-owner fence, and
 //! awaited owner and service teardown.
 
+use conch_sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -162,7 +163,7 @@ fn validate(start: &JobStart) -> Result<()> {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Every check that must pass before the producer runs, then a reserved slot.

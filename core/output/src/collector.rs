@@ -27,6 +27,7 @@
 //!
 //! Reads are by caller-owned offset; a read from before the memory window is `lossy`.
 
+use conch_sync::LockExt;
 use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
@@ -389,7 +390,7 @@ impl Collector {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves byte counts consistent enough to read;
         // refusing all further output over it would be worse.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Appends a chunk. Never fails: a spill I/O error only abandons the spill, since it can

@@ -30,6 +30,7 @@
 //! collector's lock (the lock order is collector, then registry); eviction only flips the
 //! shared flag and deletes files, which nothing writes any more.
 
+use conch_sync::LockExt;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
@@ -121,7 +122,7 @@ impl SpillRegistry {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Sizes stay consistent enough to go on with after a panic elsewhere; refusing every
         // later spill over it would be worse.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Bytes held by registered spills right now.

@@ -8,6 +8,7 @@
 //! config, so a bad value names file, plugin and key the same way everywhere.
 #![deny(missing_docs)]
 
+use conch_sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -722,8 +723,7 @@ impl Runtime {
 
     /// Runs every teardown in reverse build order and awaits each. Idempotent.
     pub async fn shutdown(&self) {
-        let teardowns =
-            std::mem::take(&mut *self.teardowns.lock().unwrap_or_else(|e| e.into_inner()));
+        let teardowns = std::mem::take(&mut *self.teardowns.locked());
         if teardowns.is_empty() {
             return;
         }

@@ -1,6 +1,7 @@
 //! The owner (agent) scope: an exact identity that jobs and terminals are fenced by,
 //! with awaited disposal and the completion-notice inbox.
 
+use conch_sync::LockExt;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,13 +46,13 @@ pub struct CollectingSink {
 impl CollectingSink {
     /// Takes every notice delivered so far.
     pub fn take(&self) -> Vec<(NoticeRoute, Notice)> {
-        std::mem::take(&mut *self.notices.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.notices.locked())
     }
 }
 
 impl NoticeSink for CollectingSink {
     fn deliver(&self, route: NoticeRoute, notice: Notice) {
-        self.notices.lock().unwrap_or_else(|e| e.into_inner()).push((route, notice));
+        self.notices.locked().push((route, notice));
     }
 }
 
@@ -177,7 +178,7 @@ impl Owner {
         &self,
         hook: impl FnOnce() -> BoxFuture<'static, ()> + Send + 'static,
     ) -> bool {
-        let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut hooks = self.hooks.locked();
         if !self.is_live() {
             return false;
         }
@@ -189,7 +190,7 @@ impl Owner {
     /// disposal hook in reverse registration order. Idempotent.
     pub async fn dispose(&self) {
         let hooks = {
-            let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+            let mut hooks = self.hooks.locked();
             self.live.store(false, Ordering::Release);
             std::mem::take(&mut *hooks)
         };

@@ -15,6 +15,7 @@
 //! A failed close keeps the record, so the close can be retried.
 #![deny(missing_docs)]
 
+use conch_sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -154,7 +155,7 @@ fn is_session_id(s: &str) -> bool {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// The record if it exists and belongs to `owner_key`; `id` may also be one of the

@@ -6,6 +6,7 @@
 //! terminal input) keeps the shell; any other unfinished end resets it. The tool holds no shell syntax: the terminal backend's dialect frames the command
 //! and names the tool.
 
+use conch_sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -139,7 +140,7 @@ impl PersistentBashTool {
     }
 
     fn slot(&self, owner: &Arc<Owner>) -> Slot {
-        let mut map = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.sessions.locked();
         if let Some(s) = map.get(&owner.key()) {
             return Arc::clone(s);
         }
@@ -151,7 +152,7 @@ impl PersistentBashTool {
         let sessions = Arc::clone(&self.sessions);
         owner.on_dispose(move || {
             Box::pin(async move {
-                sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                sessions.locked().remove(&key);
             })
         });
         slot

@@ -3,6 +3,7 @@
 //! Background sends are `pty-send` jobs. Every result is capped at `max_result_bytes`, cut on
 //! code-point boundaries.
 
+use conch_sync::LockExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -448,7 +449,7 @@ impl SendOutput {
     }
 
     fn push(&self, piece: &str) {
-        let mut g = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.stream.locked();
         g.total += piece.len() as u64;
         g.text.push_str(piece);
         if g.text.len() > g.cap {
@@ -460,7 +461,7 @@ impl SendOutput {
 #[async_trait::async_trait]
 impl JobOutput for SendOutput {
     fn read(&self) -> JobRead {
-        let mut g = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.stream.locked();
         let start = g.total - g.text.len() as u64;
         let skipped = start.saturating_sub(g.read_to);
         let from = usize::try_from(g.read_to.saturating_sub(start)).unwrap_or(usize::MAX);
@@ -470,7 +471,7 @@ impl JobOutput for SendOutput {
     }
 
     fn snapshot(&self) -> JobRead {
-        let g = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.stream.locked();
         let skipped = g.total - g.text.len() as u64;
         JobRead {
             text: g.text.clone(),

@@ -6,6 +6,7 @@
 //! its call returned, or when rmcp dropped the request without calling (so one lost request
 //! never stalls the queue).
 
+use conch_sync::LockExt;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -31,7 +32,7 @@ struct Queue {
 impl Arrivals {
     /// The next place in `tool`'s queue.
     pub(crate) fn take(self: &Arc<Self>, tool: &str) -> Ticket {
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let mut queues = self.queues.locked();
         let q = queues.entry(tool.to_string()).or_default();
         let n = q.issued;
         q.issued += 1;
@@ -39,7 +40,7 @@ impl Arrivals {
     }
 
     fn release(&self, tool: &str, n: u64) {
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let mut queues = self.queues.locked();
         if let Some(q) = queues.get_mut(tool) {
             q.released.insert(n);
             while q.released.remove(&q.head) {
@@ -51,7 +52,7 @@ impl Arrivals {
     }
 
     fn is_turn(&self, tool: &str, n: u64) -> bool {
-        let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let queues = self.queues.locked();
         queues.get(tool).is_none_or(|q| q.head >= n)
     }
 }

@@ -37,6 +37,7 @@
 
 mod arrival;
 
+use conch_sync::LockExt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -334,7 +335,7 @@ struct Notices {
 
 impl Notices {
     fn take(&self) -> Vec<Notice> {
-        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.pending.locked())
     }
 }
 
@@ -342,7 +343,7 @@ impl NoticeSink for Notices {
     fn deliver(&self, _route: NoticeRoute, notice: Notice) {
         // Both routes end the same way here: an MCP client has no turn to inject into, so a
         // notice rides on the next result and is announced at once as a log message.
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(notice.clone());
+        self.pending.locked().push(notice.clone());
         let _ = self.tx.send(notice);
     }
 }
@@ -401,7 +402,7 @@ fn level_rank(level: LoggingLevel) -> u8 {
 impl Inner {
     #[allow(deprecated)]
     fn logs(&self, level: LoggingLevel) -> bool {
-        let min = *self.min_level.lock().unwrap_or_else(|e| e.into_inner());
+        let min = *self.min_level.locked();
         min.is_none_or(|m| level_rank(level) >= m)
     }
 
@@ -490,13 +491,13 @@ struct LatestProgress {
 
 impl LatestProgress {
     fn output_bytes(&self) -> Option<u64> {
-        *self.output_bytes.lock().unwrap_or_else(|e| e.into_inner())
+        *self.output_bytes.locked()
     }
 }
 
 impl ProgressSink for LatestProgress {
     fn progress(&self, progress: Progress) {
-        let mut b = self.output_bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = self.output_bytes.locked();
         *b = Some(b.unwrap_or(0).max(progress.output_bytes));
     }
 }
@@ -610,8 +611,7 @@ impl ServerHandler for Handler {
         request: SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        *self.inner.min_level.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(level_rank(request.level));
+        *self.inner.min_level.locked() = Some(level_rank(request.level));
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 //!
 //! A timed-out read is handed to the next prompt rather than racing a second reader.
 
+use conch_sync::LockExt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -158,7 +159,7 @@ impl PromptIo for TtyIo {
 
     async fn read_line(&mut self) -> io::Result<Option<String>> {
         if self.slot.is_none() {
-            let left = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let left = self.pending.locked().take();
             // A line that reached a timed-out prompt's reader answered that prompt; it is
             // not an answer to this one.
             self.slot = left.filter(|s| s.is_empty() && !s.is_terminated());
@@ -188,7 +189,7 @@ impl PromptIo for TtyIo {
 impl Drop for TtyIo {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
+            *self.pending.locked() = Some(slot);
         }
     }
 }

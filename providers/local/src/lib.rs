@@ -49,6 +49,7 @@ mod reaper;
 mod signals;
 mod ttyq;
 
+use conch_sync::LockExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -222,7 +223,7 @@ impl LocalSubprocess {
     /// Starts the periodic age sweep unless it runs already. Growth, seals and spawns
     /// enforce the limits too; the sweep is what frees the disk of an idle provider.
     fn ensure_sweeper(&self) {
-        let mut sweeper = self.sweeper.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sweeper = self.sweeper.locked();
         if sweeper.as_ref().is_some_and(|h| !h.is_finished()) {
             return;
         }
@@ -251,7 +252,7 @@ impl LocalSubprocess {
     }
 
     fn stop_sweeper(&self) {
-        if let Some(h) = self.sweeper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(h) = self.sweeper.locked().take() {
             h.abort();
         }
     }
@@ -298,18 +299,18 @@ impl LocalSubprocess {
                     }
                 }
             });
-            *self.crash_sweep.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+            *self.crash_sweep.locked() = Some(task);
         });
     }
 
     fn track_terminal(&self, inner: &Arc<pty::TermInner>) {
-        let mut live = self.terminals.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.terminals.locked();
         live.retain(|w| w.strong_count() > 0);
         live.push(Arc::downgrade(inner));
     }
 
     fn track(&self, inner: &Arc<process::Inner>) {
-        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.live.locked();
         live.retain(|w| w.strong_count() > 0);
         live.push(Arc::downgrade(inner));
     }
@@ -427,7 +428,7 @@ fn spawn_span(name: &'static str, program: Option<&String>) -> tracing::Span {
 impl LocalSubprocess {
     async fn shutdown_inner(&self) {
         let live: Vec<Arc<process::Inner>> = {
-            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let mut live = self.live.locked();
             let v = live.iter().filter_map(Weak::upgrade).collect();
             live.clear();
             v
@@ -437,7 +438,7 @@ impl LocalSubprocess {
         }
         // Terminals are tracked while their reaper runs, so even dropped handles are found.
         let terminals: Vec<Arc<pty::TermInner>> = {
-            let mut t = self.terminals.lock().unwrap_or_else(|e| e.into_inner());
+            let mut t = self.terminals.locked();
             let v = t.iter().filter_map(Weak::upgrade).collect();
             t.clear();
             v
@@ -461,7 +462,7 @@ impl LocalSubprocess {
             let targets = procfs::Targets { tagged: Some(&mine), ..procfs::Targets::default() };
             procfs::stop(&targets, nix::sys::signal::Signal::SIGTERM, SWEEP_GRACE).await;
         }
-        let crash_sweep = self.crash_sweep.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let crash_sweep = self.crash_sweep.locked().take();
         if let Some(task) = crash_sweep {
             let _ = task.await;
         }
@@ -477,7 +478,7 @@ impl LocalSubprocess {
 
     /// Takes this provider's mark out of the home: it stopped what it started.
     fn retire(&self) {
-        if let Some(mark) = self.mark.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(mark) = self.mark.locked().take() {
             mark.retire();
         }
     }

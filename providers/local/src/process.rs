@@ -11,6 +11,7 @@
 //! bounded even when an escaped process holds a pipe, and waits for the kill to finish. `release`
 //! keeps the spills, since results may have named them.
 
+use conch_sync::LockExt;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -180,7 +181,7 @@ impl Inner {
     /// Adds stopped processes to the leftovers, each once (a kill and the leftover stop may
     /// both reach one).
     fn record(&self, stopped: impl Iterator<Item = procfs::Stopped>) {
-        let mut left = self.leftovers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut left = self.leftovers.locked();
         for s in stopped {
             let pid = s.id.pid.unsigned_abs();
             match left.iter_mut().find(|l| l.pid == pid) {
@@ -573,7 +574,7 @@ impl Process for LocalProcess {
     }
 
     fn leftovers(&self) -> Vec<Leftover> {
-        self.inner.leftovers.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.inner.leftovers.locked().clone()
     }
 
     fn try_status(&self) -> Option<ExitStatus> {

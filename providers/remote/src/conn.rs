@@ -16,6 +16,7 @@
 //!   daemon is known gone, every pending wait fails `REMOTE_GONE` at once, without waiting
 //!   for `give_up`.
 
+use conch_sync::LockExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -38,7 +39,7 @@ use conch_provider_remote_proto::{self as proto, ClientMsg, ServerMsg};
 pub(crate) type Mirrors = Arc<Mutex<HashMap<String, Weak<Mirror>>>>;
 
 pub(crate) fn lock(m: &Mirrors) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Mirror>>> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 /// What the provider asks of the connection task.

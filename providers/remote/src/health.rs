@@ -16,6 +16,7 @@
 //!   (`unauthenticated` on the stream), makes the provider *dead*: that never clears, and
 //!   every later call fails with that error at once.
 
+use conch_sync::LockExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -77,7 +78,7 @@ impl Health {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// The error a call fails with right now, if the daemon is dead.

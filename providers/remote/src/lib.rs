@@ -32,6 +32,7 @@ mod mirror;
 mod process;
 mod terminal;
 
+use conch_sync::LockExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -161,7 +162,7 @@ impl Shared {
 
     /// Sends a command to the stream connection, starting it on first use.
     fn command(&self, cmd: Cmd) {
-        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conn = self.conn.locked();
         if conn.as_ref().is_none_or(mpsc::UnboundedSender::is_closed) {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(conn::run(

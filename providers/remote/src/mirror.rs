@@ -9,6 +9,7 @@
 //! - A stream is sealed only by the server's `eof`; a lost connection never looks like EOF.
 //!   Once the provider gives up, every wait fails with the recorded error instead.
 
+use conch_sync::LockExt;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -77,7 +78,7 @@ impl Mirror {
     }
 
     pub(crate) fn facts(&self) -> MutexGuard<'_, Facts> {
-        self.facts.lock().unwrap_or_else(|e| e.into_inner())
+        self.facts.locked()
     }
 
     pub(crate) fn stream(&self, s: Stream) -> Option<&Collector> {

@@ -41,6 +41,7 @@
 //! The screen model's callbacks answer the terminal queries of a bash session's programs
 //! (cursor position, status, device attributes, colours).
 
+use conch_sync::LockExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -373,7 +374,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Takes in a chunk of output; returns the answers to cursor position requests in it,
@@ -1467,7 +1468,7 @@ impl TerminalSession for BashSession {
         };
         let report =
             CloseReport { root_exit: SessionStatus::Exited(status), survivors: Vec::new() };
-        drop(self.release.lock().unwrap_or_else(|e| e.into_inner()).take());
+        drop(self.release.locked().take());
         *done = Some(report.clone());
         Ok(report)
     }

@@ -9,6 +9,7 @@
 //! subprocess provider's processes are visible in this process's `/proc` (same boot id and pid
 //! namespace), which the cases need.
 
+use conch_sync::LockExt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
@@ -63,7 +64,7 @@ fn install_panic_hook() {
             let site = info.location().map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()));
             let in_case = PANIC_SITE
                 .try_with(|slot| {
-                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = site.clone();
+                    *slot.locked() = site.clone();
                 })
                 .is_ok();
             if !in_case {
@@ -102,7 +103,7 @@ where
         Ok(Ok(Err(skip))) => Verdict::Skip(skip.reason),
         Ok(Err(e)) if e.is_panic() => {
             let text = panic_text(e.into_panic().as_ref());
-            match site.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            match site.locked().take() {
                 Some(at) => Verdict::Fail(format!("{text} (at {at})")),
                 None => Verdict::Fail(text),
             }

@@ -159,7 +159,12 @@ pub async fn a_multi_line_send_returns_after_its_last_line_under_load(
         };
         let r = line(s.as_ref(), &text).await;
         let last = if i % 2 == 0 { format!("three-{i}") } else { format!("a b-{i}") };
-        assert!(has_line(&r.delta, &last), "try {i}: the last line's output is in: {r:?}");
+        if !has_line(&r.delta, &last) {
+            // What the terminal showed next tells an early prompt from an early Tier 1.
+            let _ = s.send(SendRequest::typed("", false), CancellationToken::new()).await;
+            let shown = s.read(0, 30).text;
+            panic!("try {i}: the last line's output is in: {r:?}\nthe terminal then:\n{shown}");
+        }
         assert_eq!(r.wait_reason, WaitReason::StdinRead, "try {i}: {r:?}");
     }
     close(s.as_ref()).await;

@@ -21,6 +21,7 @@
 mod api;
 mod ws;
 
+use conch_sync::LockExt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -174,7 +175,7 @@ impl State {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ClientState>> {
-        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+        self.clients.locked()
     }
 
     /// Renews `client`'s lease.
