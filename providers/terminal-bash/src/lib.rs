@@ -39,10 +39,11 @@
 //! runs confined in a mode fixed at open (`TerminalSession::sandbox_mode`, shown by
 //! `terminal_open` and `terminal_list` as `sandbox`, null when unconfined); a wrap error, or a
 //! startup exit of the runner that the sandbox's `classify` calls a runner failure, fails the
-//! open as `sandbox_unavailable`. A spawn error stays the subprocess provider's. Under `sandbox-bwrap` bash cannot see the session's process group from
-//! inside the pid namespace and leads a group of its own; subprocess-local's PTY still counts it as
-//! the shell's (a group whose leader descends from the session leader only through processes of the
-//! leader's group, i.e. the runner), so Tier 0 and the signal guards hold.
+//! open as `sandbox_unavailable`. A spawn error stays the subprocess provider's. Under
+//! `sandbox-bwrap` bash cannot see the session's process group from inside the pid namespace and
+//! leads a group of its own; subprocess-local's PTY still counts it as the shell's (a group whose
+//! leader descends from the session leader only through processes of the leader's group, i.e. the
+//! runner), so Tier 0 and the signal guards hold.
 //!
 //! A send is a `SendRequest` (`#[non_exhaustive]`: text, keys, submit, timeout,
 //! ignore_silence, wait_for, max_output_bytes, progress); the session runs over
@@ -288,7 +289,8 @@ impl TerminalBash {
 
     /// Puts the sandbox runner in front of the shell's command line (argv, cwd and env
     /// travel through `wrap` so the runner can place them: bwrap changes directory inside
-    /// its mounts).
+    /// its mounts), with the guard that frees what the runner made and whether a runner
+    /// stands in front at all.
     ///
     /// # Errors
     /// The sandbox's `sandbox_unavailable` (any other wrap error is reported as that too:
@@ -296,9 +298,9 @@ impl TerminalBash {
     fn confine(
         &self,
         mut tspec: TerminalSpawnSpec,
-    ) -> Result<(TerminalSpawnSpec, Option<(SandboxRelease, bool)>)> {
+    ) -> Result<(TerminalSpawnSpec, Option<SandboxRelease>, bool)> {
         let Some(c) = &self.confinement else {
-            return Ok((tspec, None));
+            return Ok((tspec, None, false));
         };
         let command = CommandLine::new(std::mem::take(&mut tspec.argv))
             .with_cwd(tspec.cwd.take())
@@ -307,7 +309,7 @@ impl TerminalBash {
         tspec.argv = wrapped.command.argv;
         tspec.cwd = wrapped.command.cwd;
         tspec.env = wrapped.command.env;
-        Ok((tspec, Some((wrapped.release, wrapped.runner))))
+        Ok((tspec, Some(wrapped.release), wrapped.runner))
     }
 }
 
@@ -447,9 +449,8 @@ impl TerminalBackend for TerminalBash {
             return Err(missing_pwsh(&self.config.pwsh));
         }
         // Held by the session (dropped with it), or dropped here when the open fails.
-        let (tspec, confined) = self.confine(tspec)?;
-        let runner = confined.as_ref().is_some_and(|(_, runner)| *runner);
-        let release = confined.map(|(release, _)| release);
+        // `runner`: a runner stands in front of the shell, so the shell's exit may be its refusal.
+        let (tspec, release, runner) = self.confine(tspec)?;
         let sandbox = self.confinement.as_ref().map(|c| c.policy().mode);
         // A spawn error stays the provider's (a missing cwd is refused the same way with or
         // without a sandbox); a runner that starts but cannot confine is caught below.
