@@ -372,7 +372,7 @@ pwsh_cases! {
         let r = exec.run(exec.resolve(req).unwrap()).await.unwrap();
         assert_eq!(r.status.code, Some(1), "{r:?}");
         let info = r.sandbox.clone().expect("sandbox facts");
-        assert!(info.denied, "the denial is marked: {r:?}");
+        assert!(info.denied(), "the denial is marked: {r:?}");
         assert!(!std::path::Path::new("/etc/conch-pwsh-x").exists());
     }
 

@@ -217,7 +217,7 @@ mod unavailable_runners {
             tokio::time::timeout(Duration::from_secs(30), p.wait()).await.expect("no hang");
             assert_eq!(p.status(), ShellProcessStatus::Killed, "{what}");
             let info = p.sandbox().expect("sandbox facts");
-            assert!(info.runner_failed, "{what}: {info:?}");
+            assert!(info.runner_failed(), "{what}: {info:?}");
             assert!(!marker.exists(), "{what}: the command ran unconfined");
         }
     }
@@ -265,7 +265,7 @@ mod refusing_helper {
         assert!(err.message().contains(LINE), "{err}");
         let p = exec.start(exec.resolve(ShellExecRequest::new(cmd)).unwrap()).await;
         tokio::time::timeout(Duration::from_secs(30), p.wait()).await.expect("no hang");
-        assert!(p.sandbox().unwrap().runner_failed, "{:?}", p.sandbox());
+        assert!(p.sandbox().unwrap().runner_failed(), "{:?}", p.sandbox());
         assert_eq!(p.status(), ShellProcessStatus::Killed);
         assert!(!marker.exists());
     }

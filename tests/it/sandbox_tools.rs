@@ -50,7 +50,7 @@ async fn results_carry_the_sandbox_facts_and_the_executor_reports_its_mode() {
     assert_eq!(r.output.text, "hi\n");
     let info = r.sandbox.expect("a sandboxed result says what the sandbox did");
     assert_eq!(info.mode, SandboxMode::DangerFullAccess);
-    assert!(!info.denied && !info.runner_failed && !info.escalated);
+    assert!(!info.denied() && !info.runner_failed() && !info.escalated);
 }
 
 #[tokio::test]
@@ -86,7 +86,7 @@ async fn in_the_background_it_is_a_killed_handle_with_runner_failed_and_no_hang(
     tokio::time::timeout(Duration::from_secs(30), p.wait()).await.expect("settles at once");
     assert_eq!(p.status(), ShellProcessStatus::Killed);
     let info = p.sandbox().unwrap();
-    assert!(info.runner_failed, "{info:?}");
+    assert!(info.runner_failed(), "{info:?}");
     assert_eq!(info.mode, SandboxMode::ReadOnly);
     let text = p.read_output().text;
     assert!(

@@ -23,6 +23,9 @@ use futures::future::BoxFuture;
 use tracing::Instrument;
 
 pub use inventory;
+pub use policy::{PolicyConfig, SANDBOX_POLICY};
+
+mod policy;
 
 /// The seams a plugin can provide or require.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -41,8 +44,6 @@ pub enum SeamId {
     Terminals,
     /// `Approval` (escalation decisions).
     Approval,
-    /// The default `SandboxPolicy` (mode and workspace root) from the composition.
-    SandboxPolicy,
 }
 
 impl SeamId {
@@ -56,7 +57,6 @@ impl SeamId {
             SeamId::TerminalBackend => "terminal-backend",
             SeamId::Terminals => "terminals",
             SeamId::Approval => "approval",
-            SeamId::SandboxPolicy => "sandbox-policy",
         }
     }
 }
@@ -84,8 +84,6 @@ pub enum SeamHandle {
     Terminals(Arc<dyn Terminals>),
     /// An approver.
     Approval(Arc<dyn Approval>),
-    /// The default sandbox policy.
-    SandboxPolicy(Arc<SandboxPolicy>),
 }
 
 impl SeamHandle {
@@ -98,7 +96,6 @@ impl SeamHandle {
             SeamHandle::TerminalBackend(_) => SeamId::TerminalBackend,
             SeamHandle::Terminals(_) => SeamId::Terminals,
             SeamHandle::Approval(_) => SeamId::Approval,
-            SeamHandle::SandboxPolicy(_) => SeamId::SandboxPolicy,
         }
     }
 }
@@ -190,8 +187,6 @@ pub struct Seams {
     pub terminals: Option<Arc<dyn Terminals>>,
     /// Approver.
     pub approval: Option<Arc<dyn Approval>>,
-    /// Default sandbox policy.
-    pub sandbox_policy: Option<Arc<SandboxPolicy>>,
 }
 
 impl Seams {
@@ -204,7 +199,6 @@ impl Seams {
             SeamHandle::TerminalBackend(x) => self.terminal_backend = Some(x),
             SeamHandle::Terminals(x) => self.terminals = Some(x),
             SeamHandle::Approval(x) => self.approval = Some(x),
-            SeamHandle::SandboxPolicy(x) => self.sandbox_policy = Some(x),
         }
     }
 }
@@ -216,6 +210,8 @@ pub struct BuildContext<'a> {
     composition: &'a Composition,
     seams: &'a Seams,
     shell_env: &'a Arc<ShellEnv>,
+    /// The composition's default sandbox policy (its `sandbox-policy` entry), when it has one.
+    sandbox_policy: Option<&'a Arc<SandboxPolicy>>,
 }
 
 fn unbound(plugin: &str, seam: SeamId) -> Error {
@@ -290,9 +286,9 @@ impl BuildContext<'_> {
         self.seams.approval.clone()
     }
 
-    /// The default sandbox policy, when a `sandbox-policy` plugin supplies one.
+    /// The composition's default sandbox policy, when it has a `sandbox-policy` entry.
     pub fn sandbox_policy(&self) -> Option<Arc<SandboxPolicy>> {
-        self.seams.sandbox_policy.clone()
+        self.sandbox_policy.cloned()
     }
 
     /// The terminal backend seam.
@@ -389,6 +385,16 @@ pub enum RegistryError {
         /// Plugins that provide it.
         candidates: String,
     },
+    /// A plugin that confines through the sandbox seam has no default policy to do it under.
+    #[error(
+        "{source_name}: plugin `{requirer}` requires the composition's default sandbox policy, but the composition has no `{SANDBOX_POLICY}` entry (add one)"
+    )]
+    MissingPolicy {
+        /// Composition source.
+        source_name: String,
+        /// Who needs it.
+        requirer: String,
+    },
     /// A plugin's config was rejected (the message names file, plugin and key).
     #[error("{0}")]
     Config(Box<Error>),
@@ -421,7 +427,9 @@ impl RegistryError {
             RegistryError::DuplicateSeam { .. } | RegistryError::DuplicateRegistration(_) => {
                 ErrorCode::DuplicateProvider
             }
-            RegistryError::MissingSeam { .. } => ErrorCode::SeamUnbound,
+            RegistryError::MissingSeam { .. } | RegistryError::MissingPolicy { .. } => {
+                ErrorCode::SeamUnbound
+            }
             RegistryError::MissingTool(_) => ErrorCode::InvalidComposition,
             RegistryError::Build { error, .. } => error.code(),
         }
@@ -518,6 +526,12 @@ pub fn plan(composition: &Composition) -> Result<Plan, RegistryError> {
             }
         }
     }
+    // Whatever confines through the sandbox seam wraps under the composition's default policy.
+    if !composition.plugins().iter().any(|p| p == SANDBOX_POLICY)
+        && let Some(e) = chosen.iter().find(|e| e.requires.contains(&SeamId::Sandbox))
+    {
+        return Err(RegistryError::MissingPolicy { source_name, requirer: e.name.into() });
+    }
     // Dependency order: repeatedly take plugins whose required seams are already provided.
     // Every requirement has a provider (checked above), so a stall means a cycle.
     let mut order = Vec::new();
@@ -552,6 +566,19 @@ pub fn plan(composition: &Composition) -> Result<Plan, RegistryError> {
     Ok(Plan { order })
 }
 
+/// A plugin's build error as the registry reports it.
+fn build_error(composition: &Composition, plugin: &str, error: Error) -> RegistryError {
+    match error.code() {
+        // A config error already names the file, plugin and key.
+        ErrorCode::InvalidComposition => RegistryError::Config(Box::new(error)),
+        _ => RegistryError::Build {
+            source_name: composition.source_name().into(),
+            plugin: plugin.into(),
+            error: Box::new(error),
+        },
+    }
+}
+
 /// A built runtime: seams, tools, and awaited teardown.
 pub struct Runtime {
     source_name: String,
@@ -579,6 +606,7 @@ impl Runtime {
         let plan = plan(composition)?;
         let shell_env = Arc::new(shell_env);
         let mut seams = Seams::default();
+        let sandbox_policy = policy::default_policy(composition, &seams, &shell_env)?;
         let mut tools: Vec<(usize, &'static str, Arc<dyn Tool>)> = Vec::new();
         let mut teardowns = Vec::new();
         for entry in plan.order {
@@ -589,16 +617,9 @@ impl Runtime {
                 composition,
                 seams: &seams,
                 shell_env: &shell_env,
+                sandbox_policy: sandbox_policy.as_ref(),
             };
-            let out = (entry.build)(&ctx).map_err(|error| match error.code() {
-                // A config error already names the file, plugin and key.
-                ErrorCode::InvalidComposition => RegistryError::Config(Box::new(error)),
-                _ => RegistryError::Build {
-                    source_name: composition.source_name().into(),
-                    plugin: entry.name.into(),
-                    error: Box::new(error),
-                },
-            })?;
+            let out = (entry.build)(&ctx).map_err(|e| build_error(composition, entry.name, e))?;
             if let Some(seam) = out.seam {
                 if Some(seam.id()) != entry.provides {
                     return Err(RegistryError::Build {

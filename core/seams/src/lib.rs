@@ -46,8 +46,9 @@ pub use owner::{
     CollectingSink, DEFAULT_WAKE_BUDGET, Notice, NoticeRoute, NoticeSink, Owner, TurnGuard,
 };
 pub use sandbox::{
-    Approval, ApprovalDecision, CommandLine, Denial, EscalationRequest, Sandbox,
-    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease,
+    Approval, ApprovalDecision, CLASSIFY_TAIL_BYTES, CommandLine, ConfinedSubject, Confinement,
+    Denial, EscalationRequest, Sandbox, SandboxCapabilities, SandboxInfo, SandboxMode,
+    SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped, classify_tail,
 };
 pub use shell::{
     ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use crate::{EnvOverlay, ExitStatus, Result};
+use crate::{EnvOverlay, Error, ErrorCode, ExitStatus, Result};
 
 /// The three policy modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -183,6 +183,20 @@ pub enum Denial {
     Network,
 }
 
+/// What the sandbox did to a command, as its classifier judged it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum SandboxVerdict {
+    /// The command ran and hit no denial (or ran unconfined).
+    Clean,
+    /// The command hit a denial, of this kind when known.
+    Denied(Option<Denial>),
+    /// The runner could not confine the command, which never ran (in the background; a
+    /// foreground call errors instead).
+    RunnerFailed,
+}
+
 /// Sandbox facts reported with a result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -190,14 +204,10 @@ pub enum Denial {
 pub struct SandboxInfo {
     /// The mode in force.
     pub mode: SandboxMode,
-    /// The command hit a denial.
-    pub denied: bool,
-    /// What kind, when known.
-    pub denial: Option<Denial>,
+    /// What the sandbox did.
+    pub verdict: SandboxVerdict,
     /// How the policy was enforced (the provider's words), when confined.
     pub enforcement: Option<String>,
-    /// The runner could not be launched (background only; foreground errors instead).
-    pub runner_failed: bool,
     /// The command ran again outside the sandbox after an approved escalation.
     pub escalated: bool,
 }
@@ -205,14 +215,32 @@ pub struct SandboxInfo {
 impl SandboxInfo {
     /// Facts for a command that ran under `mode` and hit no denial.
     pub fn new(mode: SandboxMode) -> Self {
-        Self {
-            mode,
-            denied: false,
-            denial: None,
-            enforcement: None,
-            runner_failed: false,
-            escalated: false,
+        Self { mode, verdict: SandboxVerdict::Clean, enforcement: None, escalated: false }
+    }
+
+    /// The same facts with `verdict`.
+    #[must_use]
+    pub fn with_verdict(mut self, verdict: SandboxVerdict) -> Self {
+        self.verdict = verdict;
+        self
+    }
+
+    /// The command hit a denial.
+    pub fn denied(&self) -> bool {
+        matches!(self.verdict, SandboxVerdict::Denied(_))
+    }
+
+    /// What kind of denial, when it hit one whose kind is known.
+    pub fn denial(&self) -> Option<Denial> {
+        match self.verdict {
+            SandboxVerdict::Denied(kind) => kind,
+            SandboxVerdict::Clean | SandboxVerdict::RunnerFailed => None,
         }
+    }
+
+    /// The runner could not confine the command.
+    pub fn runner_failed(&self) -> bool {
+        self.verdict == SandboxVerdict::RunnerFailed
     }
 }
 
@@ -267,6 +295,175 @@ impl SandboxRelease {
 impl Drop for SandboxRelease {
     fn drop(&mut self) {
         self.sandbox.release(&self.wrapped);
+    }
+}
+
+/// How much of a command's output tail a sandbox classifier sees.
+pub const CLASSIFY_TAIL_BYTES: usize = 4096;
+
+/// The tail of `text` a classifier sees, cut on a char boundary.
+pub fn classify_tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(CLASSIFY_TAIL_BYTES);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// What a [`Confinement`] confines, in its errors' words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfinedSubject {
+    /// One command (a shell executor's call).
+    Command,
+    /// A terminal session's shell.
+    Shell,
+}
+
+/// A bound sandbox with the default policy its caller's commands run under: the one place
+/// that wraps a command line, reports what cannot run confined as `sandbox_unavailable`,
+/// hands out the [`SandboxRelease`] guard and judges whether a runner refused.
+///
+/// Errors carry the caller's provider name and operation, so they read as the caller's own.
+#[derive(Clone, Debug)]
+pub struct Confinement {
+    sandbox: std::sync::Arc<dyn Sandbox>,
+    policy: SandboxPolicy,
+    provider: &'static str,
+    operation: &'static str,
+    subject: ConfinedSubject,
+}
+
+/// A command line [`Confinement::wrap`] made ready to spawn.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Wrapped {
+    /// What to spawn.
+    pub command: CommandLine,
+    /// A runner stands in front of the command (a mode that confines nothing passes it
+    /// through unchanged, and then it fails as the unconfined command would).
+    pub runner: bool,
+    /// Frees what the runner made for the command; hold it while the command may run.
+    pub release: SandboxRelease,
+}
+
+impl Confinement {
+    /// `sandbox` under the default `policy`, for `provider`'s `operation` on `subject`.
+    pub fn new(
+        sandbox: std::sync::Arc<dyn Sandbox>,
+        policy: SandboxPolicy,
+        provider: &'static str,
+        operation: &'static str,
+        subject: ConfinedSubject,
+    ) -> Self {
+        Self { sandbox, policy, provider, operation, subject }
+    }
+
+    /// The sandbox.
+    pub fn sandbox(&self) -> &std::sync::Arc<dyn Sandbox> {
+        &self.sandbox
+    }
+
+    /// The default policy.
+    pub fn policy(&self) -> &SandboxPolicy {
+        &self.policy
+    }
+
+    /// The default policy confines and the sandbox gives its commands a pid namespace.
+    pub fn pid_isolated(&self) -> bool {
+        self.policy.mode.confines() && self.sandbox.capabilities().pid_isolation
+    }
+
+    /// A `sandbox_unavailable` error in the caller's name.
+    pub fn unavailable(&self, message: impl Into<String>) -> Error {
+        Error::new(ErrorCode::SandboxUnavailable, message)
+            .with_provider(self.provider)
+            .with_operation(self.operation)
+    }
+
+    /// Wraps `command` under `policy` (the default or a per-call one).
+    ///
+    /// # Errors
+    /// `sandbox_unavailable`: the sandbox's own, or any other wrap error reported as that
+    /// (the command cannot run confined, and it never runs unconfined instead).
+    pub fn wrap(&self, policy: &SandboxPolicy, command: CommandLine) -> Result<Wrapped> {
+        let original = command.argv.clone();
+        let command = self.sandbox.wrap(policy, command).map_err(|e| {
+            if e.code() == ErrorCode::SandboxUnavailable {
+                e
+            } else {
+                let what = match self.subject {
+                    ConfinedSubject::Command => "this command",
+                    ConfinedSubject::Shell => "the shell",
+                };
+                self.unavailable(format!(
+                    "{} cannot run {what} under {} mode: {e}",
+                    self.sandbox.provider_name(),
+                    policy.mode
+                ))
+            }
+        })?;
+        let runner = command.argv != original;
+        let release = SandboxRelease::new(std::sync::Arc::clone(&self.sandbox), command.clone());
+        Ok(Wrapped { command, runner, release })
+    }
+
+    /// A wrapped command line whose runner could not be spawned, as `sandbox_unavailable`.
+    pub fn launch_failed(&self, error: &Error) -> Error {
+        self.unavailable(format!("the sandbox runner could not be launched: {error}"))
+    }
+
+    /// The sandbox's verdict on a command that ran wrapped under `policy` and left `status`
+    /// and `output` (only its tail is looked at); `runner` as [`Wrapped::runner`] said, since
+    /// only a runner that was put in front can have refused.
+    pub fn classify(
+        &self,
+        policy: &SandboxPolicy,
+        status: &ExitStatus,
+        output: &str,
+        runner: bool,
+    ) -> SandboxInfo {
+        let info = self.sandbox.classify(policy, status, classify_tail(output));
+        if info.runner_failed() && !runner {
+            return info.with_verdict(SandboxVerdict::Clean);
+        }
+        info
+    }
+
+    /// [`Confinement::classify`], with a runner that refused reported as the error it is in
+    /// the foreground: `sandbox_unavailable` quoting what the runner printed (the command
+    /// never ran, so that is all of `output`).
+    ///
+    /// # Errors
+    /// `sandbox_unavailable` when the runner refused.
+    pub fn verdict(
+        &self,
+        policy: &SandboxPolicy,
+        status: &ExitStatus,
+        output: &str,
+        runner: bool,
+    ) -> Result<SandboxInfo> {
+        let info = self.classify(policy, status, output, runner);
+        if info.runner_failed() {
+            return Err(self.refused(output));
+        }
+        Ok(info)
+    }
+
+    /// The error for a runner that refused to confine, quoting what it printed.
+    pub fn refused(&self, output: &str) -> Error {
+        let what = match self.subject {
+            ConfinedSubject::Command => "the command",
+            ConfinedSubject::Shell => "the shell",
+        };
+        self.unavailable(format!(
+            "the sandbox runner could not confine {what} (it did not run): {}",
+            output.trim()
+        ))
+    }
+
+    /// Facts for a command under `policy` whose runner failed (in the background).
+    pub fn runner_failed(&self, policy: &SandboxPolicy) -> SandboxInfo {
+        SandboxInfo::new(policy.mode).with_verdict(SandboxVerdict::RunnerFailed)
     }
 }
 
@@ -327,4 +524,76 @@ pub trait Approval: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// Only for infrastructure failures; a refusal is [`ApprovalDecision::Denied`].
     async fn approve_escalation(&self, request: &EscalationRequest) -> Result<ApprovalDecision>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refuses every wrap the way an unusable runner does, and judges every exit a refusal.
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl Sandbox for Refusing {
+        fn provider_name(&self) -> &'static str {
+            "refusing"
+        }
+        fn capabilities(&self) -> SandboxCapabilities {
+            SandboxCapabilities::default()
+        }
+        fn wrap(&self, policy: &SandboxPolicy, command: CommandLine) -> Result<CommandLine> {
+            if policy.mode.confines() {
+                return Err(Error::invalid("a relative root"));
+            }
+            Ok(command)
+        }
+        fn classify(&self, policy: &SandboxPolicy, _: &ExitStatus, _: &str) -> SandboxInfo {
+            SandboxInfo::new(policy.mode).with_verdict(SandboxVerdict::RunnerFailed)
+        }
+    }
+
+    fn confinement(subject: ConfinedSubject) -> Confinement {
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/w");
+        Confinement::new(std::sync::Arc::new(Refusing), policy, "caller", "run", subject)
+    }
+
+    #[test]
+    fn a_refused_runner_is_reported_with_its_own_line() {
+        let c = confinement(ConfinedSubject::Command);
+        let line = "conch-sandbox: unavailable: landlock is not enabled in this kernel";
+        let e = c.verdict(c.policy(), &ExitStatus::code(126), &format!("{line}\n"), true);
+        let e = e.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::SandboxUnavailable);
+        assert_eq!(e.provider(), "caller");
+        assert!(e.message().ends_with(line), "{e}");
+        assert!(e.message().contains("confine the command"), "{e}");
+    }
+
+    #[test]
+    fn only_a_runner_put_in_front_can_have_refused() {
+        let c = confinement(ConfinedSubject::Shell);
+        let info = c.verdict(c.policy(), &ExitStatus::code(126), "x", false).unwrap();
+        assert_eq!(info.verdict, SandboxVerdict::Clean);
+    }
+
+    #[test]
+    fn any_wrap_error_is_sandbox_unavailable_in_the_callers_words() {
+        let c = confinement(ConfinedSubject::Shell);
+        let e = c.wrap(c.policy(), CommandLine::new(vec!["bash".into()])).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::SandboxUnavailable);
+        assert!(
+            e.message().starts_with("refusing cannot run the shell under workspace-write"),
+            "{e}"
+        );
+        let full = SandboxPolicy::new(SandboxMode::DangerFullAccess, "/w");
+        let w = c.wrap(&full, CommandLine::new(vec!["bash".into()])).unwrap();
+        assert!(!w.runner, "passed through unchanged: no runner in front");
+    }
+
+    #[test]
+    fn the_classifier_tail_is_cut_on_a_char_boundary() {
+        let text = format!("é{}", "x".repeat(CLASSIFY_TAIL_BYTES - 1));
+        assert_eq!(classify_tail(&text).len(), CLASSIFY_TAIL_BYTES - 1);
+        assert_eq!(classify_tail("short"), "short");
+    }
 }

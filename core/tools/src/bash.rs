@@ -20,8 +20,8 @@ use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_p
 use conch_seams::{
     Approval, ApprovalDecision, Denial, Error, ErrorCode, EscalationRequest, JobHooks, JobOutput,
     JobRead, JobSettlement, JobStart, JobStatus, Jobs, Leftover, Result, SandboxInfo, SandboxMode,
-    ShellDialect, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
-    ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
+    SandboxVerdict, ShellDialect, ShellExecRequest, ShellExecutor, ShellProcess,
+    ShellProcessStatus, ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -264,12 +264,10 @@ pub(crate) const EVICTED: &str =
 
 /// The marker for a sandbox denial, or `None` when the sandbox denied nothing.
 pub fn sandbox_marker(info: &SandboxInfo) -> Option<String> {
-    if !info.denied {
-        return None;
-    }
-    let what = match info.denial {
-        Some(Denial::Network) => "network access",
-        Some(Denial::File) | None => "file access",
+    let what = match info.verdict {
+        SandboxVerdict::Denied(Some(Denial::Network)) => "network access",
+        SandboxVerdict::Denied(Some(Denial::File) | None) => "file access",
+        SandboxVerdict::Clean | SandboxVerdict::RunnerFailed => return None,
     };
     Some(format!("[sandbox: {what} denied under {} mode]", info.mode))
 }
@@ -277,13 +275,13 @@ pub fn sandbox_marker(info: &SandboxInfo) -> Option<String> {
 fn sandbox_json(info: &SandboxInfo) -> serde_json::Value {
     serde_json::json!({
         "mode": info.mode.as_str(),
-        "denied": info.denied,
-        "denial": info.denial.map(|d| match d {
+        "denied": info.denied(),
+        "denial": info.denial().map(|d| match d {
             Denial::File => "file",
             Denial::Network => "network",
         }),
         "enforcement": info.enforcement,
-        "runner_failed": info.runner_failed,
+        "runner_failed": info.runner_failed(),
         "escalated": info.escalated,
     })
 }
@@ -390,7 +388,7 @@ fn settlement(p: &dyn ShellProcess) -> JobSettlement {
 }
 
 fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
-    if p.sandbox().is_some_and(|s| s.runner_failed) {
+    if p.sandbox().is_some_and(|s| s.runner_failed()) {
         return JobSettlement {
             status: JobStatus::Killed,
             detail: Some(
@@ -702,9 +700,8 @@ mod tests {
         };
         let killed = ExitStatus { code: None, signal: Some("SIGTERM".into()) };
         let mut denied = with("touch: denied\n", ExitStatus::code(1), false);
-        let mut info = SandboxInfo::new(SandboxMode::ReadOnly);
-        info.denied = true;
-        denied.sandbox = Some(info);
+        let info = SandboxInfo::new(SandboxMode::ReadOnly);
+        denied.sandbox = Some(info.with_verdict(SandboxVerdict::Denied(None)));
         let mut left = with("started", ExitStatus::code(0), false);
         left.leftovers = vec![Leftover { pid: 42, name: "sleep".into(), held_output: true }];
         let cases = [
@@ -745,14 +742,14 @@ mod tests {
         let mut info = SandboxInfo::new(SandboxMode::WorkspaceWrite);
         r.sandbox = Some(info.clone());
         assert!(!render_run(&r, true).contains("[sandbox:"), "no denial, no marker");
-        info.denied = true;
+        info.verdict = SandboxVerdict::Denied(None);
         r.sandbox = Some(info.clone());
         assert_eq!(
             render_run(&r, true),
             "touch: cannot touch '/etc/x': Permission denied\n\
              [sandbox: file access denied under workspace-write mode]\n[exit code: 1]"
         );
-        info.denial = Some(Denial::Network);
+        info.verdict = SandboxVerdict::Denied(Some(Denial::Network));
         info.mode = SandboxMode::ReadOnly;
         r.sandbox = Some(info);
         assert!(

@@ -15,14 +15,15 @@
 //! `invocation(program, command) -> {argv, env}`.
 //!
 //! Sandboxed (`LocalShell::sandboxed`), `resolve` stamps the complete per-call policy into
-//! `ShellExecSpec::sandbox`: the default from `sandbox-policy`, with the mode a request may
-//! override through `ShellExecRequest::sandbox_mode` (the shell tool sets danger-full-access only
-//! for an approved escalation). The spawn path wraps the `CommandLine {argv, cwd, env}` through
-//! `Sandbox::wrap` before building the `SpawnSpec`. A wrap error, a spawn failure of a wrapped
-//! command, or an exit the sandbox's own `classify` calls a runner failure (`runner_failed`) is
-//! `sandbox_unavailable` in the foreground and a killed handle with `runner_failed` in the
-//! background; results carry `Sandbox::classify`'s `SandboxInfo`. `ShellExecutor::sandbox_mode`
-//! tells tools the default mode.
+//! `ShellExecSpec::sandbox`: the composition's default (its `sandbox-policy` entry), with the mode
+//! a request may override through `ShellExecRequest::sandbox_mode` (the shell tool sets
+//! danger-full-access only for an approved escalation). The spawn path wraps the `CommandLine
+//! {argv, cwd, env}` through `conch_seams::Confinement` (the protocol it shares with
+//! `terminal-bash`) before building the `SpawnSpec`. A wrap error, a spawn failure of a wrapped
+//! command, or an exit the sandbox's own `classify` calls a runner failure is
+//! `sandbox_unavailable` in the foreground and a killed handle with a runner-failed verdict in the
+//! background; results carry the `SandboxInfo` verdict. `ShellExecutor::sandbox_mode` tells tools
+//! the default mode.
 
 use std::marker::PhantomData;
 use std::path::PathBuf;
@@ -32,16 +33,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_seams::{
-    AfterExit, CollectedOutput, CommandLine, ConfigIssue, EnvOverlay, Error, ErrorBody, ErrorCode,
-    ErrorReason, ExitStatus, Leftover, OutputSpec, Process, Result, Sandbox, SandboxInfo,
-    SandboxMode, SandboxPolicy, SandboxRelease, ShellCapabilities, ShellDialect, ShellExecRequest,
-    ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead, ShellProcessStatus,
-    ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
+    AfterExit, CollectedOutput, CommandLine, ConfigIssue, ConfinedSubject, Confinement, EnvOverlay,
+    Error, ErrorBody, ErrorCode, ErrorReason, ExitStatus, Leftover, OutputSpec, Process, Result,
+    Sandbox, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, ShellCapabilities,
+    ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead,
+    ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
 };
 use tokio_util::sync::CancellationToken;
-
-/// How much of a result's output tail a sandbox classifier sees.
-const CLASSIFY_TAIL_BYTES: usize = 4096;
 
 /// The longest argv (or environment) string Linux accepts: MAX_ARG_STRLEN is 32 pages (at
 /// least 4 KiB each) and counts the terminating NUL.
@@ -135,13 +133,6 @@ impl Settings {
     }
 }
 
-/// A sandbox and the default policy its calls run under.
-#[derive(Debug, Clone)]
-struct Confinement {
-    sandbox: Arc<dyn Sandbox>,
-    policy: SandboxPolicy,
-}
-
 /// The shared local shell executor in flavour `F`; with a sandbox bound, its sandboxed
 /// variant.
 #[derive(Debug)]
@@ -162,31 +153,6 @@ struct Prepared {
     /// Frees what the runner made for this command once it is dropped (held while the
     /// command may run).
     release: Option<SandboxRelease>,
-}
-
-/// The tail of `text` a classifier sees, cut on a char boundary.
-fn tail(text: &str) -> &str {
-    let mut start = text.len().saturating_sub(CLASSIFY_TAIL_BYTES);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
-}
-
-/// The foreground error for a runner that refused to confine: the command never ran, so
-/// all it printed is the runner's own explanation.
-fn runner_refused(name: &'static str, output: &str) -> Error {
-    unavailable(
-        name,
-        format!(
-            "the sandbox runner could not confine the command (it did not run): {}",
-            output.trim()
-        ),
-    )
-}
-
-fn unavailable(name: &'static str, message: String) -> Error {
-    Error::new(ErrorCode::SandboxUnavailable, message).with_provider(name).with_operation("run")
 }
 
 impl<F: Flavor> LocalShell<F> {
@@ -220,7 +186,13 @@ impl<F: Flavor> LocalShell<F> {
         Ok(Self {
             settings,
             subprocess,
-            confinement: Some(Confinement { sandbox, policy }),
+            confinement: Some(Confinement::new(
+                sandbox,
+                policy,
+                F::SANDBOX_NAME,
+                "run",
+                ConfinedSubject::Command,
+            )),
             program_found: AtomicBool::new(false),
             flavor: PhantomData,
         })
@@ -280,10 +252,10 @@ impl<F: Flavor> LocalShell<F> {
 
     /// The policy a spec runs under; a sandboxed executor never runs a spec without one
     /// (a spec missing it gets the default, never no confinement).
-    fn policy_of(&self, spec: &ShellExecSpec) -> Option<(Arc<dyn Sandbox>, SandboxPolicy)> {
-        self.confinement.as_ref().map(|c| {
-            (Arc::clone(&c.sandbox), spec.sandbox.clone().unwrap_or_else(|| c.policy.clone()))
-        })
+    fn policy_of(&self, spec: &ShellExecSpec) -> Option<(&Confinement, SandboxPolicy)> {
+        self.confinement
+            .as_ref()
+            .map(|c| (c, spec.sandbox.clone().unwrap_or_else(|| c.policy().clone())))
     }
 
     /// The command line for `spec`, wrapped when a sandbox is bound.
@@ -295,30 +267,11 @@ impl<F: Flavor> LocalShell<F> {
         let mut env = spec.env.clone();
         env.extend(invocation.env.into_iter().map(|(k, v)| (k, Some(v))));
         let command = CommandLine::new(invocation.argv).with_cwd(spec.cwd.clone()).with_env(env);
-        let Some((sandbox, policy)) = self.policy_of(spec) else {
+        let Some((confinement, policy)) = self.policy_of(spec) else {
             return Ok(Prepared { command, wrapped: false, release: None });
         };
-        let original = command.argv.clone();
-        let name = self.name();
-        let command = sandbox.wrap(&policy, command).map_err(|e| {
-            if e.code() == ErrorCode::SandboxUnavailable {
-                e
-            } else {
-                unavailable(
-                    name,
-                    format!(
-                        "{} cannot run this command under {} mode: {e}",
-                        sandbox.provider_name(),
-                        policy.mode
-                    ),
-                )
-            }
-        })?;
-        // Only a command line with a runner in front can fail as a runner; one passed through
-        // unchanged (danger-full-access) fails the way the unconfined executor's would.
-        let wrapped = command.argv != original;
-        let release = Some(SandboxRelease::new(sandbox, command.clone()));
-        Ok(Prepared { command, wrapped, release })
+        let w = confinement.wrap(&policy, command)?;
+        Ok(Prepared { command: w.command, wrapped: w.runner, release: Some(w.release) })
     }
 
     fn spawn_spec(
@@ -361,15 +314,12 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
     fn capabilities(&self) -> ShellCapabilities {
         let mut caps = ShellCapabilities::default();
         caps.sandboxed = self.confinement.is_some();
-        caps.pid_isolated = self
-            .confinement
-            .as_ref()
-            .is_some_and(|c| c.policy.mode.confines() && c.sandbox.capabilities().pid_isolation);
+        caps.pid_isolated = self.confinement.as_ref().is_some_and(Confinement::pid_isolated);
         caps
     }
 
     fn sandbox_mode(&self) -> Option<SandboxMode> {
-        self.confinement.as_ref().map(|c| c.policy.mode)
+        self.confinement.as_ref().map(|c| c.policy().mode)
     }
 
     fn dialect(&self) -> ShellDialect {
@@ -420,7 +370,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
         // may override (the shell tool does so only for an approved escalation).
         let sandbox = match (&self.confinement, request.sandbox_mode) {
             (Some(c), mode) => {
-                let mut policy = c.policy.clone();
+                let mut policy = c.policy().clone();
                 if let Some(mode) = mode {
                     policy.mode = mode;
                 }
@@ -482,14 +432,15 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
         }
         let process = match self.subprocess.spawn(sspec).await {
             Ok(p) => p,
-            // A missing workdir is the caller's mistake wherever the command runs.
-            Err(e) if wrapped && !e.reason().is_some_and(ErrorReason::is_bad_workdir) => {
-                return Err(unavailable(
-                    self.name(),
-                    format!("the sandbox runner could not be launched: {e}"),
-                ));
+            Err(e) => {
+                return Err(match &self.confinement {
+                    // A missing workdir is the caller's mistake wherever the command runs.
+                    Some(c) if wrapped && !e.reason().is_some_and(ErrorReason::is_bad_workdir) => {
+                        c.launch_failed(&e)
+                    }
+                    _ => self.spawn_error(e),
+                });
             }
-            Err(e) => return Err(self.spawn_error(e)),
         };
         // Stopped when this call ends, whichever way.
         let _progress = spec.progress.clone().map(|sink| report_progress(sink, &process));
@@ -517,16 +468,10 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
             }
         }?;
         let output = process.collected(StreamId::Stdout).unwrap_or_default();
+        // Whether the runner refused is the sandbox's to judge: its exit protocol is its own
+        // (the helper's fail-closed line, bwrap's setup errors).
         let sandbox = match self.policy_of(&spec) {
-            Some((sandbox, policy)) => {
-                // Whether the runner refused is the sandbox's to judge: its exit protocol is
-                // its own (the helper's fail-closed line, bwrap's setup errors).
-                let info = sandbox.classify(&policy, &status, tail(&output.text));
-                if wrapped && info.runner_failed {
-                    return Err(runner_refused(self.name(), &output.text));
-                }
-                Some(info)
-            }
+            Some((c, policy)) => Some(c.verdict(&policy, &status, &output.text, wrapped)?),
             None => None,
         };
         Ok(ShellRunResult {
@@ -544,11 +489,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
         let kill = CancellationToken::new();
         let confinement = self.policy_of(&spec);
         let runner_failed = |text: String| -> Arc<dyn ShellProcess> {
-            let info = confinement.as_ref().map(|(_, p)| {
-                let mut info = SandboxInfo::new(p.mode);
-                info.runner_failed = true;
-                info
-            });
+            let info = confinement.as_ref().map(|(c, p)| c.runner_failed(p));
             Arc::new(FailedStart { text, sandbox: info })
         };
         if let Err(e) = self.check_program().await {
@@ -584,25 +525,22 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
                     process,
                     kill,
                     spec.output_max_bytes,
-                    confinement.map(|(sandbox, policy)| BackgroundSandbox {
-                        sandbox,
-                        policy,
+                    confinement.as_ref().map(|(c, policy)| BackgroundSandbox {
+                        confinement: (*c).clone(),
+                        policy: policy.clone(),
                         wrapped,
                     }),
                 ))
             }
-            Err(e) if wrapped && !e.reason().is_some_and(ErrorReason::is_bad_workdir) => {
-                runner_failed(format!(
-                    "{}\n",
-                    unavailable(
-                        self.name(),
-                        format!("the sandbox runner could not be launched: {e}")
-                    )
-                ))
-            }
-            Err(e) => {
-                Arc::new(FailedStart { text: format!("{}\n", self.spawn_error(e)), sandbox: None })
-            }
+            Err(e) => match &confinement {
+                Some((c, _)) if wrapped && !e.reason().is_some_and(ErrorReason::is_bad_workdir) => {
+                    runner_failed(format!("{}\n", c.launch_failed(&e)))
+                }
+                _ => Arc::new(FailedStart {
+                    text: format!("{}\n", self.spawn_error(e)),
+                    sandbox: None,
+                }),
+            },
         }
     }
 }
@@ -632,7 +570,7 @@ fn split_utf8_carry(bytes: &[u8]) -> usize {
 /// The sandbox a background shell runs in.
 #[derive(Debug)]
 struct BackgroundSandbox {
-    sandbox: Arc<dyn Sandbox>,
+    confinement: Confinement,
     policy: SandboxPolicy,
     wrapped: bool,
 }
@@ -689,15 +627,12 @@ impl Background {
         let c = self.confinement.as_ref()?;
         let status = self.process.try_status()?;
         let text = self.process.collected(StreamId::Stdout).unwrap_or_default().text;
-        let mut info = c.sandbox.classify(&c.policy, &status, tail(&text));
-        // Only a runner that was actually put in front can have refused.
-        info.runner_failed &= c.wrapped;
-        Some(info)
+        Some(c.confinement.classify(&c.policy, &status, &text, c.wrapped))
     }
 
     /// The runner exited saying it could not confine the command (which never ran).
     fn runner_failed(&self) -> bool {
-        self.verdict().is_some_and(|i| i.runner_failed)
+        self.verdict().is_some_and(|i| i.runner_failed())
     }
 }
 
@@ -824,7 +759,7 @@ impl ShellProcess for Background {
 #[derive(Debug)]
 struct FailedStart {
     text: String,
-    /// For a sandboxed start: the mode, with `runner_failed`.
+    /// For a sandboxed start: the mode, with a runner-failed verdict.
     sandbox: Option<SandboxInfo>,
 }
 
@@ -978,7 +913,7 @@ pub(crate) mod plugin {
             ctx.locate(Error::new(
                 ErrorCode::SeamUnbound,
                 format!(
-                    "{} needs the sandbox-policy plugin for its default policy",
+                    "{} needs the composition's `sandbox-policy` entry for its default policy",
                     F::SANDBOX_NAME
                 ),
             ))
@@ -1039,22 +974,5 @@ mod tests {
         assert_eq!(split_utf8_carry(&s[..s.len() - 1]), s.len() - 4);
         assert_eq!(split_utf8_carry(&s[..2]), 1);
         assert_eq!(split_utf8_carry(b""), 0);
-    }
-
-    #[test]
-    fn a_refused_runner_is_reported_with_its_own_line() {
-        // Which exits are refusals is the sandbox's verdict (`classify`, tested with the
-        // runners); the executor reports the runner's line as its error.
-        let line = "conch-sandbox: unavailable: landlock is not enabled in this kernel";
-        let e = runner_refused("bash-sandbox", &format!("{line}\n"));
-        assert_eq!(e.code(), ErrorCode::SandboxUnavailable);
-        assert!(e.message().ends_with(line), "{e}");
-    }
-
-    #[test]
-    fn the_classifier_tail_is_cut_on_a_char_boundary() {
-        let text = format!("é{}", "x".repeat(CLASSIFY_TAIL_BYTES - 1));
-        assert_eq!(tail(&text).len(), CLASSIFY_TAIL_BYTES - 1);
-        assert_eq!(tail("short"), "short");
     }
 }

@@ -287,7 +287,7 @@ fn build_sandboxed(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
 register_plugin!(PluginEntry {
     name: SANDBOX_NAME,
     provides: Some(SeamId::Shell),
-    requires: &[SeamId::Subprocess, SeamId::Sandbox, SeamId::SandboxPolicy],
+    requires: &[SeamId::Subprocess, SeamId::Sandbox],
     description: "pwsh-local with every command line wrapped through the sandbox seam",
     build: build_sandboxed,
 });

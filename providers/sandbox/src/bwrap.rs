@@ -38,7 +38,7 @@ use conch_registry::{
 };
 use conch_seams::{
     CommandLine, ConfigIssue, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
-    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy,
+    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
 };
 use serde::Deserialize;
 
@@ -262,12 +262,10 @@ impl Sandbox for BwrapSandbox {
         exit: &ExitStatus,
         output_tail: &str,
     ) -> SandboxInfo {
-        let mut info = classify(policy, exit, output_tail, "bubblewrap");
+        let info = classify(policy, exit, output_tail, "bubblewrap");
         // bwrap reports its own setup failures as `bwrap: ...` with exit 1.
         if policy.mode.confines() && exit.code == Some(1) && output_tail.starts_with("bwrap: ") {
-            info.runner_failed = true;
-            info.denied = false;
-            info.denial = None;
+            return info.with_verdict(SandboxVerdict::RunnerFailed);
         }
         info
     }

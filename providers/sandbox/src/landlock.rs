@@ -10,8 +10,8 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
-    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy,
+    CommandLine, ConfigIssue, Denial, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
+    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
 };
 use serde::Deserialize;
 
@@ -234,8 +234,7 @@ pub(crate) fn classify(
     if exit.code == Some(crate::exec::UNAVAILABLE)
         && output_tail.contains(&format!("{} unavailable:", crate::exec::MARKER))
     {
-        info.runner_failed = true;
-        return info;
+        return info.with_verdict(SandboxVerdict::RunnerFailed);
     }
     let network = [
         "Network is unreachable",
@@ -266,13 +265,12 @@ pub(crate) fn classify(
     // With the network allowed, a refused or unreachable connection is the world's answer,
     // not the sandbox's.
     if !policy.network && (has(&network) || connect_denied) {
-        info.denied = true;
-        info.denial = Some(conch_seams::Denial::Network);
+        info.with_verdict(SandboxVerdict::Denied(Some(Denial::Network)))
     } else if has(&file) {
-        info.denied = true;
-        info.denial = Some(conch_seams::Denial::File);
+        info.with_verdict(SandboxVerdict::Denied(Some(Denial::File)))
+    } else {
+        info
     }
-    info
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
@@ -300,11 +298,11 @@ mod tests {
         let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/w");
         let out = "conch-sandbox: unavailable: landlock is not enabled in this kernel\n";
         let info = classify(&policy, &ExitStatus::code(crate::exec::UNAVAILABLE), out, "x");
-        assert!(info.runner_failed && !info.denied, "{info:?}");
+        assert!(info.runner_failed() && !info.denied(), "{info:?}");
         // A command's own 126 (a file that is not executable) is data, not a runner failure.
         let own = "bash: ./x: Permission denied\n";
-        assert!(!classify(&policy, &ExitStatus::code(126), own, "x").runner_failed);
-        assert!(!classify(&policy, &ExitStatus::code(1), out, "x").runner_failed);
+        assert!(!classify(&policy, &ExitStatus::code(126), own, "x").runner_failed());
+        assert!(!classify(&policy, &ExitStatus::code(1), out, "x").runner_failed());
     }
 
     #[test]
@@ -313,7 +311,7 @@ mod tests {
         let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/w");
         let out = "Set-Content: Access to the path '/etc/conch-x' is denied.\n";
         let info = classify(&policy, &ExitStatus::code(1), out, "x");
-        assert!(info.denied && info.denial == Some(conch_seams::Denial::File), "{info:?}");
-        assert!(!classify(&policy, &ExitStatus::code(0), out, "x").denied, "recovered: no mark");
+        assert!(info.denied() && info.denial() == Some(conch_seams::Denial::File), "{info:?}");
+        assert!(!classify(&policy, &ExitStatus::code(0), out, "x").denied(), "recovered: no mark");
     }
 }

@@ -1,8 +1,8 @@
-//! Sandbox providers: `sandbox-policy` (the composition's default policy), the runners
-//! `sandbox-landlock` (Landlock + seccomp through the `sandbox-exec` helper) and
-//! `sandbox-bwrap` (bubblewrap namespaces with the helper inside), `sandbox-none` (confines
-//! nothing and refuses confining modes), and the helper itself ([`sandbox_exec_main`],
-//! behind `conch sandbox-exec`).
+//! Sandbox providers: `sandbox-policy` (the name of the composition's default policy, which the
+//! registry reads as configuration), the runners `sandbox-landlock` (Landlock + seccomp through
+//! the `sandbox-exec` helper) and `sandbox-bwrap` (bubblewrap namespaces with the helper inside),
+//! `sandbox-none` (confines nothing and refuses confining modes), and the helper itself
+//! ([`sandbox_exec_main`], behind `conch sandbox-exec`).
 //!
 //! Besides `providers/local`, this is the one crate that touches the OS process world: the
 //! helper confines its own process before it execs the command, and `sandbox-bwrap` probes

@@ -17,8 +17,9 @@
 //! screen (see `session.rs`).
 //!
 //! When the composition binds a sandbox, the shell's whole command line (argv, cwd, env) is
-//! wrapped through it under the `sandbox-policy` default before the PTY spawn, so the session
-//! and everything typed into it run confined, in a mode fixed for the session's lifetime.
+//! wrapped through it under the composition's default policy (its `sandbox-policy` entry) before
+//! the PTY spawn, so the session and everything typed into it run confined, in a mode fixed for
+//! the session's lifetime.
 //!
 //! bash runs as `bash --norc --noprofile +H -i` with a private OSC marker (`OSC 7770;<nonce> BEL`)
 //! in PS1, re-asserted by PROMPT_COMMAND. With `shell_dialect: pwsh` (`Shell`) it starts `pwsh
@@ -33,14 +34,16 @@
 //! SIGINT until the prompt is back.
 //!
 //! When the composition binds a sandbox (and then a `sandbox-policy`, or the build fails naming
-//! it), the shell's `{argv, cwd, env}` is wrapped through `Sandbox::wrap` before `spawn_terminal`,
-//! so the whole session runs confined in a mode fixed at open (`TerminalSession::sandbox_mode`,
-//! shown by `terminal_open` and `terminal_list` as `sandbox`, null when unconfined); a wrap error,
-//! or a startup exit the sandbox's `classify` calls a runner failure, fails the open as
-//! `sandbox_unavailable`. Under `sandbox-bwrap` bash cannot see the session's process group from
-//! inside the pid namespace and leads a group of its own; subprocess-local's PTY still counts it as
-//! the shell's (a group whose leader descends from the session leader only through processes of the
-//! leader's group, i.e. the runner), so Tier 0 and the signal guards hold.
+//! it), the shell's `{argv, cwd, env}` is wrapped through `conch_seams::Confinement` (the
+//! protocol it shares with the shell executors) before `spawn_terminal`, so the whole session
+//! runs confined in a mode fixed at open (`TerminalSession::sandbox_mode`, shown by
+//! `terminal_open` and `terminal_list` as `sandbox`, null when unconfined); a wrap error, or a
+//! startup exit of the runner that the sandbox's `classify` calls a runner failure, fails the
+//! open as `sandbox_unavailable`. A spawn error stays the subprocess provider's. Under
+//! `sandbox-bwrap` bash cannot see the session's process group from inside the pid namespace and
+//! leads a group of its own; subprocess-local's PTY still counts it as the shell's (a group whose
+//! leader descends from the session leader only through processes of the leader's group, i.e. the
+//! runner), so Tier 0 and the signal guards hold.
 //!
 //! A send is a `SendRequest` (`#[non_exhaustive]`: text, keys, submit, timeout,
 //! ignore_silence, wait_for, max_output_bytes, progress); the session runs over
@@ -60,9 +63,9 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, Error, ErrorCode, ErrorReason, PluginConfig, Result, Sandbox,
-    SandboxPolicy, SandboxRelease, ShellDialect, Subprocess, TerminalBackend, TerminalOpenSpec,
-    TerminalSession, TerminalSize, TerminalSpawnSpec,
+    CommandLine, ConfigIssue, ConfinedSubject, Confinement, Error, ErrorCode, ErrorReason,
+    PluginConfig, Result, Sandbox, SandboxPolicy, SandboxRelease, ShellDialect, Subprocess,
+    TerminalBackend, TerminalOpenSpec, TerminalSession, TerminalSize, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -252,7 +255,7 @@ pub struct TerminalBash {
     config: TerminalBashConfig,
     subprocess: Arc<dyn Subprocess>,
     /// The sandbox every shell is wrapped through, and the policy it runs under.
-    confinement: Option<(Arc<dyn Sandbox>, SandboxPolicy)>,
+    confinement: Option<Confinement>,
     shell: Shell,
 }
 
@@ -280,12 +283,14 @@ impl TerminalBash {
     ) -> Result<Self> {
         config.check(NAME)?;
         let shell = Shell::by_name(&config.shell_dialect).unwrap_or(Shell::Bash);
-        Ok(Self { config, subprocess, confinement: Some((sandbox, policy)), shell })
+        let confinement = Confinement::new(sandbox, policy, NAME, "open", ConfinedSubject::Shell);
+        Ok(Self { config, subprocess, confinement: Some(confinement), shell })
     }
 
     /// Puts the sandbox runner in front of the shell's command line (argv, cwd and env
     /// travel through `wrap` so the runner can place them: bwrap changes directory inside
-    /// its mounts).
+    /// its mounts), with the guard that frees what the runner made and whether a runner
+    /// stands in front at all.
     ///
     /// # Errors
     /// The sandbox's `sandbox_unavailable` (any other wrap error is reported as that too:
@@ -293,29 +298,18 @@ impl TerminalBash {
     fn confine(
         &self,
         mut tspec: TerminalSpawnSpec,
-    ) -> Result<(TerminalSpawnSpec, Option<SandboxRelease>)> {
-        let Some((sandbox, policy)) = &self.confinement else {
-            return Ok((tspec, None));
+    ) -> Result<(TerminalSpawnSpec, Option<SandboxRelease>, bool)> {
+        let Some(c) = &self.confinement else {
+            return Ok((tspec, None, false));
         };
         let command = CommandLine::new(std::mem::take(&mut tspec.argv))
             .with_cwd(tspec.cwd.take())
             .with_env(std::mem::take(&mut tspec.env));
-        let wrapped = sandbox.wrap(policy, command).map_err(|e| {
-            if e.code() == ErrorCode::SandboxUnavailable {
-                e
-            } else {
-                unavailable(format!(
-                    "{} cannot run the shell under {} mode: {e}",
-                    sandbox.provider_name(),
-                    policy.mode
-                ))
-            }
-        })?;
-        let release = SandboxRelease::new(Arc::clone(sandbox), wrapped.clone());
-        tspec.argv = wrapped.argv;
-        tspec.cwd = wrapped.cwd;
-        tspec.env = wrapped.env;
-        Ok((tspec, Some(release)))
+        let wrapped = c.wrap(c.policy(), command)?;
+        tspec.argv = wrapped.command.argv;
+        tspec.cwd = wrapped.command.cwd;
+        tspec.env = wrapped.command.env;
+        Ok((tspec, Some(wrapped.release), wrapped.runner))
     }
 }
 
@@ -392,10 +386,6 @@ fn missing_pwsh(program: &str) -> Error {
         .with_operation("open")
 }
 
-fn unavailable(message: String) -> Error {
-    Error::new(ErrorCode::SandboxUnavailable, message).with_provider(NAME).with_operation("open")
-}
-
 #[async_trait]
 impl TerminalBackend for TerminalBash {
     fn type_name(&self) -> &'static str {
@@ -459,8 +449,9 @@ impl TerminalBackend for TerminalBash {
             return Err(missing_pwsh(&self.config.pwsh));
         }
         // Held by the session (dropped with it), or dropped here when the open fails.
-        let (tspec, release) = self.confine(tspec)?;
-        let sandbox = self.confinement.as_ref().map(|(_, p)| p.mode);
+        // `runner`: a runner stands in front of the shell, so the shell's exit may be its refusal.
+        let (tspec, release, runner) = self.confine(tspec)?;
+        let sandbox = self.confinement.as_ref().map(|c| c.policy().mode);
         // A spawn error stays the provider's (a missing cwd is refused the same way with or
         // without a sandbox); a runner that starts but cannot confine is caught below.
         let process =
@@ -482,17 +473,8 @@ impl TerminalBackend for TerminalBash {
                 // A runner that refused to confine exits before the shell starts; say so
                 // rather than report a shell that died at startup. Whether it refused is the
                 // sandbox's verdict on the exit and what it printed.
-                let refused = match (&self.confinement, process.try_status()) {
-                    (Some((sb, policy)), Some(status)) => {
-                        sb.classify(policy, &status, e.message()).runner_failed
-                    }
-                    _ => false,
-                };
-                if refused {
-                    return Err(unavailable(format!(
-                        "the sandbox runner could not confine the shell (it did not run): {}",
-                        e.message()
-                    )));
+                if let (Some(c), Some(status)) = (&self.confinement, process.try_status()) {
+                    c.verdict(c.policy(), &status, e.message(), runner)?;
                 }
                 return Err(e);
             }

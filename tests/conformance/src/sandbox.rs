@@ -88,9 +88,9 @@ async fn spawn_wrapped(
 fn assert_denied(what: &str, out: &str, status: &ExitStatus, info: &SandboxInfo, kind: Denial) {
     assert!(out.contains(MARK), "{what}: the command did not run: {out:?} {status:?}");
     assert_ne!(status.code, Some(0), "{what}: the attempt succeeded: {out:?}");
-    assert!(info.denied, "{what}: not classified as denied: {out:?} {info:?}");
-    assert_eq!(info.denial, Some(kind), "{what}: {out:?}");
-    assert!(!info.runner_failed, "{what}: runner failed: {out:?}");
+    assert!(info.denied(), "{what}: not classified as denied: {out:?} {info:?}");
+    assert_eq!(info.denial(), Some(kind), "{what}: {out:?}");
+    assert!(!info.runner_failed(), "{what}: runner failed: {out:?}");
 }
 
 /// Skips when the runner cannot confine on this machine.
@@ -131,7 +131,7 @@ pub async fn writes_inside_the_root_succeed(
     );
     assert_eq!(std::fs::read_to_string(f.root.join("d/moved")).unwrap(), "data\n");
     assert_eq!(std::fs::read_to_string(f.root.join("d/e/f")).unwrap(), "more\n");
-    assert!(!info.denied && info.enforcement.is_some(), "{info:?}");
+    assert!(!info.denied() && info.enforcement.is_some(), "{info:?}");
     assert_eq!(info.mode, SandboxMode::WorkspaceWrite);
     Ok(())
 }
@@ -353,7 +353,7 @@ pub async fn read_only_mode_writes_only_dev_null(
     .await;
     assert_eq!(st.code, Some(0), "{out}");
     assert!(out.contains("readable"));
-    assert!(!info.denied);
+    assert!(!info.denied());
     for target in [f.root.join("in-root"), f.outside.join("outside")] {
         let (out, st, info) = run(
             sandbox,
@@ -444,7 +444,7 @@ pub async fn tcp_connect_works_with_network(
     )
     .await;
     assert_eq!(st.code, Some(0), "{out}");
-    assert!(!info.denied);
+    assert!(!info.denied());
     listener.set_nonblocking(true).unwrap();
     let (mut conn, _) = listener.accept().expect("the connection is in the backlog");
     conn.set_nonblocking(false).unwrap();
@@ -665,7 +665,7 @@ pub async fn danger_full_access_is_unconfined(
         run(sandbox, sub, &policy, &f.root, &format!("echo yes > {}", target.display())).await;
     assert_eq!(st.code, Some(0), "{out}");
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "yes\n");
-    assert!(!info.denied && info.enforcement.is_none(), "{info:?}");
+    assert!(!info.denied() && info.enforcement.is_none(), "{info:?}");
     Ok(())
 }
 
@@ -817,7 +817,7 @@ pub async fn a_socket_gone_before_the_start_does_not_fail_the_command(
         spawn_wrapped(sandbox, sub, &policy, wrapped.argv, wrapped.cwd, wrapped.env).await;
     assert_eq!(status.code, Some(0), "{out}");
     assert!(out.contains(MARK), "{out}");
-    assert!(!info.runner_failed, "{info:?}");
+    assert!(!info.runner_failed(), "{info:?}");
     Ok(())
 }
 
