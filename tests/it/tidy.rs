@@ -418,3 +418,24 @@ fn the_remote_client_links_no_server_and_the_daemon_no_client() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// A std mutex is taken one way, `conch_sync::LockExt::locked`, whose docs say why a poisoned
+/// guard is recovered; a hand-written recovery elsewhere would be a second policy.
+#[test]
+fn mutexes_are_taken_through_the_one_lock_helper() {
+    let helper = root().join("core/sync");
+    // Split so this test does not find itself.
+    let needle = [concat!("lock().unwrap", "_or_else"), concat!("PoisonError::", "into_inner")];
+    let mut offences = Vec::new();
+    for dir in members().into_iter().filter(|d| *d != helper) {
+        for file in sources(&dir) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                if needle.iter().any(|s| line.contains(s)) {
+                    offences.push(format!("{}:{}", rel(&file), n + 1));
+                }
+            }
+        }
+    }
+    assert!(offences.is_empty(), "use conch_sync::LockExt::locked: {offences:?}");
+}

@@ -7,10 +7,11 @@
 //! (someone else bounds them: in `subprocess-local`, the spill home's later sweeps), so
 //! `remove` only deletes it when it is empty.
 
+use conch_sync::LockExt;
 use std::fs::Permissions;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 /// Where a root's directory comes from.
 #[derive(Debug)]
@@ -51,7 +52,7 @@ impl SpillRoot {
     /// Where a spill goes: the private directory, made on the first call; the parent when it
     /// cannot be made (each spill is in its own private directory either way).
     pub fn dir(&self) -> PathBuf {
-        let mut dir = self.dir.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut dir = self.dir.locked();
         let made = dir.get_or_insert_with(|| match &self.place {
             Place::Temporary(parent) => tempfile::Builder::new()
                 .prefix("conch-")
@@ -74,14 +75,14 @@ impl SpillRoot {
 
     /// The private directory, if one was made.
     pub fn made(&self) -> Option<PathBuf> {
-        self.dir.lock().unwrap_or_else(PoisonError::into_inner).clone().flatten()
+        self.dir.locked().clone().flatten()
     }
 
     /// A temporary root: deletes the directory and every spill in it, if it was made. A
     /// persistent root: deletes the directory only if it holds no spill. A later spill makes
     /// a new one either way.
     pub fn remove(&self) {
-        let made = self.dir.lock().unwrap_or_else(PoisonError::into_inner).take().flatten();
+        let made = self.dir.locked().take().flatten();
         if let Some(dir) = made {
             // Best effort: nothing useful can be done if removal fails.
             match self.place {

@@ -25,6 +25,7 @@
 //! background; results carry the `SandboxInfo` verdict. `ShellExecutor::sandbox_mode` tells tools
 //! the default mode.
 
+use conch_sync::LockExt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -611,7 +612,7 @@ impl Background {
     }
 
     fn lost(&self) -> Option<ErrorBody> {
-        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.lost.locked().clone()
     }
 
     /// The note the output carries once the world was lost.
@@ -663,12 +664,12 @@ impl ShellProcess for Background {
 
     async fn wait(&self) {
         if let Err(e) = self.process.wait().await {
-            *self.lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_body());
+            *self.lost.locked() = Some(e.to_body());
         }
     }
 
     fn read_output(&self) -> ShellProcessRead {
-        let mut cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cursor = self.cursor.locked();
         let (offset, carry) = &mut *cursor;
         let Ok(r) = self.process.read(StreamId::Stdout, *offset, self.max_read.max(1)) else {
             return ShellProcessRead::default();

@@ -13,11 +13,12 @@
 //! leader is spared, then the leader (HUP, grace, KILL), then whatever still carries the id; it
 //! does so also after the leader exited. The shutdown sweep stops a terminal's session and id.
 
+use conch_sync::LockExt;
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -81,11 +82,6 @@ impl fmt::Debug for TermInner {
     }
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves the fd itself intact; keep using it.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl TermInner {
     /// The session id, which is also the leader's pgid (the child ran `setsid`).
     fn sid(&self) -> i32 {
@@ -97,7 +93,7 @@ impl TermInner {
     }
 
     fn foreground_pgid(&self) -> Option<i32> {
-        lock(&self.master).process_group_leader()
+        self.master.locked().process_group_leader()
     }
 
     /// True when `pg` is the shell's own group rather than a command's: the session leader's
@@ -136,7 +132,7 @@ impl TermInner {
     /// Output the terminal's programs wrote that the reader thread has not read yet,
     /// including bytes still in the master's flip buffer (see `ttyq`).
     fn output_in_flight(&self) -> bool {
-        let master = lock(&self.master);
+        let master = self.master.locked();
         master.as_raw_fd().is_some_and(crate::ttyq::raw_readable)
     }
 
@@ -482,14 +478,14 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
     let reaper = Arc::new(Mutex::new(Some((reap, owned))));
     let for_thread = Arc::clone(&reaper);
     let started = std::thread::Builder::new().name("conch-pty-wait".into()).spawn(move || {
-        if let Some((r, owned)) = lock(&for_thread).take() {
+        if let Some((r, owned)) = for_thread.locked().take() {
             let status = r.wait();
             drop(owned);
             me.status.send_replace(Some(status));
         }
     });
     if let Err(e) = started {
-        if let Some((mut r, owned)) = lock(&reaper).take() {
+        if let Some((mut r, owned)) = reaper.locked().take() {
             r.kill_now();
             let status = r.wait();
             drop(owned);
@@ -525,7 +521,7 @@ impl TerminalProcess for LocalTerminal {
         // A child that is not reading fills the PTY and blocks the write; keep that off
         // the async workers.
         let done = tokio::task::spawn_blocking(move || {
-            let mut guard = lock(&writer);
+            let mut guard = writer.locked();
             let Some(w) = guard.as_mut() else {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::BrokenPipe,
@@ -564,7 +560,9 @@ impl TerminalProcess for LocalTerminal {
     }
 
     async fn resize(&self, size: TerminalSize) -> Result<()> {
-        lock(&self.inner.master)
+        self.inner
+            .master
+            .locked()
             .resize(PtySize { rows: size.rows, cols: size.cols, pixel_width: 0, pixel_height: 0 })
             .map_err(|e| pty_error("resize the terminal", e))
     }

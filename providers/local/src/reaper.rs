@@ -31,9 +31,10 @@
 //! leftovers outside its group can only be under an unowned child, so a clean call skips the full
 //! scan.
 
+use conch_sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::wait::{WaitPidFlag, waitpid};
@@ -74,11 +75,6 @@ struct State {
     classified: HashSet<ProcId>,
     /// Unclaimed zombie children, with when each was first seen.
     unclaimed: HashMap<ProcId, Instant>,
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    // The state stays consistent between statements; a panic elsewhere must not stop reaping.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Makes this process a child subreaper and starts the reaper, once. Returns this process's
@@ -124,7 +120,7 @@ pub(crate) struct Owned {
 impl Drop for Owned {
     fn drop(&mut self) {
         if let Some(r) = REAPER.get() {
-            let mut st = lock(&r.state);
+            let mut st = r.state.locked();
             if st.owned.get(&self.pid) == Some(&self.start) {
                 st.owned.remove(&self.pid);
             }
@@ -140,7 +136,7 @@ pub(crate) fn owning<T, E>(
 ) -> (Result<T, E>, Option<Owned>) {
     init();
     let Some(r) = REAPER.get() else { return (spawn(), None) };
-    let mut st = lock(&r.state);
+    let mut st = r.state.locked();
     let spawned = spawn();
     let owned =
         spawned.as_ref().ok().and_then(pid_of).and_then(|p| i32::try_from(p).ok()).map(|pid| {
@@ -155,7 +151,7 @@ pub(crate) fn owning<T, E>(
 /// Marks `id` as a process of our trees: if it dies as a child of ours, it is reaped at once.
 pub(crate) fn claim(id: ProcId) {
     if let Some(r) = REAPER.get() {
-        lock(&r.state).ours.insert(id);
+        r.state.locked().ours.insert(id);
     }
 }
 
@@ -174,7 +170,7 @@ pub(crate) fn orphans_possible() -> bool {
 pub(crate) fn orphans_possible_since(since: Instant) -> bool {
     let Some(r) = REAPER.get().filter(|r| r.subreaper) else { return true };
     let Ok(me) = i32::try_from(std::process::id()) else { return true };
-    if let Some((began, answer)) = *r.orphans.lock().unwrap_or_else(PoisonError::into_inner)
+    if let Some((began, answer)) = *r.orphans.locked()
         && began >= since
     {
         return answer;
@@ -183,7 +179,7 @@ pub(crate) fn orphans_possible_since(since: Instant) -> bool {
     // Orphans are adopted by the main thread: only its list can hold one.
     let kids = procfs::adopted();
     let answer = {
-        let st = lock(&r.state);
+        let st = r.state.locked();
         kids.into_iter().any(|pid| {
             // An owned pid is a child someone waits for; its pid cannot name an orphan until
             // that child is reaped and unregistered.
@@ -193,7 +189,7 @@ pub(crate) fn orphans_possible_since(since: Instant) -> bool {
             procfs::stat(pid).is_some_and(|s| s.ppid == me && s.live())
         })
     };
-    *r.orphans.lock().unwrap_or_else(PoisonError::into_inner) = Some((looked, answer));
+    *r.orphans.locked() = Some((looked, answer));
     answer
 }
 
@@ -239,7 +235,7 @@ fn pass() -> Option<Duration> {
     let ours = Tag { id: r.tag.clone(), since: 0 };
     let kids = procfs::children(me);
     let own_group = nix::unistd::getpgrp().as_raw();
-    let mut st = lock(&r.state);
+    let mut st = r.state.locked();
     let now = Instant::now();
     let mut next: Option<Duration> = None;
     let mut present = HashSet::new();

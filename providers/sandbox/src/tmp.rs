@@ -13,6 +13,7 @@
 //! dropped (the runtime's teardown). Read-only mode gets none: there nothing is writable
 //! but the terminal.
 
+use conch_sync::LockExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +47,7 @@ impl PrivateTmp {
             .with_provider(provider)
         };
         let parent = {
-            let mut guard = self.parent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = self.parent.locked();
             match &*guard {
                 Some(p) => p.clone(),
                 None => {
@@ -69,7 +70,7 @@ impl PrivateTmp {
     pub(crate) fn release(&self, wrapped: &CommandLine) {
         let Some(Some(dir)) = wrapped.env.get("TMPDIR") else { return };
         let dir = PathBuf::from(dir);
-        let parent = self.parent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let parent = self.parent.locked().clone();
         if parent.is_some_and(|p| dir.parent() == Some(p.as_path())) {
             let _ = std::fs::remove_dir_all(&dir);
         }
