@@ -110,7 +110,7 @@ pub struct PluginOutput {
     pub seam: Option<SeamHandle>,
     /// Tools it contributes.
     pub tools: Vec<Arc<dyn Tool>>,
-    /// Teardown.
+    /// What the runtime runs at shutdown, in reverse build order (`None` once taken).
     pub teardown: Option<Teardown>,
 }
 
@@ -179,13 +179,13 @@ pub struct Seams {
     pub shell: Option<Arc<dyn ShellExecutor>>,
     /// Jobs registry.
     pub jobs: Option<Arc<dyn Jobs>>,
-    /// Sandbox.
+    /// The sandbox runner commands are wrapped through, when the composition binds one.
     pub sandbox: Option<Arc<dyn Sandbox>>,
     /// Terminal backend.
     pub terminal_backend: Option<Arc<dyn TerminalBackend>>,
     /// Terminals service.
     pub terminals: Option<Arc<dyn Terminals>>,
-    /// Approver.
+    /// Who decides escalations out of the sandbox, when the composition binds one.
     pub approval: Option<Arc<dyn Approval>>,
 }
 
@@ -361,7 +361,7 @@ pub enum RegistryError {
     DuplicateSeam {
         /// Composition source.
         source_name: String,
-        /// Seam.
+        /// The seam provided twice.
         seam: SeamId,
         /// One provider.
         first: String,
@@ -380,7 +380,7 @@ pub enum RegistryError {
         source_name: String,
         /// Who needs it.
         requirer: String,
-        /// Seam.
+        /// The seam nobody provides.
         seam: SeamId,
         /// Plugins that provide it.
         candidates: String,
@@ -409,9 +409,9 @@ pub enum RegistryError {
     Build {
         /// Composition source.
         source_name: String,
-        /// Plugin.
+        /// The plugin whose factory failed.
         plugin: String,
-        /// Cause.
+        /// What it reported.
         error: Box<Error>,
     },
 }

@@ -53,7 +53,7 @@ pub struct JobSettlement {
 /// One output read from a producer.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct JobRead {
-    /// Text.
+    /// The output read this time, as text.
     pub text: String,
     /// Some bytes were lost between reads.
     pub lossy: bool,
@@ -128,11 +128,11 @@ impl JobStart {
 pub struct JobInfo {
     /// `<kind>-N`.
     pub id: String,
-    /// Kind.
+    /// The producer's kind, the `<kind>` of the id (`bash`, `pty-send`).
     pub kind: String,
-    /// Label.
+    /// What the job runs, as the producer describes it for listings.
     pub label: String,
-    /// Status.
+    /// Running, or how it settled.
     pub status: JobStatus,
     /// Settlement detail.
     pub detail: Option<String>,

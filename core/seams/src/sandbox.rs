@@ -62,7 +62,7 @@ impl fmt::Display for SandboxMode {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct SandboxPolicy {
-    /// Mode.
+    /// The confinement commands run under.
     pub mode: SandboxMode,
     /// Root of the writable workspace (workspace-write).
     pub workspace_root: PathBuf,
@@ -505,7 +505,7 @@ pub enum ApprovalDecision {
     Approved,
     /// Do not; the reason is shown to the model.
     Denied {
-        /// Why.
+        /// The approver's reason, shown to the model.
         reason: String,
     },
 }

@@ -306,7 +306,7 @@ pub struct ShellCapabilities {
 pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
     /// Provider name.
     fn provider_name(&self) -> &'static str;
-    /// Capabilities.
+    /// What this executor supports (background runs, sandboxing).
     fn capabilities(&self) -> ShellCapabilities;
     /// The shell dialect (tool names and wording).
     fn dialect(&self) -> ShellDialect;

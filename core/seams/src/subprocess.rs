@@ -468,9 +468,9 @@ pub trait Process: Send + Sync + fmt::Debug {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TerminalSize {
-    /// Rows.
+    /// Height in character rows.
     pub rows: u16,
-    /// Columns.
+    /// Width in character columns.
     pub cols: u16,
 }
 

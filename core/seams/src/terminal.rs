@@ -47,7 +47,7 @@ impl WaitReason {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(tag = "state", rename_all = "snake_case"))]
 pub enum SessionStatus {
-    /// Running.
+    /// The shell is alive.
     Running,
     /// Exited with a code or signal.
     Exited(ExitStatus),
@@ -68,13 +68,13 @@ pub enum Key {
     Enter,
     /// Tab (completion in a shell).
     Tab,
-    /// Shift-Tab.
+    /// Shift-Tab (`ESC [ Z`).
     BackTab,
-    /// Escape.
+    /// Escape (a lone `ESC` byte).
     Esc,
     /// Backspace (DEL).
     Backspace,
-    /// Delete.
+    /// The Delete key (`ESC [ 3 ~`).
     Delete,
     /// Arrow up.
     Up,
@@ -84,9 +84,9 @@ pub enum Key {
     Right,
     /// Arrow left.
     Left,
-    /// Home.
+    /// The Home key (`ESC [ H`, `ESC O H` in application cursor mode).
     Home,
-    /// End.
+    /// The End key (`ESC [ F`, `ESC O F` in application cursor mode).
     End,
     /// Page up.
     PageUp,

@@ -763,10 +763,10 @@ impl ReadTool {
 /// Signals the model may send.
 #[derive(Debug, Deserialize, JsonSchema, Clone, Copy)]
 enum SignalName {
-    /// Interrupt.
+    /// Interrupt, as Ctrl-C would.
     #[serde(rename = "SIGINT")]
     Int,
-    /// Terminate.
+    /// Ask to terminate (a program may catch it).
     #[serde(rename = "SIGTERM")]
     Term,
     /// Kill (rejected when the shell itself is in the foreground).

@@ -30,7 +30,7 @@ pub const PROMPT_NAME: &str = "approval-prompt";
 /// The controlling terminal of whatever process opens it.
 const TTY: &str = "/dev/tty";
 
-/// Config.
+/// `approval-prompt` config.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PromptConfig {

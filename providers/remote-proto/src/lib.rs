@@ -343,14 +343,14 @@ pub enum ServerMsg {
     Exited {
         /// The id.
         id: String,
-        /// How.
+        /// Its exit code or signal.
         status: ExitStatus,
     },
     /// The process settled: its streams ended (sent after their `eof`s).
     Settled {
         /// The id.
         id: String,
-        /// How.
+        /// The child's exit code or signal.
         status: ExitStatus,
         /// What was stopped because it outlived the child.
         leftovers: Vec<Leftover>,
@@ -367,7 +367,8 @@ pub enum ServerMsg {
         /// The error.
         error: ErrorBody,
     },
-    /// Heartbeat.
+    /// Sent at the daemon's heartbeat interval, so a client can tell a quiet connection from a
+    /// dead one.
     Hb,
 }
 

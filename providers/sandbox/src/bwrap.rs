@@ -48,7 +48,7 @@ use crate::landlock::{check, classify, helper_argv, resolve_helper, validate_hel
 /// Plugin name.
 pub const BWRAP_NAME: &str = "sandbox-bwrap";
 
-/// Config.
+/// `sandbox-bwrap` config.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BwrapConfig {

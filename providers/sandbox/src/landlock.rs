@@ -20,7 +20,7 @@ use crate::exec::{Runner, SUBCOMMAND, landlock_abi};
 /// Plugin name.
 pub const LANDLOCK_NAME: &str = "sandbox-landlock";
 
-/// Config.
+/// `sandbox-landlock` config.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LandlockConfig {

@@ -32,9 +32,9 @@ pub(crate) enum Event {
     Marker,
     /// A cursor position request, with the position to answer (1-based row and column).
     CursorQuery {
-        /// Row.
+        /// The cursor's row (1-based, as the terminal reports it).
         row: u16,
-        /// Column.
+        /// The cursor's column (1-based).
         col: u16,
     },
 }
