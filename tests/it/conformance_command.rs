@@ -49,7 +49,7 @@ fn a_provider_that_leaks_an_env_name_fails_the_run_naming_the_case() {
         "{row}"
     );
     assert!(row.contains("managed name leaked: CONCH_BROKEN_LEAK=1"), "the panic message: {row}");
-    assert!(row.contains("(at tests/conformance/src/subprocess.rs:"), "where it failed: {row}");
+    assert!(row.contains("(at conformance/src/subprocess.rs:"), "where it failed: {row}");
     assert!(text.contains("1 failed"), "{text}");
     assert!(text.contains("FAILED subprocess::ambient_managed_env_is_scrubbed"), "{text}");
 }

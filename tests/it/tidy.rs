@@ -2,7 +2,7 @@
 //! tree.
 //!
 //! The layering rule: only `providers/local` touches the OS process world (processes,
-//! signals, pids, `/proc`, PTYs). Test crates (`tests/`, `tests/conformance`) are exempt:
+//! signals, pids, `/proc`, PTYs). Test crates (`tests/`, `conformance/`) are exempt:
 //! they judge providers by their effect on the machine (`conch conformance` links the
 //! conformance crate for that same judging). The binary's benchmarks (`src/cli/bench.rs`,
 //! `src/cli/floors.rs`) spawn raw processes as the floors they measure against, and the
@@ -33,8 +33,11 @@ fn members() -> Vec<PathBuf> {
     out
 }
 
+/// The test crates, and the conformance suites, which judge providers by their effect on the
+/// machine (the shipped binary links them for `conch conformance`, so they live outside
+/// `tests/`).
 fn is_test_crate(dir: &Path) -> bool {
-    dir.starts_with(root().join("tests"))
+    dir.starts_with(root().join("tests")) || dir.starts_with(root().join("conformance"))
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -438,4 +441,15 @@ fn mutexes_are_taken_through_the_one_lock_helper() {
         }
     }
     assert!(offences.is_empty(), "use conch_sync::LockExt::locked: {offences:?}");
+}
+
+/// The shipped binary links only crates outside `tests/`: nothing the workspace lets other
+/// crates depend on lives there.
+#[test]
+fn no_dependency_lives_under_tests() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let table = manifest.split("[workspace.dependencies]").nth(1).unwrap();
+    let table = table.split("\n[").next().unwrap();
+    let offences: Vec<&str> = table.lines().filter(|l| l.contains("path = \"tests")).collect();
+    assert!(offences.is_empty(), "move these crates out of tests/: {offences:?}");
 }
