@@ -69,6 +69,11 @@ pub async fn within<F: Future>(what: &str, f: F) -> F::Output {
     }
 }
 
+/// A terminal session's last 30 lines, for a failure message: what the shell really showed.
+pub fn terminal_tail(s: &dyn conch_seams::TerminalSession) -> String {
+    s.read(0, 30).text
+}
+
 /// True when `/proc/<pid>` is gone or a zombie.
 pub fn pid_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -9,12 +9,12 @@
 //! subprocess provider's processes are visible in this process's `/proc` (same boot id and pid
 //! namespace), which the cases need.
 
-use conch_sync::LockExt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use conch_seams::{OutputSpec, SpawnSpec, StreamId, Subprocess};
+use conch_sync::LockExt;
 
 use crate::Outcome;
 

@@ -14,7 +14,7 @@ use conch_seams::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{Outcome, skip, within};
+use crate::{Outcome, skip, terminal_tail, within};
 
 /// Skips a case on PowerShell (see the module doc).
 fn bash_only(p: &dyn TerminalBackend) -> Outcome {
@@ -162,7 +162,7 @@ pub async fn a_multi_line_send_returns_after_its_last_line_under_load(
         if !has_line(&r.delta, &last) {
             // What the terminal showed next tells an early prompt from an early Tier 1.
             let _ = s.send(SendRequest::typed("", false), CancellationToken::new()).await;
-            let shown = s.read(0, 30).text;
+            let shown = terminal_tail(s.as_ref());
             panic!("try {i}: the last line's output is in: {r:?}\nthe terminal then:\n{shown}");
         }
         assert_eq!(r.wait_reason, WaitReason::StdinRead, "try {i}: {r:?}");

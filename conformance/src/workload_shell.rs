@@ -12,7 +12,7 @@ use conch_seams::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{Outcome, skip, within};
+use crate::{Outcome, skip, terminal_tail, within};
 
 /// Deadline of a framed command that should end by itself.
 const LONG: Duration = Duration::from_secs(20);
@@ -36,11 +36,6 @@ async fn run(s: &dyn TerminalSession, command: &str, timeout: Duration) -> Comma
     within(command, s.run_command(command, timeout, CancellationToken::new()))
         .await
         .unwrap_or_else(|e| panic!("run {command:?}: {e}"))
-}
-
-/// The terminal's last lines, for a failure message: what the shell really showed.
-fn tail(s: &dyn TerminalSession) -> String {
-    s.read(0, 30).text
 }
 
 /// Runs `command`, which must end by itself with `code`; returns its output.
@@ -108,13 +103,18 @@ pub async fn a_framed_timeout_stops_the_command_and_keeps_the_shell(
     bash_only(p)?;
     let (dir, s) = stateful(p).await;
     let o = run(s.as_ref(), "echo part; sleep 100", Duration::from_millis(800)).await;
-    let screen = tail(s.as_ref());
+    let screen = terminal_tail(s.as_ref());
     assert_eq!(o.end, CommandEnd::Stopped(StopCause::Timeout), "{o:?}\n{screen}");
     assert_eq!((o.output.as_str(), o.omitted_bytes), ("part\n", 0), "{o:?}\n{screen}");
     assert_state(s.as_ref(), dir.path(), "a timeout").await;
     // A builtin loop runs in the shell's own group: the interrupt reaches the shell.
     let o = run(s.as_ref(), "while :; do :; done", Duration::from_millis(800)).await;
-    assert_eq!(o.end, CommandEnd::Stopped(StopCause::Timeout), "{o:?}\n{}", tail(s.as_ref()));
+    assert_eq!(
+        o.end,
+        CommandEnd::Stopped(StopCause::Timeout),
+        "{o:?}\n{}",
+        terminal_tail(s.as_ref())
+    );
     assert_state(s.as_ref(), dir.path(), "a timed-out loop").await;
     // A SIGINT may reach no command: readline keeps one that lands as it finishes reading
     // the line, and bash then runs a builtin loop as if none came. A loop whose trap takes
@@ -122,12 +122,22 @@ pub async fn a_framed_timeout_stops_the_command_and_keeps_the_shell(
     let o =
         run(s.as_ref(), "trap 'trap - INT' INT; while :; do :; done", Duration::from_millis(800))
             .await;
-    assert_eq!(o.end, CommandEnd::Stopped(StopCause::Timeout), "{o:?}\n{}", tail(s.as_ref()));
+    assert_eq!(
+        o.end,
+        CommandEnd::Stopped(StopCause::Timeout),
+        "{o:?}\n{}",
+        terminal_tail(s.as_ref())
+    );
     assert_state(s.as_ref(), dir.path(), "a loop that took the first interrupt").await;
     // A program that ignores the interrupt is killed; the shell stays.
     let cmd = "bash -c 'trap \"\" INT; sleep 100'";
     let o = run(s.as_ref(), cmd, Duration::from_millis(800)).await;
-    assert_eq!(o.end, CommandEnd::Stopped(StopCause::Timeout), "{o:?}\n{}", tail(s.as_ref()));
+    assert_eq!(
+        o.end,
+        CommandEnd::Stopped(StopCause::Timeout),
+        "{o:?}\n{}",
+        terminal_tail(s.as_ref())
+    );
     assert_state(s.as_ref(), dir.path(), "a timed-out program ignoring SIGINT").await;
     close(s.as_ref()).await;
     Ok(())

@@ -2,7 +2,6 @@
 //! phases that waiters (released at commit) and teardown (released after the notice step)
 //! observe.
 
-use conch_sync::LockExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -10,6 +9,7 @@ use std::time::{Duration, Instant};
 use conch_seams::{
     Error, JobCancel, JobInfo, JobOutput, JobRead, JobSettlement, JobStatus, Notice, Owner, Result,
 };
+use conch_sync::LockExt;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 

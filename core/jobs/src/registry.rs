@@ -1,7 +1,6 @@
 //! [`JobRegistry`]: preflight and slot reservation, id minting, the exact-owner fence, and
 //! awaited owner and service teardown.
 
-use conch_sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +12,7 @@ use conch_seams::jobs::DEFAULT_JOB_CAP;
 use conch_seams::{
     Error, ErrorCode, JobHooks, JobInfo, JobRead, JobRun, JobStart, Jobs, Owner, Result,
 };
+use conch_sync::LockExt;
 use tokio::sync::Notify;
 use tracing::Instrument;
 

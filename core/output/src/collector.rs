@@ -27,7 +27,6 @@
 //!
 //! Reads are by caller-owned offset; a read from before the memory window is `lossy`.
 
-use conch_sync::LockExt;
 use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
@@ -35,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use conch_seams::{CollectedOutput, SpillRef, StreamRead};
+use conch_sync::LockExt;
 
 use crate::registry::{SpillRegistry, Ticket};
 use crate::root::SpillRoot;

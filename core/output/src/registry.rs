@@ -30,13 +30,14 @@
 //! collector's lock (the lock order is collector, then registry); eviction only flips the
 //! shared flag and deletes files, which nothing writes any more.
 
-use conch_sync::LockExt;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use conch_sync::LockExt;
 
 /// Default total of all spills of one registry (1 GiB).
 pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1024 * 1024 * 1024;

@@ -7,11 +7,12 @@
 //! (someone else bounds them: in `subprocess-local`, the spill home's later sweeps), so
 //! `remove` only deletes it when it is empty.
 
-use conch_sync::LockExt;
 use std::fs::Permissions;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::Mutex;
+
+use conch_sync::LockExt;
 
 /// Where a root's directory comes from.
 #[derive(Debug)]

@@ -8,7 +8,6 @@
 //! config, so a bad value names file, plugin and key the same way everywhere.
 #![deny(missing_docs)]
 
-use conch_sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +18,7 @@ use conch_seams::{
     Approval, Error, ErrorCode, Jobs, Owner, PluginConfig, Sandbox, SandboxPolicy, ShellExecutor,
     Subprocess, TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
 };
+use conch_sync::LockExt;
 use futures::future::BoxFuture;
 use tracing::Instrument;
 

@@ -1,11 +1,11 @@
 //! The owner (agent) scope: an exact identity that jobs and terminals are fenced by,
 //! with awaited disposal and the completion-notice inbox.
 
-use conch_sync::LockExt;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use conch_sync::LockExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

@@ -15,7 +15,6 @@
 //! A failed close keeps the record, so the close can be retried.
 #![deny(missing_docs)]
 
-use conch_sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +30,7 @@ use conch_seams::{
     SignalDelivery, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, TerminalSize,
     Terminals,
 };
+use conch_sync::LockExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 

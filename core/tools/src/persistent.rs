@@ -6,7 +6,6 @@
 //! terminal input) keeps the shell; any other unfinished end resets it. The tool holds no shell syntax: the terminal backend's dialect frames the command
 //! and names the tool.
 
-use conch_sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +16,7 @@ use conch_seams::{
     CommandEnd, CommandOutcome, ConfigIssue, Error, ErrorCode, OpenRequest, Owner, PluginConfig,
     Result, ShellDialect, StopCause, Terminals, Tool, ToolContext, ToolOutput,
 };
+use conch_sync::LockExt;
 use schemars::JsonSchema;
 use serde::Deserialize;
 

@@ -3,7 +3,6 @@
 //! Background sends are `pty-send` jobs. Every result is capped at `max_result_bytes`, cut on
 //! code-point boundaries.
 
-use conch_sync::LockExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +14,7 @@ use conch_seams::{
     SendSettle, SessionStatus, Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext,
     ToolOutput, ToolRef,
 };
+use conch_sync::LockExt;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;

@@ -6,10 +6,10 @@
 //! its call returned, or when rmcp dropped the request without calling (so one lost request
 //! never stalls the queue).
 
-use conch_sync::LockExt;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use conch_sync::LockExt;
 use tokio::sync::Notify;
 
 /// The queues of one session, one per serial tool.

@@ -37,7 +37,6 @@
 
 mod arrival;
 
-use conch_sync::LockExt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -49,6 +48,7 @@ use conch_seams::{
     Error as ToolError, ErrorCode, Notice, NoticeRoute, NoticeSink, Owner, Progress, ProgressSink,
     ToolContext, ToolOutput,
 };
+use conch_sync::LockExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,

@@ -7,7 +7,6 @@
 //!
 //! A timed-out read is handed to the next prompt rather than racing a second reader.
 
-use conch_sync::LockExt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -21,6 +20,7 @@ use conch_registry::{
 use conch_seams::{
     Approval, ApprovalDecision, ConfigIssue, EscalationRequest, PluginConfig, Result,
 };
+use conch_sync::LockExt;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 

@@ -25,7 +25,6 @@
 //! background; results carry the `SandboxInfo` verdict. `ShellExecutor::sandbox_mode` tells tools
 //! the default mode.
 
-use conch_sync::LockExt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +39,7 @@ use conch_seams::{
     ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead,
     ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
 };
+use conch_sync::LockExt;
 use tokio_util::sync::CancellationToken;
 
 /// The longest argv (or environment) string Linux accepts: MAX_ARG_STRLEN is 32 pages (at

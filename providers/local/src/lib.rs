@@ -49,7 +49,6 @@ mod reaper;
 mod signals;
 mod ttyq;
 
-use conch_sync::LockExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -64,6 +63,7 @@ use conch_seams::{
     ConfigIssue, PluginConfig, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities,
     TerminalProcess, TerminalSpawnSpec,
 };
+use conch_sync::LockExt;
 use serde::Deserialize;
 
 pub use process::LocalProcess;

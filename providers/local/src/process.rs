@@ -11,7 +11,6 @@
 //! bounded even when an escaped process holds a pipe, and waits for the kill to finish. `release`
 //! keeps the spills, since results may have named them.
 
-use conch_sync::LockExt;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -26,6 +25,7 @@ use conch_seams::{
     AfterExit, CollectedOutput, Error, ErrorCode, ExitStatus, Leftover, OutputSpec, Process,
     Result, SpawnSpec, StdinSpec, StreamId, StreamRead,
 };
+use conch_sync::LockExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -13,7 +13,6 @@
 //! leader is spared, then the leader (HUP, grace, KILL), then whatever still carries the id; it
 //! does so also after the leader exited. The shutdown sweep stops a terminal's session and id.
 
-use conch_sync::LockExt;
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -26,6 +25,7 @@ use conch_seams::{
     Error, ErrorCode, ExitStatus, ForegroundTarget, Probe, Result, SignalDelivery, StdinWait,
     TeardownReport, TerminalObservation, TerminalProcess, TerminalSize, TerminalSpawnSpec,
 };
+use conch_sync::LockExt;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;

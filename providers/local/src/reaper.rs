@@ -31,12 +31,12 @@
 //! leftovers outside its group can only be under an unowned child, so a clean call skips the full
 //! scan.
 
-use conch_sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use conch_sync::LockExt;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 

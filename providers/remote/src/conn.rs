@@ -16,13 +16,13 @@
 //!   daemon is known gone, every pending wait fails `REMOTE_GONE` at once, without waiting
 //!   for `give_up`.
 
-use conch_sync::LockExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use conch_seams::{Error, ErrorCode, ErrorReason};
+use conch_sync::LockExt;
 
 use super::health::{Attempt, Health, REFUSED_RETRY};
 use futures::{SinkExt as _, StreamExt as _};

@@ -16,11 +16,11 @@
 //!   (`unauthenticated` on the stream), makes the provider *dead*: that never clears, and
 //!   every later call fails with that error at once.
 
-use conch_sync::LockExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use conch_seams::{Error, ErrorBody, ErrorCode, ErrorReason};
+use conch_sync::LockExt;
 use tokio::sync::watch;
 
 use super::conn::{self, Mirrors};

@@ -32,7 +32,6 @@ mod mirror;
 mod process;
 mod terminal;
 
-use conch_sync::LockExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +45,7 @@ use conch_seams::{
     ConfigIssue, Error, ErrorCode, ErrorReason, OutputSpec, PluginConfig, Process, Result,
     SpawnSpec, StdinSpec, Subprocess, SubprocessCapabilities, TerminalProcess, TerminalSpawnSpec,
 };
+use conch_sync::LockExt;
 use reqwest::Method;
 use serde::Deserialize;
 use tokio::sync::mpsc;

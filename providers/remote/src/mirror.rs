@@ -9,13 +9,13 @@
 //! - A stream is sealed only by the server's `eof`; a lost connection never looks like EOF.
 //!   Once the provider gives up, every wait fails with the recorded error instead.
 
-use conch_sync::LockExt;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use conch_output::{Collector, CollectorConfig};
 use conch_seams::{Error, ErrorBody, ExitStatus, Leftover, Result, SpillRef, World};
+use conch_sync::LockExt;
 use tokio::sync::watch;
 
 use conch_provider_remote_proto::{ServerMsg, SpillState, Stream};

@@ -13,12 +13,12 @@
 //! dropped (the runtime's teardown). Read-only mode gets none: there nothing is writable
 //! but the terminal.
 
-use conch_sync::LockExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use conch_seams::{CommandLine, Error, ErrorCode, Result, SandboxMode, SandboxPolicy};
+use conch_sync::LockExt;
 
 /// One runner's private temporary directories.
 #[derive(Debug, Default)]

@@ -41,7 +41,6 @@
 //! The screen model's callbacks answer the terminal queries of a bash session's programs
 //! (cursor position, status, device attributes, colours).
 
-use conch_sync::LockExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,6 +53,7 @@ use conch_seams::{
     SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery, StdinWait, StopCause,
     TerminalObservation, TerminalProcess, TerminalSession, TerminalSize, WaitReason,
 };
+use conch_sync::LockExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -1057,21 +1057,16 @@ impl BashSession {
             // pwsh runs commands in its own group: an interrupt cannot tell them apart.
             return Ok(false);
         }
-        if !self.interrupt(start_prompts).await? {
-            if self.back_at_prompt(start_prompts).await? {
-                return Ok(true);
-            }
-            // The shell itself is still busy (a builtin loop that outlived the first round
-            // of interrupts on a loaded machine): one more round, as a command gets after
-            // its SIGKILL. The shell is never killed.
-            if self.interrupt(start_prompts).await? {
-                return Ok(false);
-            }
-            return self.back_at_prompt(start_prompts).await;
+        if self.interrupt(start_prompts).await? {
+            // A command ignored the interrupt: SIGKILL to its group only; the shell is never
+            // killed.
+            let target = ForegroundTarget::NotLeader;
+            let _ = self.shared.process.signal_foreground(Signal::Kill, target).await?;
+        } else if self.back_at_prompt(start_prompts).await? {
+            return Ok(true);
         }
-        let sh = &self.shared;
-        // Only a command's group; the shell is never killed here.
-        let _ = sh.process.signal_foreground(Signal::Kill, ForegroundTarget::NotLeader).await?;
+        // One more round: after the SIGKILL, or for a shell still busy itself (a builtin
+        // loop that outlived the first round of interrupts on a loaded machine).
         if self.interrupt(start_prompts).await? {
             return Ok(false);
         }

@@ -21,7 +21,6 @@
 mod api;
 mod ws;
 
-use conch_sync::LockExt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -31,6 +30,7 @@ use conch_output::{Collector, CollectorConfig};
 use conch_seams::{
     Error, ErrorCode, OutputSpec, Process, Result, SignalDelivery, Subprocess, TerminalProcess,
 };
+use conch_sync::LockExt;
 use tokio::sync::watch;
 
 use conch_provider_remote_proto::{self as proto, Capabilities, Info, Limits};
