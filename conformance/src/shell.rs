@@ -5,14 +5,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use conch_seams::{ErrorCode, ShellDialect, ShellExecRequest, ShellExecutor, ShellProcessStatus};
+use conch_seams::{Dialect, ErrorCode, ShellExecRequest, ShellExecutor, ShellProcessStatus};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Outcome, pid_gone, skip, within};
 
 /// True when the executor speaks PowerShell.
 pub fn is_pwsh(p: &dyn ShellExecutor) -> bool {
-    p.dialect() == ShellDialect::PWSH
+    p.dialect() == Dialect::Pwsh
 }
 
 /// The command for `p`'s dialect: `bash`, or `pwsh` for PowerShell 7.
@@ -277,7 +277,7 @@ pub async fn background_kill_settles_as_killed(p: &dyn ShellExecutor) -> Outcome
 
 /// Skips unless the executor's dialect is bash (the case's script is).
 fn bash_only(p: &dyn ShellExecutor) -> Outcome {
-    if p.dialect().name == "bash" { Ok(()) } else { skip("the script is bash") }
+    if p.dialect() == Dialect::Bash { Ok(()) } else { skip("the script is bash") }
 }
 
 /// Starts `sleep 1000` to outlive the shell, holding the call's output, and prints its pid.

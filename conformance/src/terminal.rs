@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use conch_seams::{
-    ErrorCode, ExitStatus, SendOutcome, SendRequest, SendSettle, SessionStatus, ShellDialect,
-    Signal, TerminalBackend, TerminalOpenSpec, TerminalSession, WaitReason,
+    Dialect, ErrorCode, ExitStatus, SendOutcome, SendRequest, SendSettle, SessionStatus, Signal,
+    TerminalBackend, TerminalOpenSpec, TerminalSession, WaitReason,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -21,7 +21,7 @@ pub use crate::workload_shell::*;
 
 /// True when the backend's sessions run PowerShell.
 fn is_pwsh(p: &dyn TerminalBackend) -> bool {
-    p.dialect() == ShellDialect::PWSH
+    p.dialect() == Dialect::Pwsh
 }
 
 /// The text to type for `p`'s dialect: `bash`, or `pwsh` for PowerShell 7.

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conch_seams::{
-    ScreenView, SendOutcome, SendRequest, SendSettle, ShellDialect, TerminalBackend,
-    TerminalOpenSpec, TerminalSession, TerminalSize, WaitReason,
+    Dialect, ScreenView, SendOutcome, SendRequest, SendSettle, TerminalBackend, TerminalOpenSpec,
+    TerminalSession, TerminalSize, WaitReason,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +46,7 @@ fn screen(s: &dyn TerminalSession) -> ScreenView {
 
 /// Skips unless `p` runs bash.
 fn bash_only(p: &dyn TerminalBackend) -> Outcome {
-    if p.dialect() == ShellDialect::PWSH {
+    if p.dialect() == Dialect::Pwsh {
         return skip("a bash workload (pwsh sessions keep TERM=dumb)");
     }
     Ok(())

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use conch_seams::{
-    ErrorCode, Key, SendOutcome, SendRequest, SendSettle, ShellDialect, Signal, TerminalBackend,
+    Dialect, ErrorCode, Key, SendOutcome, SendRequest, SendSettle, Signal, TerminalBackend,
     TerminalOpenSpec, TerminalSession, WaitReason,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,7 +18,7 @@ use crate::{Outcome, skip, terminal_tail, within};
 
 /// Skips a case on PowerShell (see the module doc).
 fn bash_only(p: &dyn TerminalBackend) -> Outcome {
-    if p.dialect() == ShellDialect::PWSH {
+    if p.dialect() == Dialect::Pwsh {
         return skip("workload cases type bash");
     }
     Ok(())

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conch_seams::{
-    CommandEnd, CommandOutcome, ExitStatus, SendRequest, SessionStatus, ShellDialect, StopCause,
+    CommandEnd, CommandOutcome, Dialect, ExitStatus, SendRequest, SessionStatus, StopCause,
     TerminalBackend, TerminalOpenSpec, TerminalSession, WaitReason,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,7 +18,7 @@ use crate::{Outcome, skip, terminal_tail, within};
 const LONG: Duration = Duration::from_secs(20);
 
 fn bash_only(p: &dyn TerminalBackend) -> Outcome {
-    if p.dialect() != ShellDialect::BASH {
+    if p.dialect() != Dialect::Bash {
         return skip("the workload cases type bash");
     }
     Ok(())

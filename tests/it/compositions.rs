@@ -259,6 +259,8 @@ fn a_shell_tool_refuses_an_executor_of_the_other_dialect() {
     );
     assert_eq!(e.code(), ErrorCode::InvalidComposition, "{e}");
     assert!(e.to_string().contains("plugins.terminal-bash.shell_dialect"), "{e}");
+    // Refused when the config is parsed, naming what is accepted.
+    assert!(e.to_string().contains("unknown variant `zsh`; expected one of `bash`, `pwsh`"), "{e}");
 }
 
 #[tokio::test]

@@ -158,7 +158,7 @@ mod terminal_pwsh {
     fn make() -> Arc<TerminalBash> {
         let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
         let config = TerminalBashConfig {
-            shell_dialect: "pwsh".into(),
+            shell_dialect: conch_seams::Dialect::Pwsh,
             // pwsh compiles its first commands silently for a while: a window bash's 1 s
             // would mistake for idleness.
             idle_silence_ms: 4000,

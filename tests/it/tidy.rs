@@ -284,6 +284,26 @@ fn core_crates_depend_on_no_provider_or_front_end() {
     assert!(bad.is_empty(), "core/ holds contracts and services only:\n{}", bad.join("\n"));
 }
 
+#[test]
+fn no_provider_depends_on_another_provider() {
+    // Text two providers share (a shell dialect's framing, say) lives in a core crate, so a
+    // provider can be replaced or left out without pulling another one in. The one pair
+    // allowed is a family's own wire vocabulary: the remote client compiles against the
+    // protocol crate the daemon speaks.
+    const FAMILY: &[(&str, &str)] = &[("providers/remote", "conch-provider-remote-proto")];
+    let mut bad = Vec::new();
+    for dir in members().into_iter().filter(|d| d.starts_with(root().join("providers"))) {
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        for (name, _) in dependency_lines(&manifest) {
+            let family = FAMILY.iter().any(|(d, n)| *d == rel(&dir) && *n == name);
+            if name.starts_with("conch-provider-") && !family {
+                bad.push(format!("{} depends on {name}", rel(&dir)));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "providers depend on core crates only:\n{}", bad.join("\n"));
+}
+
 /// Characters of a top-level document, counted as text (the diagrams' box drawing counts
 /// once per character, not per byte).
 fn doc_chars(name: &str) -> (String, usize) {

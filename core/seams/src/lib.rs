@@ -12,9 +12,8 @@
 //! world was lost has a state of its own: `ShellProcessStatus::Lost`, `JobStatus::Lost` (`lost`)
 //! and `SessionStatus::Lost`.
 //!
-//! `ShellDialect` (`BASH`, `PWSH`) carries every shell-specific word a tool needs: the tool name,
-//! how one command runs, the directory command, background examples, persistent state, what a
-//! persistent shell does with input and timeouts, and the exit-code rule.
+//! Executors and terminal backends say which `Dialect` (`conch_dialect`'s, re-exported) they
+//! speak; it carries every shell-specific word a tool needs.
 //!
 //! The `serde` feature derives Serialize/Deserialize for the wire vocabulary: `SpawnSpec` (without
 //! its cancel token), stdio specs, `AfterExit` (milliseconds), `ExitStatus`, `StreamRead` and
@@ -36,6 +35,7 @@ pub mod tools;
 #[cfg(all(test, feature = "serde"))]
 mod wire_tests;
 
+pub use conch_dialect::Dialect;
 pub use config::{ConfigIssue, NoConfig, PluginConfig};
 pub use error::{Error, ErrorBody, ErrorCode, ErrorReason, Result};
 pub use jobs::{
@@ -51,7 +51,7 @@ pub use sandbox::{
     SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped, classify_tail,
 };
 pub use shell::{
-    ShellCapabilities, ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
+    ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
     ShellProcessRead, ShellProcessStatus, ShellRunResult,
 };
 pub use signal::Signal;

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::subprocess::{CollectedOutput, EnvOverlay, ExitStatus, Leftover, SpillRef};
-use crate::{Result, SandboxInfo, SandboxMode, SandboxPolicy};
+use crate::{Dialect, Result, SandboxInfo, SandboxMode, SandboxPolicy};
 
 /// A raw request; [`ShellExecutor::resolve`] fills defaults and caps.
 #[derive(Clone, Debug, Default)]
@@ -212,75 +212,6 @@ pub trait ShellProcess: Send + Sync + fmt::Debug {
     async fn release(&self) -> Result<()>;
 }
 
-/// The words a shell dialect gives the tools built on it: their names and how they tell a
-/// model what runs its command. Executors and terminal backends say which dialect they
-/// speak; tools take every dialect-specific word from here and hold no shell syntax.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ShellDialect {
-    /// The shell's name, which is also the name of the tools that run it (`bash`, `pwsh`).
-    pub name: &'static str,
-    /// How one command is run in a fresh process, as a model would write it (`bash -c`).
-    pub one_shot: &'static str,
-    /// The shell as a reader knows it (`bash`, `PowerShell 7 (pwsh)`).
-    pub display: &'static str,
-    /// The command a model would use to change directory (`cd`, `Set-Location`).
-    pub change_directory: &'static str,
-    /// How a command leaves processes running after it, as examples (`` `&` ``).
-    pub background: &'static str,
-    /// The state a persistent shell keeps between calls, as a model thinks of it.
-    pub persistent_state: &'static str,
-    /// How the shell decides a command's exit code, for tool descriptions (empty when it
-    /// is the usual one: the last command's).
-    pub exit_status: &'static str,
-    /// What a persistent shell of this dialect does with a command's input, its timeout and
-    /// a command that waits for input, for tool descriptions.
-    pub persistent_input: &'static str,
-}
-
-impl ShellDialect {
-    /// GNU bash.
-    pub const BASH: ShellDialect = ShellDialect {
-        name: "bash",
-        one_shot: "bash -c",
-        display: "bash",
-        change_directory: "cd",
-        background: "with `&`, even detached with setsid or nohup",
-        persistent_state: "cwd, exported variables and functions",
-        exit_status: "",
-        persistent_input: "A command's stdin is empty (end of file, as from /dev/null), so \
-                           `cat`, `read` or an interpreter sees no input and returns. On \
-                           timeout, or when a program waits for input on the terminal itself \
-                           (a password prompt), the command is interrupted (killed if it \
-                           ignores that) and the shell keeps its state; only a command that \
-                           cannot be stopped resets the shell, and the result says so.",
-    };
-
-    /// PowerShell 7 (`pwsh`).
-    pub const PWSH: ShellDialect = ShellDialect {
-        name: "pwsh",
-        one_shot: "pwsh -NonInteractive",
-        display: "PowerShell 7 (pwsh)",
-        change_directory: "Set-Location",
-        background: "with Start-Process, a `&` job or Start-Job, even detached with setsid or nohup",
-        persistent_state: "the location, variables (and $env: variables), functions and aliases",
-        exit_status: "The exit code is N for `exit N`; otherwise 0 when the last statement \
-                      succeeded, else $LASTEXITCODE when a native command set a non-zero one, \
-                      else 1; a terminating error (throw, -ErrorAction Stop) exits 1 with its \
-                      message.",
-        persistent_input: "On timeout or interruption the shell is reset and the next call \
-                           starts fresh. Interactive programs that wait for input return their \
-                           partial output and reset the shell.",
-    };
-
-    /// Every dialect, for configuration and messages.
-    pub const ALL: &'static [ShellDialect] = &[ShellDialect::BASH, ShellDialect::PWSH];
-
-    /// The dialect named `name` (`bash`, `pwsh`).
-    pub fn by_name(name: &str) -> Option<ShellDialect> {
-        Self::ALL.iter().copied().find(|d| d.name == name)
-    }
-}
-
 /// What an executor supports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -309,7 +240,7 @@ pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
     /// What this executor supports (background runs, sandboxing).
     fn capabilities(&self) -> ShellCapabilities;
     /// The shell dialect (tool names and wording).
-    fn dialect(&self) -> ShellDialect;
+    fn dialect(&self) -> Dialect;
     /// Fills defaults and validates.
     ///
     /// # Errors

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::shell::ShellDialect;
+use crate::Dialect;
 use crate::subprocess::{ExitStatus, SignalDelivery, TerminalSize};
 use crate::{Result, Signal};
 
@@ -423,7 +423,7 @@ pub trait TerminalBackend: Send + Sync + fmt::Debug + 'static {
     /// Backend type name (`bash`).
     fn type_name(&self) -> &'static str;
     /// The shell dialect its sessions speak (names and words for the tools).
-    fn dialect(&self) -> ShellDialect;
+    fn dialect(&self) -> Dialect;
     /// Opens a session.
     ///
     /// # Errors
@@ -502,7 +502,7 @@ pub trait SendSlot: Send + fmt::Debug {
 #[async_trait]
 pub trait Terminals: Send + Sync + fmt::Debug + 'static {
     /// The dialect of the default backend (what the persistent shell tool speaks).
-    fn dialect(&self) -> ShellDialect;
+    fn dialect(&self) -> Dialect;
     /// Opens and publishes a session for `owner`.
     ///
     /// # Errors

@@ -25,10 +25,9 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CloseReport, CommandOutcome, Error, ErrorCode, ErrorReason, OpenRequest, Owner, Result,
-    ScreenView, ScrollbackPage, SendOutcome, SendRequest, SendSlot, ShellDialect, Signal,
-    SignalDelivery, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, TerminalSize,
-    Terminals,
+    CloseReport, CommandOutcome, Dialect, Error, ErrorCode, ErrorReason, OpenRequest, Owner,
+    Result, ScreenView, ScrollbackPage, SendOutcome, SendRequest, SendSlot, Signal, SignalDelivery,
+    TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, TerminalSize, Terminals,
 };
 use conch_sync::LockExt;
 use tokio_util::sync::CancellationToken;
@@ -369,7 +368,7 @@ impl SendSlot for Slot {
 
 #[async_trait]
 impl Terminals for TerminalService {
-    fn dialect(&self) -> ShellDialect {
+    fn dialect(&self) -> Dialect {
         self.inner.backend.dialect()
     }
 

@@ -108,8 +108,8 @@ impl TerminalBackend for TestBackend {
     fn type_name(&self) -> &'static str {
         "bash"
     }
-    fn dialect(&self) -> ShellDialect {
-        ShellDialect::BASH
+    fn dialect(&self) -> Dialect {
+        Dialect::Bash
     }
     async fn open(&self, spec: TerminalOpenSpec) -> Result<Arc<dyn TerminalSession>> {
         if self.hold_open.load(Ordering::Acquire) {

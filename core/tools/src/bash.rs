@@ -18,10 +18,10 @@ use async_trait::async_trait;
 use conch_env::ShellEnv;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    Approval, ApprovalDecision, Denial, Error, ErrorCode, EscalationRequest, JobHooks, JobOutput,
-    JobRead, JobSettlement, JobStart, JobStatus, Jobs, Leftover, Result, SandboxInfo, SandboxMode,
-    SandboxVerdict, ShellDialect, ShellExecRequest, ShellExecutor, ShellProcess,
-    ShellProcessStatus, ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
+    Approval, ApprovalDecision, Denial, Dialect, Error, ErrorCode, EscalationRequest, JobHooks,
+    JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs, Leftover, Result, SandboxInfo,
+    SandboxMode, SandboxVerdict, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
+    ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -103,7 +103,7 @@ pub struct BashTool {
     schema: serde_json::Value,
     shell_env: Arc<ShellEnv>,
     config: BashToolConfig,
-    dialect: ShellDialect,
+    dialect: Dialect,
     description: String,
 }
 
@@ -134,15 +134,15 @@ impl BashTool {
              non-zero exit is shown as [exit code: N].{exit} Long output keeps its tail and \
              names the file holding the full output. The call ends with its shell: processes \
              it left running ({background}) are stopped and listed.",
-            one_shot = dialect.one_shot,
-            display = dialect.display,
-            cd = dialect.change_directory,
-            exit = if dialect.exit_status.is_empty() {
+            one_shot = dialect.one_shot(),
+            display = dialect.display(),
+            cd = dialect.change_directory(),
+            exit = if dialect.exit_status().is_empty() {
                 String::new()
             } else {
-                format!(" {}", dialect.exit_status)
+                format!(" {}", dialect.exit_status())
             },
-            background = dialect.background,
+            background = dialect.background(),
         );
         let background_offered = config.enable_run_in_background && jobs.is_some();
         if background_offered {
@@ -163,13 +163,13 @@ impl BashTool {
         // Built once: the arguments offered depend on the composition, not on the call.
         let mut schema = schema_of::<BashArgs>();
         // The type's name is the bash tool's; every shell tool's schema is titled by its own.
-        schema["title"] = format!("{} arguments", dialect.name).into();
-        schema["description"] = format!("Arguments of `{}`.", dialect.name).into();
+        schema["title"] = format!("{} arguments", dialect.name()).into();
+        schema["description"] = format!("Arguments of `{}`.", dialect.name()).into();
         if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
             if let Some(command) = props.get_mut("command").and_then(|c| c.as_object_mut()) {
                 command.insert(
                     "description".into(),
-                    format!("The command line to run with {}.", dialect.one_shot).into(),
+                    format!("The command line to run with {}.", dialect.one_shot()).into(),
                 );
             }
             if !background_offered {
@@ -208,7 +208,7 @@ impl BashTool {
             Error::invalid(format!(
                 "invalid arguments for `{}`: justification is required when \
                  sandbox_permissions is \"require_escalated\"",
-                self.dialect.name
+                self.dialect.name()
             ))
         })?;
         let Some(approval) = &self.approval else {
@@ -436,7 +436,7 @@ fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
 #[async_trait]
 impl Tool for BashTool {
     fn name(&self) -> &str {
-        self.dialect.name
+        self.dialect.name()
     }
 
     fn description(&self) -> &str {
@@ -467,20 +467,20 @@ impl Tool for BashTool {
             return Err(Error::invalid(format!(
                 "invalid arguments for `{}`: sandbox_permissions and justification apply only \
                  under a sandboxed executor, and this one confines nothing",
-                self.dialect.name
+                self.dialect.name()
             )));
         }
         if given("run_in_background") {
             self.background_offered()?;
         }
-        let args: BashArgs = parse_args(self.dialect.name, args, &self.schema)?;
+        let args: BashArgs = parse_args(self.dialect.name(), args, &self.schema)?;
         let background = args.run_in_background.unwrap_or(false);
         let escalated = args.sandbox_permissions.is_some();
         if escalated && background {
             return Err(Error::invalid(format!(
                 "invalid arguments for `{}`: sandbox_permissions applies to foreground calls \
                  only; run the escalated command without run_in_background",
-                self.dialect.name
+                self.dialect.name()
             )));
         }
         let mut req = ShellExecRequest::new(args.command.clone())
@@ -505,7 +505,7 @@ impl Tool for BashTool {
             if result.aborted {
                 return Err(Error::new(
                     ErrorCode::Cancelled,
-                    format!("the {} tool call was aborted", self.dialect.name),
+                    format!("the {} tool call was aborted", self.dialect.name()),
                 ));
             }
             let mut text = render_run(&result, self.background_offered().is_ok());
@@ -534,7 +534,7 @@ impl Tool for BashTool {
         if ctx.cancel.is_cancelled() {
             return Err(Error::new(
                 ErrorCode::Cancelled,
-                format!("the {} tool call was aborted", self.dialect.name),
+                format!("the {} tool call was aborted", self.dialect.name()),
             ));
         }
         let spec = self.shell.resolve(req)?;
@@ -543,7 +543,7 @@ impl Tool for BashTool {
             .description
             .filter(|d| !d.trim().is_empty())
             .unwrap_or_else(|| args.command.clone());
-        let mut start = JobStart::new(self.dialect.name, label);
+        let mut start = JobStart::new(self.dialect.name(), label);
         start.output_cap = spec.output_max_bytes;
         let shell = Arc::clone(&self.shell);
         let info = jobs
@@ -592,7 +592,7 @@ impl Tool for BashTool {
 pub(crate) fn shell_speaking(
     ctx: &BuildContext<'_>,
     plugin: &str,
-    dialect: ShellDialect,
+    dialect: Dialect,
 ) -> Result<Arc<dyn ShellExecutor>> {
     let shell = ctx.shell()?;
     let speaks = shell.dialect();
@@ -602,18 +602,18 @@ pub(crate) fn shell_speaking(
             format!(
                 "plugin `{plugin}` runs {} commands, but the shell provider `{}` speaks {}; \
                  use tool-{} with it, or a {} executor",
-                dialect.name,
+                dialect.name(),
                 shell.provider_name(),
-                speaks.name,
-                speaks.name,
-                dialect.name
+                speaks.name(),
+                speaks.name(),
+                dialect.name()
             ),
         )));
     }
     Ok(shell)
 }
 
-fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: ShellDialect) -> Result<PluginOutput> {
+fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: Dialect) -> Result<PluginOutput> {
     let config: BashToolConfig = ctx.config()?;
     let tool = BashTool::with_approval(
         shell_speaking(ctx, plugin, dialect)?,
@@ -626,7 +626,7 @@ fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: ShellDialect) -> Res
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    build_for(ctx, "tool-bash", ShellDialect::BASH)
+    build_for(ctx, "tool-bash", Dialect::Bash)
 }
 
 register_plugin!(PluginEntry {
@@ -638,7 +638,7 @@ register_plugin!(PluginEntry {
 });
 
 fn build_pwsh(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    build_for(ctx, "tool-pwsh", ShellDialect::PWSH)
+    build_for(ctx, "tool-pwsh", Dialect::Pwsh)
 }
 
 register_plugin!(PluginEntry {

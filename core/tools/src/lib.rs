@@ -1,6 +1,6 @@
 //! Model-facing tools. They consume seams only (`ShellExecutor`, `Jobs`), so they behave the
 //! same over local, sandboxed or remote providers, and hold no shell syntax: every word that
-//! depends on the shell comes from the seam's `ShellDialect`.
+//! depends on the shell comes from the seam's `Dialect`.
 //!
 //! The plugins: `tool-bash` and `tool-pwsh` (`bash.rs`: one tool, named and worded after the
 //! executor's dialect; each refuses an executor of the other dialect), `tool-jobs` (`job_output`,

@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    CommandEnd, CommandOutcome, ConfigIssue, Error, ErrorCode, OpenRequest, Owner, PluginConfig,
-    Result, ShellDialect, StopCause, Terminals, Tool, ToolContext, ToolOutput,
+    CommandEnd, CommandOutcome, ConfigIssue, Dialect, Error, ErrorCode, OpenRequest, Owner,
+    PluginConfig, Result, StopCause, Terminals, Tool, ToolContext, ToolOutput,
 };
 use conch_sync::LockExt;
 use schemars::JsonSchema;
@@ -72,7 +72,7 @@ pub struct PersistentBashTool {
     shell_env: Arc<conch_env::ShellEnv>,
     config: PersistentBashConfig,
     sessions: Arc<Mutex<HashMap<u64, Slot>>>,
-    dialect: ShellDialect,
+    dialect: Dialect,
     description: String,
     schema: serde_json::Value,
 }
@@ -96,24 +96,27 @@ impl PersistentBashTool {
              calls run one at a time, in the order they arrive. A non-zero exit is shown as \
              [exit code: N].{exit} {input} After the shell exits (`exit N` is shown as \
              [exit code: N]) the next call starts a fresh shell.",
-            display = dialect.display,
-            state = dialect.persistent_state,
-            input = dialect.persistent_input,
-            exit = if dialect.exit_status.is_empty() {
+            display = dialect.display(),
+            state = dialect.persistent_state(),
+            input = dialect.persistent_input(),
+            exit = if dialect.exit_status().is_empty() {
                 String::new()
             } else {
-                format!(" {}", dialect.exit_status)
+                format!(" {}", dialect.exit_status())
             },
         );
         let mut schema = schema_of::<PersistentBashArgs>();
-        schema["title"] = format!("persistent {} arguments", dialect.name).into();
-        schema["description"] = format!("Arguments of the persistent `{}`.", dialect.name).into();
+        schema["title"] = format!("persistent {} arguments", dialect.name()).into();
+        schema["description"] = format!("Arguments of the persistent `{}`.", dialect.name()).into();
         if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
             if let Some(command) = props.get_mut("command").and_then(|c| c.as_object_mut()) {
                 command.insert(
                     "description".into(),
-                    format!("The command; {} persist to the next call.", dialect.persistent_state)
-                        .into(),
+                    format!(
+                        "The command; {} persist to the next call.",
+                        dialect.persistent_state()
+                    )
+                    .into(),
                 );
             }
             if let Some(timeout) = props.get_mut("timeout_ms").and_then(|c| c.as_object_mut()) {
@@ -165,14 +168,14 @@ impl PersistentBashTool {
     }
 
     fn invalid(&self, why: &str) -> Error {
-        Error::invalid(format!("invalid arguments for `{}`: {why}", self.dialect.name))
+        Error::invalid(format!("invalid arguments for `{}`: {why}", self.dialect.name()))
     }
 }
 
 #[async_trait]
 impl Tool for PersistentBashTool {
     fn name(&self) -> &str {
-        self.dialect.name
+        self.dialect.name()
     }
 
     fn description(&self) -> &str {
@@ -189,7 +192,7 @@ impl Tool for PersistentBashTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: PersistentBashArgs = parse_args(self.dialect.name, args, &self.schema)?;
+        let args: PersistentBashArgs = parse_args(self.dialect.name(), args, &self.schema)?;
         if args.command.trim().is_empty() {
             return Err(self.invalid("command is empty"));
         }
@@ -203,7 +206,7 @@ impl Tool for PersistentBashTool {
         let cancelled = || {
             Error::new(
                 ErrorCode::Cancelled,
-                format!("the {} tool call was aborted before it ran", self.dialect.name),
+                format!("the {} tool call was aborted before it ran", self.dialect.name()),
             )
         };
         let mut session = tokio::select! {
@@ -247,7 +250,7 @@ impl Tool for PersistentBashTool {
             self.reset(&ctx.owner, &mut session).await;
             return Err(Error::new(
                 ErrorCode::Cancelled,
-                format!("the {} tool call was aborted", self.dialect.name),
+                format!("the {} tool call was aborted", self.dialect.name()),
             ));
         }
         let (mut text, reset) = render_outcome(outcome, timeout_ms, self.config.max_output_bytes);
@@ -339,7 +342,7 @@ pub(crate) fn render_outcome(
     (with_note(&out, &note), true)
 }
 
-fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: ShellDialect) -> Result<PluginOutput> {
+fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: Dialect) -> Result<PluginOutput> {
     let config: PersistentBashConfig = ctx.config()?;
     let terminals = ctx.terminals()?;
     let speaks = terminals.dialect();
@@ -349,7 +352,10 @@ fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: ShellDialect) -> Res
             format!(
                 "plugin `{plugin}` runs a persistent {} shell, but the terminal backend speaks \
                  {}; use tool-{}-persistent with it, or set the backend's `shell_dialect: {}`",
-                dialect.name, speaks.name, speaks.name, dialect.name
+                dialect.name(),
+                speaks.name(),
+                speaks.name(),
+                dialect.name()
             ),
         )));
     }
@@ -358,7 +364,7 @@ fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: ShellDialect) -> Res
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    build_for(ctx, "tool-bash-persistent", ShellDialect::BASH)
+    build_for(ctx, "tool-bash-persistent", Dialect::Bash)
 }
 
 register_plugin!(PluginEntry {
@@ -370,7 +376,7 @@ register_plugin!(PluginEntry {
 });
 
 fn build_pwsh(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    build_for(ctx, "tool-pwsh-persistent", ShellDialect::PWSH)
+    build_for(ctx, "tool-pwsh-persistent", Dialect::Pwsh)
 }
 
 register_plugin!(PluginEntry {

@@ -247,7 +247,7 @@ macro_rules! tool {
 
         impl $ty {
             fn new(ctx: Arc<Ctx>) -> Self {
-                let description = $desc.replace("{shell}", ctx.terminals.dialect().name);
+                let description = $desc.replace("{shell}", ctx.terminals.dialect().name());
                 // Built once: what is offered depends on the composition, not on the call.
                 let schema = offered_schema(schema_of::<$args>(), &ctx);
                 Self(ctx, description, schema)

@@ -11,7 +11,7 @@
 //! and abort are fused (the first cause wins); the engine also handles leftovers, background
 //! handles that never fail, the optional sandbox wrap, and the missing-program message (a provider
 //! error with `MISSING_PROGRAM`, or, sandboxed, a PATH look-up until the program was found once). A
-//! `Flavor` supplies only its plugin names, `ShellDialect`, terminal overrides, executable key and
+//! `Flavor` supplies only its plugin names, `Dialect`, terminal overrides, executable key and
 //! `invocation(program, command) -> {argv, env}`.
 //!
 //! Sandboxed (`LocalShell::sandboxed`), `resolve` stamps the complete per-call policy into
@@ -33,11 +33,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_seams::{
-    AfterExit, CollectedOutput, CommandLine, ConfigIssue, ConfinedSubject, Confinement, EnvOverlay,
-    Error, ErrorBody, ErrorCode, ErrorReason, ExitStatus, Leftover, OutputSpec, Process, Result,
-    Sandbox, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, ShellCapabilities,
-    ShellDialect, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead,
-    ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
+    AfterExit, CollectedOutput, CommandLine, ConfigIssue, ConfinedSubject, Confinement, Dialect,
+    EnvOverlay, Error, ErrorBody, ErrorCode, ErrorReason, ExitStatus, Leftover, OutputSpec,
+    Process, Result, Sandbox, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease,
+    ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
+    ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId,
+    Subprocess,
 };
 use conch_sync::LockExt;
 use tokio_util::sync::CancellationToken;
@@ -67,7 +68,7 @@ pub trait Flavor: Send + Sync + std::fmt::Debug + 'static {
     /// Plugin name of the sandboxed executor (`bash-sandbox`).
     const SANDBOX_NAME: &'static str;
     /// The dialect tools built on it speak.
-    const DIALECT: ShellDialect;
+    const DIALECT: Dialect;
     /// Variables that keep tool output plain; the caller's env and the managed snapshot are
     /// layered on top of these.
     const ENV_OVERRIDES: &'static [(&'static str, &'static str)];
@@ -323,7 +324,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
         self.confinement.as_ref().map(|c| c.policy().mode)
     }
 
-    fn dialect(&self) -> ShellDialect {
+    fn dialect(&self) -> Dialect {
         F::DIALECT
     }
 

@@ -22,7 +22,7 @@ pub mod engine;
 pub mod pwsh;
 
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
-use conch_seams::{Result, ShellDialect};
+use conch_seams::{Dialect, Result};
 
 pub use engine::{
     Flavor, Invocation, LocalShell, MAX_ARG_BYTES, MAX_COMMAND_BYTES_LIMIT, Settings,
@@ -93,7 +93,7 @@ pub struct Bash;
 impl Flavor for Bash {
     const NAME: &'static str = NAME;
     const SANDBOX_NAME: &'static str = SANDBOX_NAME;
-    const DIALECT: ShellDialect = ShellDialect::BASH;
+    const DIALECT: Dialect = Dialect::Bash;
     const ENV_OVERRIDES: &'static [(&'static str, &'static str)] = ENV_OVERRIDES;
     const PROGRAM_KEY: &'static str = "bash";
 

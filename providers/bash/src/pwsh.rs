@@ -1,32 +1,22 @@
-//! `pwsh-local` and `pwsh-sandbox`: the shared executor in the PowerShell 7 flavour, and the
-//! pwsh text both it and terminal-bash's pwsh dialect run.
+//! `pwsh-local` and `pwsh-sandbox`: the shared executor in the PowerShell 7 flavour.
 //!
 //! A command runs as `pwsh -NoLogo -NoProfile -NonInteractive -OutputFormat Text
-//! -EncodedCommand <base64 of UTF-16LE>`: the encoded script is a fixed wrapper, and the
-//! command is data inside it (base64 of its UTF-8), so no quoting in the command can reach
-//! pwsh's own parser before the wrapper hands the text over whole. The wrapper:
+//! -EncodedCommand <base64 of UTF-16LE>`: the encoded script is the fixed wrapper of
+//! `conch_dialect::pwsh` (which says what it does), and the command is data inside it (base64
+//! of its UTF-8), so no quoting in the command can reach pwsh's own parser before the wrapper
+//! hands the text over whole.
 //!
-//! - makes the output model-friendly ([`PREAMBLE`]: no progress records, plain-text
-//!   rendering, UTF-8 both ways) and leaves `$ErrorActionPreference` as the command sets it;
-//! - parses the command first, so a syntax error is reported (`ParserError: line L, column C:
-//!   ...`, exit 1) before any of it runs, as pwsh itself would refuse it;
-//! - runs it dot-sourced in the script's scope, followed by [`STATUS`], which turns the last
-//!   statement's outcome into the exit code a PowerShell user expects: 0 when it succeeded,
-//!   `$LASTEXITCODE` when it failed and a native command last set a non-zero one, else 1.
-//!   `exit N` still exits with N, and a terminating error (`throw`, `-ErrorAction Stop`)
-//!   still ends pwsh with 1 and the error text, as pwsh reports it.
-//!
-//! A command longer than fits one argv string once encoded travels in environment
-//! variables ([`CHUNK_VAR`]`0`, `1`, ...; raw UTF-8, cut on char boundaries), which the
-//! wrapper joins and removes before the command runs, so the command never sees them.
-//!
-//! A command too long for one argument travels in `__CONCH_PWSH_COMMAND_<n>` variables the wrapper
-//! removes before it runs.
+//! A command too long for one argument travels in environment variables ([`CHUNK_VAR`]`0`,
+//! `1`, ...; raw UTF-8, cut on char boundaries), which the wrapper joins and removes before
+//! the command runs, so the command never sees them.
 
 use std::sync::Arc;
 
+use conch_dialect::pwsh::{
+    ENV_OVERRIDES, encode_command, missing_program, one_shot_script, text_expression,
+};
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
-use conch_seams::{Result, Sandbox, SandboxPolicy, ShellDialect, Subprocess};
+use conch_seams::{Dialect, Result, Sandbox, SandboxPolicy, Subprocess};
 
 use crate::engine::{self, Flavor, Invocation, LocalShell, MAX_ARG_BYTES};
 
@@ -36,131 +26,12 @@ pub const NAME: &str = "pwsh-local";
 /// Plugin name of the sandboxed variant.
 pub const SANDBOX_NAME: &str = "pwsh-sandbox";
 
-/// Variables that keep pwsh's output plain and keep it off the network: no colour, no
-/// pagers, no telemetry, no update check.
-pub const ENV_OVERRIDES: &[(&str, &str)] = &[
-    ("NO_COLOR", "1"),
-    ("TERM", "dumb"),
-    ("PAGER", "cat"),
-    ("GIT_PAGER", "cat"),
-    ("POWERSHELL_TELEMETRY_OPTOUT", "1"),
-    ("POWERSHELL_UPDATECHECK", "Off"),
-];
-
 /// The flags of a one-shot pwsh, before the encoded script.
 pub const ONE_SHOT_FLAGS: &[&str] =
     &["-NoLogo", "-NoProfile", "-NonInteractive", "-OutputFormat", "Text", "-EncodedCommand"];
 
 /// Prefix of the variables a long command travels in.
 pub const CHUNK_VAR: &str = "__CONCH_PWSH_COMMAND_";
-
-/// Output settings every pwsh conch starts gets: progress records are not rendered (they
-/// would interleave with the output as redraws), formatting is plain text (no ANSI), and
-/// text goes out, and to native commands, as UTF-8.
-pub const PREAMBLE: &str = concat!(
-    "$ProgressPreference = 'SilentlyContinue'\n",
-    "if ($PSStyle) { $PSStyle.OutputRendering = 'PlainText' }\n",
-    "$OutputEncoding = [System.Text.UTF8Encoding]::new($false)\n",
-    "[Console]::OutputEncoding = [System.Text.UTF8Encoding]::new($false)\n",
-);
-
-/// Appended to a command (after two newlines, so no line continuation can join it to the
-/// command's last statement) to record its status in `$global:__conch_rc`. `$?` is read first,
-/// before anything else can change it; `$LASTEXITCODE` is read without failing under
-/// `Set-StrictMode` when no native command has run. Contains no single quote, so it travels
-/// as one single-quoted literal.
-pub const STATUS: &str = concat!(
-    "$global:__conch_ok = $?\n",
-    "if ($global:__conch_ok) { $global:__conch_rc = 0 } else { $global:__conch_rc = 1; ",
-    "$__conch_lec = Get-Variable -Name LASTEXITCODE -Scope Global -ValueOnly -ErrorAction Ignore; ",
-    "if ($__conch_lec -is [int] -and $__conch_lec -ne 0) { $global:__conch_rc = $__conch_lec } }\n",
-);
-
-/// Standard base64 (with padding) of `bytes`.
-pub fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// `text` as UTF-16LE bytes (astral characters as surrogate pairs), the encoding
-/// `-EncodedCommand` expects.
-pub fn utf16le(text: &str) -> Vec<u8> {
-    text.encode_utf16().flat_map(u16::to_le_bytes).collect()
-}
-
-/// The `-EncodedCommand` argument that runs `script`.
-pub fn encode_command(script: &str) -> String {
-    base64(&utf16le(script))
-}
-
-/// A PowerShell expression whose value is `text`, whatever it holds: the UTF-8 of `text`
-/// as base64, decoded in place.
-pub fn text_expression(text: &str) -> String {
-    format!(
-        "[System.Text.Encoding]::UTF8.GetString([System.Convert]::FromBase64String('{}'))",
-        base64(text.as_bytes())
-    )
-}
-
-/// Statements that check the command text in `$__conch_t` and prepare it to run: a syntax
-/// error is printed, one line each, and `on_parse_error` runs; otherwise `$global:__conch_rc`
-/// is cleared and [`STATUS`] appended, unless the text is written in named blocks
-/// (`begin`/`process`/`end`/`clean`), after which no statement may follow: such a command's
-/// status is 0 unless it exits or throws. Reads only properties every PowerShell 7 has, so a
-/// `Set-StrictMode` a persistent shell kept cannot trip it.
-pub fn checked(on_parse_error: &str) -> String {
-    format!(
-        concat!(
-            "$__conch_p = $null\n",
-            "$__conch_a = [System.Management.Automation.Language.Parser]::ParseInput(",
-            "$__conch_t, [ref]$null, [ref]$__conch_p)\n",
-            "if ($__conch_p.Count -gt 0) {{\n",
-            "  foreach ($__conch_x in $__conch_p) {{ [Console]::Error.WriteLine('ParserError: line ' + ",
-            "$__conch_x.Extent.StartLineNumber + ', column ' + $__conch_x.Extent.StartColumnNumber + ",
-            "': ' + $__conch_x.Message) }}\n",
-            "  {on_parse_error}\n",
-            "}}\n",
-            "$global:__conch_rc = $null\n",
-            "if ($__conch_a.EndBlock -and $__conch_a.EndBlock.Unnamed -and -not ",
-            "($__conch_a.BeginBlock -or $__conch_a.ProcessBlock -or $__conch_a.DynamicParamBlock)) {{ ",
-            "$__conch_t += \"`n`n\" + '{status}' }}\n",
-        ),
-        on_parse_error = on_parse_error,
-        status = STATUS,
-    )
-}
-
-/// The one-shot wrapper around the command text that `source` (a PowerShell expression)
-/// yields. Ends with `exit` and the status: `exit` inside the command, or a terminating
-/// error, end pwsh before that with their own code.
-pub fn one_shot_script(source: &str) -> String {
-    format!(
-        concat!(
-            "{preamble}",
-            "$__conch_t = {source}\n",
-            "{checked}",
-            // Out-Default inside the statement: formatted output is complete before `exit`.
-            ". ([scriptblock]::Create($__conch_t)) | Out-Default\n",
-            "if ($null -eq $global:__conch_rc) {{ $global:__conch_rc = 0 }}\n",
-            "exit $global:__conch_rc\n",
-        ),
-        preamble = PREAMBLE,
-        source = source,
-        checked = checked("exit 1"),
-    )
-}
 
 /// The command line that runs `command` with `program` (see the module doc).
 pub fn invocation(program: &str, command: &str) -> Invocation {
@@ -197,21 +68,6 @@ pub fn invocation(program: &str, command: &str) -> Invocation {
     Invocation { argv: argv(&one_shot_script(&source)), env }
 }
 
-/// What a missing pwsh is called: by name on PATH, or the configured path.
-pub fn missing_program(program: &str) -> String {
-    if program.contains('/') {
-        format!(
-            "PowerShell 7 (`{program}`) was not found; install PowerShell 7 there or set \
-             `pwsh` to where it is"
-        )
-    } else {
-        format!(
-            "PowerShell 7 (`{program}`) was not found on PATH; install PowerShell 7 or set \
-             `pwsh` to its path"
-        )
-    }
-}
-
 engine::local_shell_config!(
     /// pwsh-local (and pwsh-sandbox) config.
     PwshLocalConfig,
@@ -226,7 +82,7 @@ pub struct Pwsh;
 impl Flavor for Pwsh {
     const NAME: &'static str = NAME;
     const SANDBOX_NAME: &'static str = SANDBOX_NAME;
-    const DIALECT: ShellDialect = ShellDialect::PWSH;
+    const DIALECT: Dialect = Dialect::Pwsh;
     const ENV_OVERRIDES: &'static [(&'static str, &'static str)] = ENV_OVERRIDES;
     const PROGRAM_KEY: &'static str = "pwsh";
 
@@ -294,28 +150,14 @@ register_plugin!(PluginEntry {
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+    use conch_dialect::pwsh::PREAMBLE;
     use conch_seams::PluginConfig;
 
     use super::*;
 
-    /// Decodes standard base64; the tests' independent check of [`base64`].
     fn unbase64(text: &str) -> Vec<u8> {
-        let value = |c: u8| match c {
-            b'A'..=b'Z' => u32::from(c - b'A'),
-            b'a'..=b'z' => u32::from(c - b'a') + 26,
-            b'0'..=b'9' => u32::from(c - b'0') + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => panic!("not base64: {c}"),
-        };
-        let mut out = Vec::new();
-        for quad in text.as_bytes().chunks(4) {
-            assert_eq!(quad.len(), 4, "padded to whole quads");
-            let pad = quad.iter().filter(|c| **c == b'=').count();
-            let n = quad.iter().take(4 - pad).fold(0u32, |n, c| (n << 6) | value(*c)) << (6 * pad);
-            out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
-        }
-        out
+        base64::engine::general_purpose::STANDARD.decode(text).unwrap()
     }
 
     /// What pwsh does with an `-EncodedCommand` argument: base64, then UTF-16LE.
@@ -350,27 +192,6 @@ mod tests {
     ];
 
     #[test]
-    fn base64_round_trips_every_length_and_byte() {
-        let bytes: Vec<u8> = (0..=255).collect();
-        for n in 0..bytes.len() {
-            assert_eq!(unbase64(&base64(&bytes[..n])), &bytes[..n], "{n} bytes");
-        }
-        assert_eq!(base64(b"Man"), "TWFu");
-        assert_eq!(base64(b"Ma"), "TWE=");
-        assert_eq!(base64(b"M"), "TQ==");
-    }
-
-    #[test]
-    fn the_encoded_command_is_base64_of_utf16le_with_surrogate_pairs() {
-        // `pwsh -EncodedCommand` of "dir" as documented: UTF-16LE "d\0i\0r\0".
-        assert_eq!(encode_command("dir"), "ZABpAHIA");
-        assert_eq!(utf16le("😀"), [0x3D, 0xD8, 0x00, 0xDE], "one astral char, one pair");
-        for text in HARD {
-            assert_eq!(decode_command(&encode_command(text)), *text);
-        }
-    }
-
-    #[test]
     fn any_command_round_trips_through_the_argv_exactly() {
         for text in HARD {
             let inv = invocation("pwsh", text);
@@ -382,29 +203,6 @@ mod tests {
             assert_eq!(embedded_command(&script), *text, "the command is data, byte for byte");
             assert!(script.starts_with(PREAMBLE), "{script}");
         }
-    }
-
-    #[test]
-    fn the_wrapper_checks_then_runs_the_command_with_its_status() {
-        let script = one_shot_script("$x");
-        let order = [
-            "$ProgressPreference = 'SilentlyContinue'",
-            "$__conch_t = $x",
-            "ParseInput($__conch_t",
-            "exit 1",
-            "$global:__conch_rc = $null",
-            ". ([scriptblock]::Create($__conch_t)) | Out-Default",
-            "exit $global:__conch_rc",
-        ];
-        let mut at = 0;
-        for piece in order {
-            let found = script[at..].find(piece).unwrap_or_else(|| panic!("{piece} after {at}"));
-            at += found + piece.len();
-        }
-        assert!(!STATUS.contains('\''), "STATUS travels as one single-quoted literal");
-        assert!(script.contains(&format!("'{STATUS}'")), "{script}");
-        assert!(STATUS.starts_with("$global:__conch_ok = $?"), "$? is read first");
-        assert!(!script.contains("ErrorActionPreference"), "left as the command sets it");
     }
 
     #[test]
@@ -429,15 +227,6 @@ mod tests {
             n += 1000;
         }
         assert!(n > 30_000, "tens of KiB still run inline");
-    }
-
-    #[test]
-    fn a_missing_pwsh_is_named_with_what_to_do() {
-        assert!(missing_program("pwsh").starts_with("PowerShell 7 (`pwsh`) was not found on PATH"));
-        assert!(
-            missing_program("/opt/x/pwsh")
-                .starts_with("PowerShell 7 (`/opt/x/pwsh`) was not found;")
-        );
     }
 
     #[test]

@@ -1,233 +1,10 @@
-//! Command framing: one typed line that runs a command after a private start marker, an
-//! end marker (with the status) printed before the shell's next prompt, and a scanner that
-//! finds both in the parsed output stream. The markers and the scanner are shared; the
-//! typed line and the helpers it calls are each dialect's.
-//!
-//! In bash:
-//!
-//! - The end marker comes from the framed line itself or, failing that, from PROMPT_COMMAND,
-//!   which runs before every prompt, so it arrives however the command line ended:
-//!   normally, by a syntax or expansion error, or by an interrupt.
-//! - The machinery stays out of the user's view: every helper runs with stderr to /dev/null
-//!   (so `set -x` traces none of it; `__conch_s` turns xtrace off for the frame's own
-//!   commands and the `eval` turns it back on first), and `trap` listings leave out the
-//!   framing's traps.
-//! - The command travels as one ANSI-C quoted word (`$'...'`, every byte outside printable
-//!   ASCII escaped), so no quoting in its text can break the frame, it stays one typed line,
-//!   and no helper process runs per call. `eval` keeps state changes (cd, export,
-//!   functions) in the shell. Its stdin is /dev/null, as in the one-shot tool: a program
-//!   that reads stdin sees end of file instead of waiting on the terminal (which would stop
-//!   the call). Programs that open /dev/tty (password prompts) still reach the terminal;
-//!   the session stops them (see `BashSession::stop_command`). `exec` is aliased to give
-//!   the program the terminal back, so `exec bash` starts a working interactive shell.
-//! - The framed line ends itself: after the `eval`, `__conch_e` prints the end marker with
-//!   the status and puts the prompt hook back if the command replaced PROMPT_COMMAND. The
-//!   PROMPT_COMMAND hook prints it only for a line that did not get there (interrupted,
-//!   stopped by the errexit emulation, an expansion error).
-//! - A shell's first prompt prints a fresh-shell marker (carrying the session's nonce): a
-//!   frame whose command replaced the shell (`exec bash`) ends with it, and the session types
-//!   the errexit emulation again before the next frame.
-//! - Markers are printed from pieces (`%s`), so the echoed line never holds a whole marker.
-//! - `set -e` is emulated instead of enabled (see [`INIT`]): the real errexit stays off and
-//!   an ERR trap stops the command line at the first failure with a SIGINT to the shell
-//!   itself, which an interactive bash answers by abandoning the line and returning to its
-//!   prompt, where a real errexit would make it exit (and with `set -u`, an unset variable
-//!   would too). So `set -e` in one call can never destroy the shell in that or a later
-//!   call.
-//! - The framed line starts with a space; with `HISTCONTROL=ignorespace` it is not recorded,
-//!   so the nonce is not readable from `history`.
-//!
-//! The typed line is short because the line editor echoes every typed byte: a starter function,
-//! re-defined by PROMPT_COMMAND before every prompt, prints the start marker; the command follows
-//! as one `$'...'` word; the end marker and status are printed by PROMPT_COMMAND. `set -e` is
-//! emulated by a `set` alias, a one-shot DEBUG trap that `set` arms, and an ERR trap, so it never
-//! makes the shell exit.
+//! Reading a framed command back: a scanner that finds one frame's
+//! [`markers`](conch_dialect::markers) in the parsed output stream and counts the command's
+//! output between them, and [`extract`], which cuts that output out of a retained tail. What
+//! each dialect types and prints around a command is its framing in `conch_dialect` (bash:
+//! `conch_dialect::bash`, pwsh: `conch_dialect::pwsh`).
 
-/// Prefix of every frame marker.
-const TAG: &str = "__CONCH_PB";
-
-/// Defines what a framed command needs beyond the prompt hook: the errexit emulation and the
-/// exit hook; typed once per shell, before its first frame (again after `exec bash`).
-///
-/// `set` is an alias for a guard and the builtin, so `set -- args` still sets the caller's
-/// positional parameters. The guard gives the builtin the true errexit state and arms a
-/// one-shot DEBUG trap (inherited everywhere through functrace) that looks at `$-` right
-/// after the builtin ran, turns a real errexit back off, keeps it as the emulation flag and
-/// disarms itself: a command line without `set` runs no trap at all. (A DEBUG trap the
-/// command installed itself is replaced by the next `set`.)
-/// The ERR trap (inherited through errtrace) fires exactly where errexit would: it exits a
-/// subshell with the status, or stops the shell's command line with a SIGINT to itself. It
-/// acts only while a frame's command runs (`__conch_run`, set by the frame's starter and
-/// cleared by its end, the prompt hook and the stop itself), so a failure in someone else's
-/// prompt hook (pyenv, direnv) after the stop cannot interrupt the shell again and again.
-/// Every helper runs as `{ helper; } 2>/dev/null`, so under `set -x` its trace goes nowhere.
-///
-/// `exec` is an alias that gives the program the terminal back as stdin (a framed command's
-/// stdin is /dev/null, which would end a new interactive shell at once).
-///
-/// `trap` (listing) leaves these traps out: they are the shell's machinery, not the user's.
-///
-/// `__conch_framed` (exported) says the shell frames commands: only then does a new shell's
-/// first prompt print the fresh-shell marker, so a terminal session (which never frames)
-/// shows no marker in its banner or after `exec bash`.
-///
-/// The EXIT trap stops the shell's background jobs when it exits (`exit N` would otherwise
-/// leave them holding the terminal, and the session would not see the shell's end until they
-/// ended) and lists them; its last words are the exit marker, after which the shell writes
-/// nothing, so the session knows it has all of the shell's output even while something the
-/// shell left behind keeps the terminal open.
-const INIT: &str = concat!(
-    "__conch_dbg() { [[ $BASH_COMMAND == \"builtin set\"* ]] && return 0; builtin trap - DEBUG; ",
-    "if [[ $- == *e* ]]; then builtin set +e; __conch_errexit=1; else __conch_errexit=; fi; }; ",
-    "__conch_set() { [[ -n ${__conch_errexit-} ]] && builtin set -e; ",
-    "builtin trap '{ __conch_dbg; } 2>/dev/null' DEBUG; }; ",
-    "alias set='{ __conch_set; } 2>/dev/null; builtin set'; ",
-    "alias exec='builtin exec 0<&2'; ",
-    "__conch_err() { if [[ -n ${__conch_errexit-} && -n ${__conch_run-} ]]; then __conch_status=$1; ",
-    "if [[ $BASHPID != \"$$\" ]]; then exit \"$1\"; fi; __conch_run=; builtin kill -INT \"$$\"; fi; }; ",
-    "builtin trap '{ __conch_err $?; } 2>/dev/null' ERR; ",
-    "__conch_exit() { __conch_run=; local p l s=; while IFS= builtin read -r l; do ",
-    "[[ $l == *' Running '* || $l == *' Stopped '* ]] && s+=$'\\n'$l; done <<< \"$(builtin jobs -l)\"; ",
-    "[[ -n $s ]] || return 0; for p in $(builtin jobs -p); do ",
-    "builtin kill -TERM -- -$p || builtin kill -TERM $p; builtin kill -CONT -- -$p; done; ",
-    "builtin printf '[the shell exited and stopped its background jobs:%s]\\n' \"$s\"; }; ",
-    "__conch_bye() { __conch_exit; builtin printf '\\n%s_EXIT_%s__\\n' __CONCH_PB \"${__conch_sn-}\"; }; ",
-    "builtin trap '{ __conch_bye; } 2>/dev/null' EXIT; ",
-    "trap() { if [[ $# == 0 || $1 == -p ]]; then local l; while IFS= builtin read -r l; do ",
-    "[[ -z $l || $l == *__conch_* ]] || builtin printf '%s\\n' \"$l\"; ",
-    "done <<< \"$(builtin trap \"$@\")\"; else builtin trap \"$@\"; fi; }; ",
-    "builtin set -ET; ",
-    // Exported, so a shell this one execs prints the fresh-shell marker (see
-    // `prompt_command`); a session that never framed a command never prints it.
-    "export __conch_framed=1; ",
-);
-
-/// The PROMPT_COMMAND of a framing shell. Its helpers are defined again before every prompt,
-/// so a command that redefined or removed one cannot break the next frame; all of it runs
-/// with stderr to /dev/null, so `set -x` traces none of it:
-///
-/// - `__conch_pc` prints the end marker of a frame still pending (with the status, and `:e`
-///   when the errexit emulation stopped the line) and re-asserts PS1. A frame's line that
-///   ran to its end printed its marker itself (`__conch_e`); this one covers a line that was
-///   abandoned (an interrupt, the errexit emulation, an expansion error).
-/// - `__conch_s NONCE` records the frame, prints its start marker and takes `set -x` off for
-///   the frame's own machinery (`$__conch_x` turns it back on inside the command's `eval`).
-///   It is a function rather than text in every frame because the frame is typed: the line
-///   editor echoes each typed byte, which costs more per byte than anything else in a call.
-/// - `__conch_e` ends a frame whose line ran to its end: the end marker with the `eval`
-///   status, and the prompt hook put back in front of PROMPT_COMMAND when the command
-///   replaced it (direnv, conda and starship assign it), so the next frame still ends.
-/// - The first prompt of a shell (a fresh one, or one started by `exec bash`) turns history
-///   expansion off (`!` in a command is text) and prints the fresh-shell marker, which ends a
-///   frame whose shell was replaced.
-pub(crate) fn prompt_command(ps1: &str, session_nonce: &str) -> String {
-    format!(
-        "{{ __conch_rc=$?; __conch_run=; \
-         __conch_pc() {{ if [[ -n ${{__conch_frame-}} ]]; then \
-         if [[ -n ${{__conch_status-}} ]]; then __conch_rc=$__conch_status:e; fi; \
-         builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
-         __conch_frame=; fi; __conch_status=; PS1='{ps1}'; }}; \
-         __conch_s() {{ __conch_frame=$1; __conch_run=1; __conch_x=; if [[ $- == *x* ]]; then builtin set +x; \
-         __conch_x=$'builtin set -x\\n'; fi; builtin printf '\\n%s_START_%s__\\n' {TAG} \"$1\"; }}; \
-         __conch_e() {{ __conch_rc=$?; __conch_run=; if [[ -n ${{__conch_frame-}} ]]; then \
-         builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
-         __conch_frame=; fi; [[ ${{PROMPT_COMMAND[*]-}} == *__conch_pc* ]] || \
-         PROMPT_COMMAND=\"$__conch_hook${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}\"; }}; \
-         if [[ -z ${{__conch_hook-}} ]]; then __conch_hook=$PROMPT_COMMAND; __conch_sn={session_nonce}; \
-         builtin set +H; \
-         if [[ -n ${{__conch_framed-}} ]]; then \
-         builtin printf '\\n%s_FRESH_%s__\\n' {TAG} '{session_nonce}'; fi; fi; \
-         __conch_pc; }} 2>/dev/null"
-    )
-}
-
-/// `$'...'` quoting of arbitrary bytes: printable ASCII stays, `\` and `'` are escaped,
-/// every other byte (controls, newlines, UTF-8) becomes `\xHH`.
-fn ansi_c_quote(data: &[u8]) -> String {
-    let mut out = String::with_capacity(data.len() + 3);
-    out.push_str("$'");
-    for &b in data {
-        match b {
-            b'\\' => out.push_str("\\\\"),
-            b'\'' => out.push_str("\\'"),
-            0x20..=0x7E => out.push(char::from(b)),
-            _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    out.push('\'');
-    out
-}
-
-/// The single line typed into the shell for `command` under `nonce`; `init` prepends the
-/// errexit emulation (the session's first frame). `eval` runs at the top level, not inside
-/// the starter, so `local`, `return` and `$1` mean what they mean at a prompt.
-pub(crate) fn frame(command: &str, nonce: &str, init: bool) -> String {
-    format!(
-        " {}{{ __conch_s {nonce}; }} 2>/dev/null;eval \"${{__conch_x-}}\"{} </dev/null;{{ __conch_e; }} 2>/dev/null",
-        if init { INIT } else { "" },
-        ansi_c_quote(command.as_bytes())
-    )
-}
-
-/// The script a pwsh session starts with (`pwsh -NoLogo -NoProfile -NoExit -EncodedCommand`),
-/// before its first prompt. Why each piece:
-///
-/// - PSReadLine is removed, and `PSConsoleHostReadLine` reads a line with .NET's own
-///   `Console.In.ReadLine()`. PSReadLine (loaded because the session is interactive) redraws
-///   the line with cursor addressing and paints predictions after the cursor, and the host's
-///   fallback editor rewrites the whole line at every key; on a PTY whose reader is not a
-///   screen both turn the typed text into redraw noise. .NET's reader echoes each character
-///   once, as a terminal in canonical mode would, which is what the echo check and the
-///   framing rely on, and it blocks in `read(0)`, where the stdin-wait probe sees it.
-/// - `prompt` prints the end marker of a pending frame (its status kept by the frame's
-///   [`STATUS`](conch_provider_bash::pwsh::STATUS) epilogue; 1 when the command ended by a
-///   terminating error or an interrupt, which skip it), then the private marker and `PS> `.
-/// - `__conch_f` runs one framed command: it records the frame, prints the start marker
-///   (from pieces, so the echoed line never holds it), checks the command's syntax and
-///   dot-sources it, so state it changes (location, variables, functions) stays global.
-pub(crate) fn pwsh_init(marker_payload: &str) -> String {
-    use conch_provider_bash::pwsh::{PREAMBLE, checked};
-    format!(
-        concat!(
-            "Remove-Module PSReadLine -ErrorAction Ignore\n",
-            "{preamble}",
-            "$global:__conch_frame = $null\n",
-            "$global:__conch_rc = $null\n",
-            "function global:PSConsoleHostReadLine {{ [Console]::In.ReadLine() }}\n",
-            "function global:prompt {{\n",
-            "  $__conch_s = ''\n",
-            "  if ($global:__conch_frame) {{\n",
-            "    $__conch_c = $global:__conch_rc\n",
-            "    if ($null -eq $__conch_c) {{ $__conch_c = 1 }}\n",
-            "    $__conch_s = \"`n\" + '{tag}' + '_END_' + $global:__conch_frame + ':' + $__conch_c + \"__`n\"\n",
-            "    $global:__conch_frame = $null\n",
-            "  }}\n",
-            "  $__conch_s + [char]27 + ']{payload}' + [char]7 + 'PS> '\n",
-            "}}\n",
-            "function global:__conch_f {{\n",
-            "  param([string]$__conch_n, [string]$__conch_b)\n",
-            "  $global:__conch_rc = $null\n",
-            "  $global:__conch_frame = $__conch_n\n",
-            "  [Console]::Out.Write(\"`n\" + '{tag}' + '_START_' + $__conch_n + \"__`n\")\n",
-            "  $__conch_t = [System.Text.Encoding]::UTF8.GetString([System.Convert]::FromBase64String($__conch_b))\n",
-            "{checked}",
-            "  . ([scriptblock]::Create($__conch_t))\n",
-            "  if ($null -eq $global:__conch_rc) {{ $global:__conch_rc = 0 }}\n",
-            "}}\n",
-        ),
-        preamble = PREAMBLE,
-        tag = TAG,
-        payload = marker_payload,
-        checked = checked("$global:__conch_rc = 1; return"),
-    )
-}
-
-/// The single line typed into a pwsh session for `command` under `nonce`: the command as
-/// base64 of its UTF-8, so no character in it can reach the line reader as anything but
-/// data. Dot-sourced, so the command runs in the global scope.
-pub(crate) fn pwsh_frame(command: &str, nonce: &str) -> String {
-    format!(" . __conch_f '{nonce}' '{}'", conch_provider_bash::pwsh::base64(command.as_bytes()))
-}
+use conch_dialect::markers::{self, CLOSE, ERREXIT};
 
 /// Finds one frame's markers in parsed output (newlines already normalised to `\n`) fed in
 /// arbitrary pieces, and counts the bytes of the command's output between them exactly.
@@ -258,10 +35,10 @@ impl FrameScanner {
     /// `session_nonce`.
     pub(crate) fn new(nonce: &str, session_nonce: &str) -> Self {
         Self {
-            start: format!("{TAG}_START_{nonce}__\n"),
-            end: format!("\n{TAG}_END_{nonce}:"),
-            fresh: fresh_marker(session_nonce),
-            exit: exit_marker(session_nonce),
+            start: markers::start(nonce),
+            end: markers::end(nonce),
+            fresh: markers::fresh(session_nonce),
+            exit: markers::exit(session_nonce),
             window: String::new(),
             body_bytes: 0,
             started: false,
@@ -278,7 +55,7 @@ impl FrameScanner {
     }
 
     /// True when the frame ended because the command replaced the shell with a new one
-    /// (which needs [`INIT`] again before its first frame).
+    /// (which needs `conch_dialect::bash::INIT` again before its first frame).
     pub(crate) fn replaced_shell(&self) -> bool {
         self.replaced
     }
@@ -336,9 +113,9 @@ impl FrameScanner {
         if let Some(j) = self.window.find(&self.end) {
             let after = &self.window[j + self.end.len()..];
             // The status is complete once its closing `__` arrived.
-            if let Some(k) = after.find("__") {
+            if let Some(k) = after.find(CLOSE) {
                 let status = &after[..k];
-                let (code, errexit) = match status.strip_suffix(":e") {
+                let (code, errexit) = match status.strip_suffix(ERREXIT) {
                     Some(c) => (c, true),
                     None => (status, false),
                 };
@@ -394,16 +171,6 @@ impl FrameScanner {
     }
 }
 
-/// What the first prompt of a new shell prints (see [`prompt_command`]).
-fn fresh_marker(session_nonce: &str) -> String {
-    format!("\n{TAG}_FRESH_{session_nonce}__\n")
-}
-
-/// What an exiting framed shell prints last (see [`INIT`]).
-fn exit_marker(session_nonce: &str) -> String {
-    format!("\n{TAG}_EXIT_{session_nonce}__\n")
-}
-
 /// The command's output inside `retained` (the tail of everything the command's line
 /// produced): after the start marker when it is still there, up to the end marker when it
 /// arrived. `started` says the scanner saw the start marker go by, so a tail that lost it
@@ -415,14 +182,13 @@ pub(crate) fn extract<'a>(
     started: bool,
     errexit: bool,
 ) -> &'a str {
-    let start = format!("{TAG}_START_{nonce}__\n");
-    let end = format!("\n{TAG}_END_{nonce}:");
+    let start = markers::start(nonce);
     // A replaced shell ends the frame with its fresh marker instead, an exiting one with its
     // exit marker.
-    let end = [end, fresh_marker(session_nonce), exit_marker(session_nonce)]
+    let end = [markers::end(nonce), markers::fresh(session_nonce), markers::exit(session_nonce)]
         .into_iter()
         .find(|m| retained.contains(m.as_str()))
-        .unwrap_or_else(|| format!("\n{TAG}_END_{nonce}:"));
+        .unwrap_or_else(|| markers::end(nonce));
     let body = match retained.find(&start) {
         Some(i) => &retained[i + start.len()..],
         // The tail can lose the start marker under long output; what is left is output.
@@ -441,22 +207,11 @@ pub(crate) fn extract<'a>(
 
 #[cfg(test)]
 mod tests {
+    use conch_dialect::bash::frame;
+    use conch_dialect::markers::TAG;
+    use conch_dialect::pwsh::frame as pwsh_frame;
+
     use super::*;
-
-    #[test]
-    fn ansi_c_quoting_escapes_everything_a_line_could_break_on() {
-        assert_eq!(ansi_c_quote(b"echo 'a' \\ $x"), "$'echo \\'a\\' \\\\ $x'");
-        assert_eq!(ansi_c_quote("é\n\x1b".as_bytes()), "$'\\xc3\\xa9\\x0a\\x1b'");
-        let line = frame("a\nb\r\n", "n", true);
-        assert!(!line.contains('\n') && !line.contains('\r'), "one typed line: {line}");
-    }
-
-    #[test]
-    fn the_echoed_frame_never_contains_a_whole_marker() {
-        let w = frame("echo hi", "abc", true);
-        assert!(!w.contains("__CONCH_PB_START_abc__"));
-        assert!(!w.contains("__CONCH_PB_END_abc:"));
-    }
 
     #[test]
     fn the_scanner_finds_markers_split_anywhere_and_counts_the_body() {
@@ -557,40 +312,6 @@ mod tests {
             }
         }
         (scanner, text, queries, markers)
-    }
-
-    #[test]
-    fn the_pwsh_frame_is_one_line_of_data() {
-        for command in ["echo 'a'", "a\nb\r\n`$x \"q\" ‘s’ é😀", "'"] {
-            let line = pwsh_frame(command, "n1");
-            assert!(!line.contains(['\n', '\r']), "one typed line: {line}");
-            assert!(line.chars().all(|c| c.is_ascii_graphic() || c == ' '), "{line}");
-            assert!(line.starts_with(" . __conch_f 'n1' '"), "dot-sourced: {line}");
-            let b64 = line.rsplit('\'').nth(1).unwrap();
-            assert_eq!(b64, conch_provider_bash::pwsh::base64(command.as_bytes()));
-            assert!(!line.contains("__CONCH_PB_START_n1__"), "the echo holds no marker");
-        }
-    }
-
-    #[test]
-    fn the_pwsh_startup_script_takes_over_the_line_reader_and_the_prompt() {
-        let init = pwsh_init("7770;abc");
-        for piece in [
-            "Remove-Module PSReadLine -ErrorAction Ignore",
-            "function global:PSConsoleHostReadLine { [Console]::In.ReadLine() }",
-            "function global:prompt {",
-            "[char]27 + ']7770;abc' + [char]7 + 'PS> '",
-            "function global:__conch_f {",
-            "$ProgressPreference = 'SilentlyContinue'",
-            "  . ([scriptblock]::Create($__conch_t))",
-            "$global:__conch_rc = 1; return",
-        ] {
-            assert!(init.contains(piece), "{piece} in\n{init}");
-        }
-        // Printed from pieces: neither the script nor its echo carries a whole marker.
-        assert!(!init.contains("__CONCH_PB_END_") && !init.contains("__CONCH_PB_START_"));
-        let encoded = conch_provider_bash::pwsh::encode_command(&init);
-        assert!(encoded.len() < 32 * 1024, "one modest argument: {}", encoded.len());
     }
 
     // PowerShell 7 output on a PTY as the pwsh dialect's session receives it, written from

@@ -1,12 +1,13 @@
 //! `terminal-bash`: the terminal backend. Starts a shell on a PTY with a controlled startup
 //! (no rc files or profile, a private OSC prompt marker, history expansion off, a UTF-8
 //! locale when the environment names none: see `LOCALE_START` and
-//! `framing::prompt_command`) and answers each send with a
+//! `conch_dialect::bash::prompt_command`) and answers each send with a
 //! readiness result: prompt or exact stdin-wait probe (stdin_read), output silence
 //! (inferred_idle), deadline (timeout), or shell exit (session_exit).
 //!
 //! The shell is bash by default; `shell_dialect: pwsh` starts PowerShell 7 instead
-//! (`pwsh -NoLogo -NoProfile -NoExit`, with the startup script of `framing::pwsh_init`),
+//! (`pwsh -NoLogo -NoProfile -NoExit`, with the startup script of
+//! `conch_dialect::pwsh::session_script`),
 //! whose sessions also answer cursor position requests, since .NET asks for the cursor
 //! before every prompt and would otherwise wait up to a second (ten the first time) for a
 //! terminal that never answers.
@@ -22,16 +23,16 @@
 //! the session's lifetime.
 //!
 //! bash runs as `bash --norc --noprofile +H -i` with a private OSC marker (`OSC 7770;<nonce> BEL`)
-//! in PS1, re-asserted by PROMPT_COMMAND. With `shell_dialect: pwsh` (`Shell`) it starts `pwsh
-//! -NoLogo -NoProfile -NoExit -EncodedCommand <framing::pwsh_init>` instead: PSReadLine removed, a
-//! `PSConsoleHostReadLine` reading with .NET's `Console.In.ReadLine()` (one echo per typed
-//! character), a `prompt` function that ends a pending frame and prints the marker, and
-//! `__conch_f`, which frames a command typed as ` . __conch_f '<nonce>' '<base64>'` (the pwsh text
-//! comes from `conch_provider_bash::pwsh`). pwsh sessions answer cursor position requests
-//! (`parser.rs` follows the printed text's column; the pump writes the answer, and Tier 1 waits
-//! while one is in flight), because .NET asks before every prompt; pwsh runs commands in its own
-//! process group, so a signal while it is busy counts as a command's, and an interrupt repeats its
-//! SIGINT until the prompt is back.
+//! in PS1, re-asserted by PROMPT_COMMAND. With `shell_dialect: pwsh` it starts `pwsh -NoLogo
+//! -NoProfile -NoExit -EncodedCommand <conch_dialect::pwsh::session_script>` instead: PSReadLine
+//! removed, a `PSConsoleHostReadLine` reading with .NET's `Console.In.ReadLine()` (one echo per
+//! typed character), a `prompt` function that ends a pending frame and prints the marker, and
+//! `__conch_f`, which frames a command typed as ` . __conch_f '<nonce>' '<base64>'` (each
+//! dialect's framing text comes from `conch_dialect`). pwsh sessions answer cursor position
+//! requests (`parser.rs` follows the printed text's column; the pump writes the answer, and Tier 1
+//! waits while one is in flight), because .NET asks before every prompt; pwsh runs commands in its
+//! own process group, so a signal while it is busy counts as a command's, and an interrupt repeats
+//! its SIGINT until the prompt is back.
 //!
 //! When the composition binds a sandbox (and then a `sandbox-policy`, or the build fails naming
 //! it), the shell's `{argv, cwd, env}` is wrapped through `conch_seams::Confinement` (the
@@ -59,13 +60,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use conch_dialect::pwsh;
 use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, ConfinedSubject, Confinement, Error, ErrorCode, ErrorReason,
-    PluginConfig, Result, Sandbox, SandboxPolicy, SandboxRelease, ShellDialect, Subprocess,
-    TerminalBackend, TerminalOpenSpec, TerminalSession, TerminalSize, TerminalSpawnSpec,
+    CommandLine, ConfigIssue, ConfinedSubject, Confinement, Dialect, Error, ErrorCode, ErrorReason,
+    PluginConfig, Result, Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend,
+    TerminalOpenSpec, TerminalSession, TerminalSize, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
@@ -121,7 +123,7 @@ pub struct TerminalBashConfig {
     /// Default working directory (default: the subprocess provider's default directory).
     pub cwd: Option<PathBuf>,
     /// The shell sessions run: `bash` or `pwsh` (PowerShell 7).
-    pub shell_dialect: String,
+    pub shell_dialect: Dialect,
     /// The pwsh executable (`shell_dialect: pwsh`): a name looked up on the provider's PATH,
     /// or a path.
     pub pwsh: String,
@@ -147,7 +149,7 @@ impl Default for TerminalBashConfig {
             max_read_bytes: 256 * 1024,
             bash: "bash".into(),
             cwd: None,
-            shell_dialect: "bash".into(),
+            shell_dialect: Dialect::Bash,
             pwsh: "pwsh".into(),
             term: "xterm-256color".into(),
             rows: TerminalSize::default().rows,
@@ -186,9 +188,6 @@ impl PluginConfig for TerminalBashConfig {
         if self.pwsh.is_empty() {
             return Err(ConfigIssue::new("pwsh", "must name an executable"));
         }
-        if Shell::by_name(&self.shell_dialect).is_none() {
-            return Err(ConfigIssue::new("shell_dialect", "must be `bash` or `pwsh`"));
-        }
         if let Some(why) = term_issue(&self.term) {
             return Err(ConfigIssue::new("term", why));
         }
@@ -199,53 +198,27 @@ impl PluginConfig for TerminalBashConfig {
     }
 }
 
-/// The shell a backend's sessions run, and what differs between them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Shell {
-    /// GNU bash (readline).
-    Bash,
-    /// PowerShell 7.
-    Pwsh,
-}
-
-impl Shell {
-    fn by_name(name: &str) -> Option<Shell> {
-        match ShellDialect::by_name(name)? {
-            d if d == ShellDialect::PWSH => Some(Shell::Pwsh),
-            d if d == ShellDialect::BASH => Some(Shell::Bash),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn dialect(self) -> ShellDialect {
-        match self {
-            Shell::Bash => ShellDialect::BASH,
-            Shell::Pwsh => ShellDialect::PWSH,
-        }
-    }
-
-    /// The line typed to run one framed command (`init`: the session's first).
-    pub(crate) fn frame(self, command: &str, nonce: &str, init: bool) -> String {
-        match self {
-            Shell::Bash => framing::frame(command, nonce, init),
-            // The helpers were defined at startup.
-            Shell::Pwsh => framing::pwsh_frame(command, nonce),
-        }
-    }
-
+/// What a dialect's shell does on a terminal that the session must allow for.
+pub(crate) trait OnTerminal {
     /// The shell asks the terminal where the cursor is and waits for the answer (.NET does,
     /// before every prompt), so the session answers like a terminal would.
-    pub(crate) fn answers_cursor_queries(self) -> bool {
-        self == Shell::Pwsh
-    }
+    fn answers_cursor_queries(self) -> bool;
 
     /// The shell runs its commands in its own process group (pwsh starts them through .NET,
     /// without job control), so the foreground group is always the shell's: a signal meant
     /// for a command reaches the shell too, and an interrupt cannot tell the two apart by
     /// group. pwsh ignores a SIGINT at its prompt, so an interrupt may be repeated until the
     /// prompt is back; bash would keep it pending in readline and eat the next line.
-    pub(crate) fn commands_share_its_group(self) -> bool {
-        self == Shell::Pwsh
+    fn commands_share_its_group(self) -> bool;
+}
+
+impl OnTerminal for Dialect {
+    fn answers_cursor_queries(self) -> bool {
+        self == Dialect::Pwsh
+    }
+
+    fn commands_share_its_group(self) -> bool {
+        self == Dialect::Pwsh
     }
 }
 
@@ -256,7 +229,6 @@ pub struct TerminalBash {
     subprocess: Arc<dyn Subprocess>,
     /// The sandbox every shell is wrapped through, and the policy it runs under.
     confinement: Option<Confinement>,
-    shell: Shell,
 }
 
 impl TerminalBash {
@@ -266,8 +238,7 @@ impl TerminalBash {
     /// Invalid config.
     pub fn new(config: TerminalBashConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
         config.check(NAME)?;
-        let shell = Shell::by_name(&config.shell_dialect).unwrap_or(Shell::Bash);
-        Ok(Self { config, subprocess, confinement: None, shell })
+        Ok(Self { config, subprocess, confinement: None })
     }
 
     /// A backend whose every shell is wrapped through `sandbox` under `policy` (the mode
@@ -282,9 +253,8 @@ impl TerminalBash {
         policy: SandboxPolicy,
     ) -> Result<Self> {
         config.check(NAME)?;
-        let shell = Shell::by_name(&config.shell_dialect).unwrap_or(Shell::Bash);
         let confinement = Confinement::new(sandbox, policy, NAME, "open", ConfinedSubject::Shell);
-        Ok(Self { config, subprocess, confinement: Some(confinement), shell })
+        Ok(Self { config, subprocess, confinement: Some(confinement) })
     }
 
     /// Puts the sandbox runner in front of the shell's command line (argv, cwd and env
@@ -322,8 +292,8 @@ impl TerminalBash {
         nonce: &str,
         term: &str,
     ) -> (Vec<String>, Vec<(&'static str, String)>) {
-        match self.shell {
-            Shell::Bash => {
+        match self.config.shell_dialect {
+            Dialect::Bash => {
                 // \[ \] keep readline's width math right; PROMPT_COMMAND re-asserts PS1 before
                 // every prompt so a user's PS1 change cannot break readiness, and ends a
                 // pending frame.
@@ -341,7 +311,7 @@ impl TerminalBash {
                 let env = vec![
                     ("PS1", ps1.clone()),
                     ("PS2", "> ".into()),
-                    ("PROMPT_COMMAND", framing::prompt_command(&ps1, nonce)),
+                    ("PROMPT_COMMAND", conch_dialect::bash::prompt_command(&ps1, nonce)),
                     ("TERM", term.into()),
                     ("NO_COLOR", "1".into()),
                     ("PAGER", "cat".into()),
@@ -353,19 +323,16 @@ impl TerminalBash {
                 ];
                 (argv, env)
             }
-            Shell::Pwsh => {
+            Dialect::Pwsh => {
                 let argv = vec![
                     self.config.pwsh.clone(),
                     "-NoLogo".into(),
                     "-NoProfile".into(),
                     "-NoExit".into(),
                     "-EncodedCommand".into(),
-                    conch_provider_bash::pwsh::encode_command(&framing::pwsh_init(payload)),
+                    pwsh::encode_command(&pwsh::session_script(payload)),
                 ];
-                let env = conch_provider_bash::pwsh::ENV_OVERRIDES
-                    .iter()
-                    .map(|(k, v)| (*k, (*v).to_string()))
-                    .collect();
+                let env = pwsh::ENV_OVERRIDES.iter().map(|(k, v)| (*k, (*v).to_string())).collect();
                 (argv, env)
             }
         }
@@ -373,7 +340,9 @@ impl TerminalBash {
 
     /// A spawn error as the user should read it: a missing pwsh by name.
     fn spawn_error(&self, e: Error) -> Error {
-        if self.shell == Shell::Pwsh && e.reason() == Some(ErrorReason::MissingProgram) {
+        if self.config.shell_dialect == Dialect::Pwsh
+            && e.reason() == Some(ErrorReason::MissingProgram)
+        {
             return missing_pwsh(&self.config.pwsh);
         }
         e
@@ -381,7 +350,7 @@ impl TerminalBash {
 }
 
 fn missing_pwsh(program: &str) -> Error {
-    Error::new(ErrorCode::SpawnFailed, conch_provider_bash::pwsh::missing_program(program))
+    Error::new(ErrorCode::SpawnFailed, pwsh::missing_program(program))
         .with_provider(NAME)
         .with_operation("open")
 }
@@ -389,11 +358,11 @@ fn missing_pwsh(program: &str) -> Error {
 #[async_trait]
 impl TerminalBackend for TerminalBash {
     fn type_name(&self) -> &'static str {
-        self.shell.dialect().name
+        self.config.shell_dialect.name()
     }
 
-    fn dialect(&self) -> ShellDialect {
-        self.shell.dialect()
+    fn dialect(&self) -> Dialect {
+        self.config.shell_dialect
     }
 
     async fn open(&self, spec: TerminalOpenSpec) -> Result<Arc<dyn TerminalSession>> {
@@ -409,8 +378,8 @@ impl TerminalBackend for TerminalBash {
         if let Some(why) = size_issue(size.rows, size.cols) {
             return Err(Error::invalid(why).with_provider(NAME).with_operation("open"));
         }
-        let term = match (&spec.term, self.shell) {
-            (Some(_), Shell::Pwsh) => {
+        let term = match (&spec.term, self.config.shell_dialect) {
+            (Some(_), Dialect::Pwsh) => {
                 return Err(Error::invalid(
                     "pwsh sessions keep TERM=dumb (their line reading relies on it); open \
                      without `term`",
@@ -418,7 +387,7 @@ impl TerminalBackend for TerminalBash {
                 .with_provider(NAME)
                 .with_operation("open"));
             }
-            (Some(t), Shell::Bash) => t.clone(),
+            (Some(t), Dialect::Bash) => t.clone(),
             (None, _) => self.config.term.clone(),
         };
         if let Some(why) = term_issue(&term) {
@@ -442,7 +411,7 @@ impl TerminalBackend for TerminalBash {
         }
         // Under a sandbox the runner is what gets spawned, and a missing pwsh would show only
         // as the runner's exit; say what is missing instead, as the unconfined open does.
-        if self.shell == Shell::Pwsh
+        if self.config.shell_dialect == Dialect::Pwsh
             && self.confinement.is_some()
             && self.subprocess.which(&self.config.pwsh).await?.is_none()
         {
@@ -456,8 +425,14 @@ impl TerminalBackend for TerminalBash {
         // without a sandbox); a runner that starts but cannot confine is caught below.
         let process =
             self.subprocess.spawn_terminal(tspec).await.map_err(|e| self.spawn_error(e))?;
-        let shared =
-            session::start(process, self.config.clone(), self.shell, &payload, &nonce, size);
+        let shared = session::start(
+            process,
+            self.config.clone(),
+            self.config.shell_dialect,
+            &payload,
+            &nonce,
+            size,
+        );
         let motd = match session::await_first_prompt(&shared, &spec.cancel).await {
             Ok(m) => m,
             Err(e) => {

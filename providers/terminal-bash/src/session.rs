@@ -48,10 +48,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use conch_output::{Strategy, TextRetainer};
 use conch_seams::{
-    CloseReport, CommandEnd, CommandOutcome, Error, ErrorBody, ErrorCode, ForegroundTarget,
-    Interrupted, Probe, Result, SandboxMode, ScreenView, ScrollbackPage, SendOutcome, SendProgress,
-    SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery, StdinWait, StopCause,
-    TerminalObservation, TerminalProcess, TerminalSession, TerminalSize, WaitReason,
+    CloseReport, CommandEnd, CommandOutcome, Dialect, Error, ErrorBody, ErrorCode,
+    ForegroundTarget, Interrupted, Probe, Result, SandboxMode, ScreenView, ScrollbackPage,
+    SendOutcome, SendProgress, SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery,
+    StdinWait, StopCause, TerminalObservation, TerminalProcess, TerminalSession, TerminalSize,
+    WaitReason,
 };
 use conch_sync::LockExt;
 use tokio::sync::Notify;
@@ -61,7 +62,7 @@ use crate::framing::{self, FrameScanner};
 use crate::input::{self, Modes};
 use crate::parser::{Event, Parser};
 use crate::scrollback::Scrollback;
-use crate::{NAME, Shell, TerminalBashConfig};
+use crate::{NAME, OnTerminal, TerminalBashConfig};
 
 /// Consecutive positive probe samples before an interrupt counts as settled.
 const STABLE_SAMPLES: u32 = 3;
@@ -367,7 +368,8 @@ pub(crate) struct Shared {
     close_lock: tokio::sync::Mutex<Option<CloseReport>>,
     /// The framing helpers were typed into this shell (by its first framed command).
     framing_ready: AtomicBool,
-    shell: Shell,
+    /// The dialect of the shell the session runs.
+    dialect: Dialect,
     /// The session's private nonce (the prompt marker's, and the fresh-shell marker's).
     nonce: String,
 }
@@ -517,12 +519,12 @@ impl Shared {
 pub(crate) fn start(
     process: Arc<dyn TerminalProcess>,
     config: TerminalBashConfig,
-    shell: Shell,
+    dialect: Dialect,
     marker: &str,
     nonce: &str,
     size: conch_seams::TerminalSize,
 ) -> Arc<Shared> {
-    let parser = if shell.answers_cursor_queries() {
+    let parser = if dialect.answers_cursor_queries() {
         Parser::new(marker).answering(size.rows, size.cols)
     } else {
         Parser::new(marker)
@@ -533,7 +535,7 @@ pub(crate) fn start(
         state: Mutex::new(State {
             parser,
             scrollback: Scrollback::new(config.scrollback_lines, config.scrollback_max_bytes),
-            screen: screen_model(size, !shell.answers_cursor_queries()),
+            screen: screen_model(size, !dialect.answers_cursor_queries()),
             op: Some(TextRetainer::new(Strategy::Tail, config.max_read_bytes)),
             op_from: None,
             frame: None,
@@ -558,7 +560,7 @@ pub(crate) fn start(
         closing: AtomicBool::new(false),
         close_lock: tokio::sync::Mutex::new(None),
         framing_ready: AtomicBool::new(false),
-        shell,
+        dialect,
         nonce: nonce.to_string(),
     });
     let pump = Arc::clone(&shared);
@@ -628,7 +630,7 @@ pub(crate) async fn await_first_prompt(
                 }
                 return Err(Error::new(
                     ErrorCode::SpawnFailed,
-                    format!("{} exited during startup: {text}", shared.shell.dialect().name),
+                    format!("{} exited during startup: {text}", shared.dialect.name()),
                 )
                 .with_provider(NAME));
             }
@@ -637,10 +639,7 @@ pub(crate) async fn await_first_prompt(
         if now >= deadline {
             return Err(Error::new(
                 ErrorCode::Timeout,
-                format!(
-                    "{} did not show its prompt before timeout_ms",
-                    shared.shell.dialect().name
-                ),
+                format!("{} did not show its prompt before timeout_ms", shared.dialect.name()),
             )
             .with_provider(NAME));
         }
@@ -726,7 +725,7 @@ impl BashSession {
         let sh = &self.shared;
         // Where commands share the shell's group (pwsh), a busy shell group may be a command
         // that reads what is typed.
-        if sh.shell.commands_share_its_group() {
+        if sh.dialect.commands_share_its_group() {
             return Ok(None);
         }
         let deadline = Instant::now() + Duration::from_millis(sh.config.timeout_ms);
@@ -785,7 +784,7 @@ impl BashSession {
             }
             st.busy()
         };
-        if sh.shell != Shell::Bash || floor.is_some() || busy {
+        if sh.dialect != Dialect::Bash || floor.is_some() || busy {
             return Ok(false);
         }
         Ok(sh.observe(Probe::Foreground).await?.leader_owns_foreground)
@@ -1044,7 +1043,7 @@ impl BashSession {
     /// bash is blocked reading with no input queued, the signal is taken at once.
     fn shell_may_be_signalled(&self, reading_line: bool, obs: &TerminalObservation) -> bool {
         !reading_line
-            || self.shared.shell != Shell::Bash
+            || self.shared.dialect != Dialect::Bash
             || matches!(obs.stdin, StdinWait::Waiting | StdinWait::Unavailable)
     }
 
@@ -1053,7 +1052,7 @@ impl BashSession {
     /// True once the shell is back at its prompt, reading, with its state; false when it
     /// could not be brought back (the caller resets the session).
     async fn stop_command(&self, start_prompts: u64) -> Result<bool> {
-        if self.shared.shell.commands_share_its_group() {
+        if self.shared.dialect.commands_share_its_group() {
             // pwsh runs commands in its own group: an interrupt cannot tell them apart.
             return Ok(false);
         }
@@ -1272,12 +1271,12 @@ impl TerminalSession for BashSession {
         let floor = self.owed_prompt(&cancel).await?;
         let nonce = conch_seams::terminal::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
-        let framed = self.shared.shell.frame(command, &nonce, init);
+        let framed = self.shared.dialect.framed_line(command, &nonce, init);
         // Pasted where readline takes pastes: it then inserts the whole line and echoes it
         // at once, where typed it echoes (and the pump takes in) one byte at a time.
-        let paste = match self.shared.shell {
-            Shell::Bash => self.pastes(floor).await.inspect_err(|e| self.shared.note_loss(e))?,
-            Shell::Pwsh => false,
+        let paste = match self.shared.dialect {
+            Dialect::Bash => self.pastes(floor).await.inspect_err(|e| self.shared.note_loss(e))?,
+            Dialect::Pwsh => false,
         };
         let start_prompts = {
             let mut st = self.shared.lock();
@@ -1393,7 +1392,7 @@ impl TerminalSession for BashSession {
         // At its prompt, readline redraws the prompt line on SIGWINCH, marker included: the
         // next send must not take that redraw for its own prompt, so it first waits for it
         // (bounded), as after a signal.
-        if self.shared.shell == crate::Shell::Bash
+        if self.shared.dialect == Dialect::Bash
             && self.shared.observe(Probe::Foreground).await?.leader_owns_foreground
         {
             let mut st = self.shared.lock();
@@ -1421,7 +1420,7 @@ impl TerminalSession for BashSession {
         // signalled command brings back as its own. Where commands share the shell's group
         // (pwsh), the delivery is always the leader's, so a busy shell counts instead.
         let mut st = self.shared.lock();
-        if !delivery.leader || (self.shared.shell.commands_share_its_group() && st.busy()) {
+        if !delivery.leader || (self.shared.dialect.commands_share_its_group() && st.busy()) {
             st.signalled = Some((st.prompts, Instant::now()));
         }
         Ok(delivery)
