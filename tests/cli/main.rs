@@ -949,3 +949,54 @@ fn bench_json_is_the_chosen_suite_and_an_unknown_suite_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("possible values: oneshot, terminal, floors, remote, sandbox"), "{err}");
 }
+
+#[test]
+fn bench_runs_conch_bench_next_to_conch_else_on_path_else_says_what_to_build() {
+    // The benchmarks are a binary of their own; `conch bench` execs it with its flags.
+    // Next to `conch` (as cargo builds them): the global `--composition` reaches the
+    // oneshot suite, and its refusal and exit code come back unchanged.
+    let out = conch().args(["--composition", "nosuch", "bench", "--iterations", "1"]).output();
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: composition `nosuch` not found"), "{err}");
+
+    // A `conch` alone in its directory (a hard link: the running executable's own path is
+    // where the sibling is looked for, and a symlink would resolve back to target/).
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (alone, path_dir) = (dir.path().join("alone"), dir.path().join("path"));
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::create_dir_all(&path_dir).unwrap();
+    let lone = alone.join("conch");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_conch"), &lone).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_conch"), &lone).unwrap();
+    }
+    let run = |path: &str| {
+        Command::new(&lone)
+            .env_remove("CONCH_HOME")
+            .env("CONCH_PLUGINS__SUBPROCESS_LOCAL__SPILL_DIR", test_spill_dir())
+            .env("PATH", path)
+            .args(["bench", "--suite", "oneshot", "--iterations", "1", "--json"])
+            .output()
+            .unwrap()
+    };
+    // Neither next to it nor on PATH: a typed error that names what to build.
+    let out = run(path_dir.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error[not_found]: `conch bench` runs the `conch-bench` binary")
+            && err.contains(&format!("neither next to {} nor on PATH", lone.display()))
+            && err.contains("cargo build --release --bin conch-bench"),
+        "{err}"
+    );
+    // On PATH: found there, and its report is the command's.
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_conch-bench"), path_dir.join("conch-bench"))
+        .unwrap();
+    let path = format!("{}:{}", path_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = run(&path);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&v["suite"], &v["iterations"]), (&"oneshot".into(), &1.into()), "{v}");
+}

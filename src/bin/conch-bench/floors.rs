@@ -166,7 +166,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     let mut rows = Vec::new();
 
     // One-shot: the bash tool vs a raw spawn of `bash -c true`.
-    let standard = crate::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+    let standard = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
     let o = owner();
     let raw_bash = || async {
         let s = tokio::process::Command::new("bash").args(["-c", "true"]).status().await?;
@@ -238,8 +238,8 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     });
 
     // Terminals: raw PTY floors through the subprocess seam, then the tools.
-    let terminal = crate::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
-    let minimal = crate::build_runtime("minimal").map_err(|e| anyhow!("{e}"))?;
+    let terminal = conch::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
+    let minimal = conch::build_runtime("minimal").map_err(|e| anyhow!("{e}"))?;
     let sub = terminal.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
     let mut spec = TerminalSpawnSpec::in_default_dir(
         ["bash", "--norc", "--noprofile", "-i"].iter().map(|s| (*s).to_string()).collect(),
@@ -320,7 +320,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     });
 
     // Teardown of an owner with 100 live background jobs.
-    let many = crate::build_runtime_from_yaml(
+    let many = conch::build_runtime_from_yaml(
         "bench:many-jobs",
         "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  jobs: { cap_per_owner: 100 }\n  tool-bash: {}\n  tool-jobs: {}\n",
         conch_env::ShellEnv::from_process_env(),
