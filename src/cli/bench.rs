@@ -23,14 +23,18 @@ use super::logging::LogFormat;
 /// The file name of the benchmark binary `conch bench` runs.
 pub const BENCH_BINARY: &str = "conch-bench";
 
+/// The cargo command that builds the benchmark binary next to this one: the same profile.
+const BUILD: &str = if cfg!(debug_assertions) { "cargo build" } else { "cargo build --release" };
+
 /// Why `conch bench` could not run the benchmark binary.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     /// No `conch-bench` next to the running executable nor on PATH.
     #[error(
         "`conch bench` runs the `{BENCH_BINARY}` binary, which is neither next to {exe} nor on \
-         PATH; build it with `cargo build --release --bin {BENCH_BINARY}` (`cargo build \
-         --release` and `cargo install --path .` build it with `conch`)"
+         PATH; build it with `{build} --bin {BENCH_BINARY}` (`{build}` and `cargo install --path \
+         .` build it with `conch`; `cargo run` does not)",
+        build = BUILD
     )]
     NotFound {
         /// Where the running executable is (or why that is unknown).
