@@ -490,6 +490,24 @@ fn sandbox_exec_confines_then_execs() {
     assert_eq!(bad.status.code(), Some(125), "{}", String::from_utf8_lossy(&bad.stderr));
 }
 
+/// `conch-bench` is the helper of the sandbox runners its runtimes build (they default to the
+/// running executable), as `conch` is: its `sandbox` suite confines through it.
+#[test]
+fn conch_bench_is_its_own_sandbox_helper() {
+    let bench = || Command::new(env!("CARGO_BIN_EXE_conch-bench"));
+    let root = tempfile::tempdir().unwrap();
+    let policy = serde_json::json!({ "mode": "workspace-write", "workspace_root": root.path() });
+    let script = format!("echo in > {}/in; echo done", root.path().display());
+    let out = bench()
+        .args(["sandbox-exec", "--policy", &policy.to_string(), "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(text(&out).contains("done"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(root.path().join("in")).unwrap(), "in\n");
+    let bad = bench().args(["sandbox-exec", "--policy", "{", "--", "true"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(125), "{}", String::from_utf8_lossy(&bad.stderr));
+}
+
 #[test]
 fn check_accepts_both_pwsh_compositions_on_a_machine_without_pwsh() {
     let empty = tempfile::tempdir().unwrap();

@@ -1,7 +1,9 @@
 //! The `conch-bench` binary: every benchmark behind `conch bench`, kept out of the shipped
 //! `conch` binary (which links none of this and execs this binary instead, see
 //! `src/cli/bench.rs`). It takes the flags of `conch bench` plus the two global ones it
-//! uses, `--composition` (the `oneshot` suite's) and `--log-format`.
+//! uses, `--composition` (the `oneshot` suite's) and `--log-format`. Like `conch`, it is
+//! also the sandbox runners' `sandbox-exec` helper, which they find as the running
+//! executable.
 //!
 //! `bench.rs` holds the `oneshot` and `terminal` suites, `floors.rs` the `floors` suite and
 //! the goal rows the others share, `remote_bench.rs` the `remote` suite and
@@ -37,6 +39,14 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // The sandbox runners' helper defaults to the running executable, which in the
+    // `sandbox` suite is this one: dispatched as `conch` does it (see `conch::cli::main`),
+    // single-threaded, before clap and before any runtime starts.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(conch_provider_sandbox::exec::SUBCOMMAND) {
+        let code = conch_provider_sandbox::sandbox_exec_main(&args);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = Cli::parse();
     logging::init(cli.log_format, "warn");
     // Benchmarks run many calls (and the remote suite a daemon): the worker pool, as for
