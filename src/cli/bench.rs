@@ -12,7 +12,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::ValueEnum as _;
 use conch_seams::ErrorCode;
@@ -62,8 +62,14 @@ impl BenchError {
 }
 
 /// The arguments `conch-bench` receives: every flag, the defaults included, so what runs
-/// does not depend on the two binaries agreeing on a default.
-fn forwarded(args: &BenchArgs, composition: &str, log_format: LogFormat) -> Vec<OsString> {
+/// does not depend on the two binaries agreeing on a default, and `--conch` naming this
+/// executable, whose `conch call` process the `floors` suite times.
+fn forwarded(
+    args: &BenchArgs,
+    composition: &str,
+    log_format: LogFormat,
+    exe: Option<&Path>,
+) -> Vec<OsString> {
     let name = |v: Option<clap::builder::PossibleValue>| {
         v.map(|v| v.get_name().to_string()).unwrap_or_default()
     };
@@ -80,14 +86,17 @@ fn forwarded(args: &BenchArgs, composition: &str, log_format: LogFormat) -> Vec<
     if args.json {
         out.push("--json".into());
     }
+    if let Some(exe) = exe {
+        out.extend(["--conch".into(), exe.as_os_str().to_owned()]);
+    }
     out
 }
 
 /// Replaces this process with `conch-bench` run on `args`; returns only when no benchmark
 /// binary could be executed.
 pub(super) fn exec(args: &BenchArgs, composition: &str, log_format: LogFormat) -> BenchError {
-    let argv = forwarded(args, composition, log_format);
     let exe = std::env::current_exe();
+    let argv = forwarded(args, composition, log_format, exe.as_deref().ok());
     if let Ok(exe) = &exe
         && let Some(dir) = exe.parent()
     {

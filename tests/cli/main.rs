@@ -989,17 +989,18 @@ fn bench_runs_conch_bench_next_to_conch_else_on_path_else_says_what_to_build() {
     if std::fs::hard_link(env!("CARGO_BIN_EXE_conch"), &lone).is_err() {
         std::fs::copy(env!("CARGO_BIN_EXE_conch"), &lone).unwrap();
     }
-    let run = |path: &str| {
+    let run = |path: &str, args: &[&str]| {
         Command::new(&lone)
             .env_remove("CONCH_HOME")
             .env("CONCH_PLUGINS__SUBPROCESS_LOCAL__SPILL_DIR", test_spill_dir())
             .env("PATH", path)
-            .args(["bench", "--suite", "oneshot", "--iterations", "1", "--json"])
+            .args(args)
             .output()
             .unwrap()
     };
+    let oneshot = ["bench", "--suite", "oneshot", "--iterations", "1", "--json"];
     // Neither next to it nor on PATH: a typed error that names what to build.
-    let out = run(path_dir.to_str().unwrap());
+    let out = run(path_dir.to_str().unwrap(), &oneshot);
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -1009,11 +1010,34 @@ fn bench_runs_conch_bench_next_to_conch_else_on_path_else_says_what_to_build() {
             && err.contains("--bin conch-bench`"),
         "{err}"
     );
-    // On PATH: found there, and its report is the command's.
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_conch-bench"), path_dir.join("conch-bench"))
+    // On PATH, a stand-in that prints what it was given: every flag spelled out, and the
+    // running `conch` (whose `conch call` the floors suite times); its exit code comes back.
+    let stand_in = path_dir.join("conch-bench");
+    std::fs::write(&stand_in, "#!/bin/sh\nprintf '%s\\n' \"$@\"\nexit 3\n").unwrap();
+    std::fs::set_permissions(&stand_in, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .unwrap();
+    let args = ["--composition", "minimal", "bench", "--suite", "floors", "--log-format", "json"];
+    let out = run(path_dir.to_str().unwrap(), &args);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let lone_arg = lone.display().to_string();
+    let want = [
+        "--composition",
+        "minimal",
+        "--log-format",
+        "json",
+        "--suite",
+        "floors",
+        "--iterations",
+        "50",
+        "--conch",
+        &lone_arg,
+    ];
+    assert_eq!(text(&out).lines().collect::<Vec<_>>(), want);
+    // The real one on PATH: its report is the command's.
+    std::fs::remove_file(&stand_in).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_conch-bench"), &stand_in).unwrap();
     let path = format!("{}:{}", path_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let out = run(&path);
+    let out = run(&path, &oneshot);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((&v["suite"], &v["iterations"]), (&"oneshot".into(), &1.into()), "{v}");

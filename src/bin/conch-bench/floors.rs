@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail, ensure};
+use anyhow::{anyhow, bail, ensure};
 use conch_registry::Runtime;
 use conch_seams::{
     CollectingSink, NoticeSink, Owner, Probe, StdinWait, TerminalProcess, TerminalSpawnSpec,
@@ -157,11 +157,16 @@ pub(crate) async fn terminal_send(
     Ok(())
 }
 
-/// Runs every measurement and renders the table (or JSON).
+/// Runs every measurement and renders the table (or JSON); `conch` is the binary whose
+/// `conch call` process is timed.
 ///
 /// # Errors
 /// When a runtime cannot be built or a measured call fails.
-pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<String> {
+pub(crate) async fn run(
+    iterations: usize,
+    as_json: bool,
+    conch: &std::path::Path,
+) -> anyhow::Result<String> {
     let n = iterations.max(1);
     let mut rows = Vec::new();
 
@@ -189,16 +194,15 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     });
 
     // The whole CLI process vs a bash process.
-    let exe = std::env::current_exe().context("locating the conch binary")?;
     let conch_call = || {
-        let exe = exe.clone();
+        let exe = conch.to_path_buf();
         async move {
-            let s = tokio::process::Command::new(exe)
+            let s = tokio::process::Command::new(&exe)
                 .args(["call", "bash", r#"{"command":"true"}"#])
                 .stdout(std::process::Stdio::null())
                 .status()
                 .await?;
-            ensure!(s.success(), "conch call failed");
+            ensure!(s.success(), "{} call failed", exe.display());
             Ok(())
         }
     };

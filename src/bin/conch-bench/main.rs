@@ -14,8 +14,10 @@ mod floors;
 mod remote_bench;
 mod sandbox_bench;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::Parser;
 use conch::cli::logging::{self, LogFormat};
 use conch::cli::{BenchArgs, BenchSuite};
@@ -34,6 +36,10 @@ struct Cli {
     /// `warn`).
     #[arg(long, value_enum, default_value_t)]
     log_format: LogFormat,
+    /// The `conch` binary whose `conch call` process the `floors` suite times (`conch bench`
+    /// names itself; default: the `conch` next to this binary).
+    #[arg(long, value_name = "PATH")]
+    conch: Option<PathBuf>,
     #[command(flatten)]
     bench: BenchArgs,
 }
@@ -79,7 +85,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
     match suite {
         BenchSuite::Remote => remote_bench::run(iterations, json).await,
         BenchSuite::Sandbox => sandbox_bench::run(iterations, json).await,
-        BenchSuite::Floors => floors::run(iterations, json).await,
+        BenchSuite::Floors => floors::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
         BenchSuite::Oneshot => {
             let runtime =
@@ -89,4 +95,14 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
             report
         }
     }
+}
+
+/// The `conch` binary the `floors` suite runs: the one `--conch` names, else the one next to
+/// this binary (where cargo builds and installs both).
+fn conch_binary(cli: &Cli) -> anyhow::Result<PathBuf> {
+    if let Some(conch) = &cli.conch {
+        return Ok(conch.clone());
+    }
+    let exe = std::env::current_exe().context("locating the conch binary")?;
+    Ok(exe.with_file_name("conch"))
 }
