@@ -19,8 +19,6 @@ pub mod logging;
 mod sandboxd;
 mod strict_json;
 
-pub use bench::{BENCH_BINARY, BenchError};
-
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
