@@ -5,8 +5,9 @@
 //!
 //! `anyhow` is used here and nowhere else in the library. `sandboxd.rs` is the daemon's entry,
 //! `conformance.rs` the conformance command, `logging.rs` the subscriber (`CONCH_LOG`,
-//! `--log-format`), and `floors.rs` and `remote_bench.rs` the goal benchmarks. The sandbox helper,
-//! `conch sandbox-exec`, is dispatched in `main` before any runtime starts.
+//! `--log-format`), and `bench.rs` hands `conch bench` to the `conch-bench` binary, which holds
+//! the benchmarks. The sandbox helper, `conch sandbox-exec`, and `conch bench` are dispatched in
+//! `main` before any runtime starts.
 //!
 //! `call` waits for the jobs its call started (their notices and `job_output` results follow the
 //! result), and SIGTERM or SIGINT to `call` or `batch` cancels the call in flight and disposes the
@@ -14,10 +15,7 @@
 
 mod bench;
 mod conformance;
-mod floors;
 pub mod logging;
-mod remote_bench;
-mod sandbox_bench;
 mod sandboxd;
 mod strict_json;
 
@@ -46,8 +44,8 @@ struct Cli {
 }
 
 /// The benchmark suites of `conch bench`.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum BenchSuite {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchSuite {
     /// The one-shot bash tool next to raw `bash -c true`.
     Oneshot,
     /// Raw PTY vs terminal_send vs persistent bash, and time to stdin_read.
@@ -112,17 +110,25 @@ enum Command {
     /// next to its floor measured in the same run, with the ratio), or `remote` (the same
     /// calls local and through a `conch sandboxd` started on loopback in this process), or
     /// `sandbox` (bash-sandbox under each runner next to bash-local).
-    Bench {
-        /// Which benchmark.
-        #[arg(long, value_enum, default_value_t = BenchSuite::Oneshot)]
-        suite: BenchSuite,
-        /// Iterations per measurement.
-        #[arg(long, default_value_t = 50)]
-        iterations: usize,
-        /// Print the report as one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    ///
+    /// The benchmarks are the `conch-bench` binary (the `conch` binary links none of them):
+    /// this command runs the one next to `conch`, else the one on PATH, with these flags.
+    Bench(BenchArgs),
+}
+
+/// The flags of `conch bench`: `conch` parses them (so `--help` and a wrong value are its
+/// own) and hands them to `conch-bench`, which parses the same definition.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[arg(long, value_enum, default_value_t = BenchSuite::Oneshot)]
+    pub suite: BenchSuite,
+    /// Iterations per measurement.
+    #[arg(long, default_value_t = 50)]
+    pub iterations: usize,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs the `conch` command line on this process's arguments and returns its exit code.
@@ -138,6 +144,13 @@ pub fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let cli = Cli::parse();
+    if let Command::Bench(args) = &cli.command {
+        // Replaces this process with `conch-bench`, which then owns stdout, the exit code
+        // and signals; it returns only when no benchmark binary could be run.
+        let e = bench::exec(args, &cli.composition, cli.log_format);
+        eprintln!("error[{}]: {e}", e.code());
+        return ExitCode::from(2);
+    }
     // A daemon reports its lifecycle; one-shot commands only what went wrong.
     // The MCP library warns (in its own debug format) about every error response it sends,
     // which a client already got as a protocol frame; by default only its errors show.
@@ -149,13 +162,11 @@ pub fn main() -> ExitCode {
     logging::init(cli.log_format, default_level);
     // One call, one check or one listing is a single task with a few helpers: a
     // current-thread runtime starts in a fraction of the time (no worker threads, no CPU
-    // quota probe). Batches and benchmarks run many calls and keep the worker pool.
+    // quota probe). Batches run many calls and keep the worker pool.
     let builder = match cli.command {
-        Command::Batch
-        | Command::Bench { .. }
-        | Command::Sandboxd(_)
-        | Command::Mcp
-        | Command::Conformance(_) => tokio::runtime::Builder::new_multi_thread(),
+        Command::Batch | Command::Sandboxd(_) | Command::Mcp | Command::Conformance(_) => {
+            tokio::runtime::Builder::new_multi_thread()
+        }
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let rt = match { builder }.enable_all().build() {
@@ -252,23 +263,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Mcp => mcp(&cli.composition).await,
         Command::Conformance(args) => conformance::run(args, &cli.composition).await,
-        Command::Bench { suite, iterations, json } => {
-            let report = match suite {
-                BenchSuite::Remote => remote_bench::run(iterations, json).await,
-                BenchSuite::Sandbox => sandbox_bench::run(iterations, json).await,
-                BenchSuite::Floors => floors::run(iterations, json).await,
-                BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
-                BenchSuite::Oneshot => {
-                    let runtime = crate::build_runtime(&cli.composition)
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
-                    let report = bench::run(&runtime, iterations.max(1), json).await;
-                    runtime.shutdown().await;
-                    report
-                }
-            };
-            print!("{}", report?);
-            Ok(ExitCode::SUCCESS)
-        }
+        // Handed to `conch-bench` in `main`, before any runtime starts.
+        Command::Bench(_) => Err(anyhow::anyhow!("`bench` runs before the runtime starts")),
         command => {
             // A runtime that cannot be built (a daemon that refuses the token, a bad
             // composition) is reported with its typed code, as `check` does.
@@ -311,7 +307,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Command::Check { .. }
                 | Command::Plugins
                 | Command::SandboxExec { .. }
-                | Command::Bench { .. }
+                | Command::Bench(_)
                 | Command::Sandboxd(_)
                 | Command::Mcp
                 | Command::Conformance(_) => ExitCode::SUCCESS,

@@ -490,6 +490,24 @@ fn sandbox_exec_confines_then_execs() {
     assert_eq!(bad.status.code(), Some(125), "{}", String::from_utf8_lossy(&bad.stderr));
 }
 
+/// `conch-bench` is the helper of the sandbox runners its runtimes build (they default to the
+/// running executable), as `conch` is: its `sandbox` suite confines through it.
+#[test]
+fn conch_bench_is_its_own_sandbox_helper() {
+    let bench = || Command::new(env!("CARGO_BIN_EXE_conch-bench"));
+    let root = tempfile::tempdir().unwrap();
+    let policy = serde_json::json!({ "mode": "workspace-write", "workspace_root": root.path() });
+    let script = format!("echo in > {}/in; echo done", root.path().display());
+    let out = bench()
+        .args(["sandbox-exec", "--policy", &policy.to_string(), "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(text(&out).contains("done"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(root.path().join("in")).unwrap(), "in\n");
+    let bad = bench().args(["sandbox-exec", "--policy", "{", "--", "true"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(125), "{}", String::from_utf8_lossy(&bad.stderr));
+}
+
 #[test]
 fn check_accepts_both_pwsh_compositions_on_a_machine_without_pwsh() {
     let empty = tempfile::tempdir().unwrap();
@@ -948,4 +966,79 @@ fn bench_json_is_the_chosen_suite_and_an_unknown_suite_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("possible values: oneshot, terminal, floors, remote, sandbox"), "{err}");
+}
+
+#[test]
+fn bench_runs_conch_bench_next_to_conch_else_on_path_else_says_what_to_build() {
+    // The benchmarks are a binary of their own; `conch bench` execs it with its flags.
+    // Next to `conch` (as cargo builds them): the global `--composition` reaches the
+    // oneshot suite, and its refusal and exit code come back unchanged.
+    let out = conch().args(["--composition", "nosuch", "bench", "--iterations", "1"]).output();
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: composition `nosuch` not found"), "{err}");
+
+    // A `conch` alone in its directory (a hard link: the running executable's own path is
+    // where the sibling is looked for, and a symlink would resolve back to target/).
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (alone, path_dir) = (dir.path().join("alone"), dir.path().join("path"));
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::create_dir_all(&path_dir).unwrap();
+    let lone = alone.join("conch");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_conch"), &lone).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_conch"), &lone).unwrap();
+    }
+    let run = |path: &str, args: &[&str]| {
+        Command::new(&lone)
+            .env_remove("CONCH_HOME")
+            .env("CONCH_PLUGINS__SUBPROCESS_LOCAL__SPILL_DIR", test_spill_dir())
+            .env("PATH", path)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let oneshot = ["bench", "--suite", "oneshot", "--iterations", "1", "--json"];
+    // Neither next to it nor on PATH: a typed error that names what to build.
+    let out = run(path_dir.to_str().unwrap(), &oneshot);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error[not_found]: `conch bench` runs the `conch-bench` binary")
+            && err.contains(&format!("neither next to {} nor on PATH", lone.display()))
+            && err.contains("--bin conch-bench`"),
+        "{err}"
+    );
+    // On PATH, a stand-in that prints what it was given: every flag spelled out, and the
+    // running `conch` (whose `conch call` the floors suite times); its exit code comes back.
+    let stand_in = path_dir.join("conch-bench");
+    std::fs::write(&stand_in, "#!/bin/sh\nprintf '%s\\n' \"$@\"\nexit 3\n").unwrap();
+    std::fs::set_permissions(&stand_in, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let args = ["--composition", "minimal", "bench", "--suite", "floors", "--log-format", "json"];
+    let out = run(path_dir.to_str().unwrap(), &args);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let lone_arg = lone.display().to_string();
+    let want = [
+        "--composition",
+        "minimal",
+        "--log-format",
+        "json",
+        "--suite",
+        "floors",
+        "--iterations",
+        "50",
+        "--conch",
+        &lone_arg,
+    ];
+    assert_eq!(text(&out).lines().collect::<Vec<_>>(), want);
+    // The real one on PATH: its report is the command's.
+    std::fs::remove_file(&stand_in).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_conch-bench"), &stand_in).unwrap();
+    let path = format!("{}:{}", path_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = run(&path, &oneshot);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&v["suite"], &v["iterations"]), (&"oneshot".into(), &1.into()), "{v}");
 }

@@ -4,9 +4,10 @@
 //! The layering rule: only `providers/local` touches the OS process world (processes,
 //! signals, pids, `/proc`, PTYs). Test crates (`tests/`, `conformance/`) are exempt:
 //! they judge providers by their effect on the machine (`conch conformance` links the
-//! conformance crate for that same judging). The binary's benchmarks (`src/cli/bench.rs`,
-//! `src/cli/floors.rs`) spawn raw processes as the floors they measure against, and the
-//! remote bench (`src/cli/remote_bench.rs`) reads its own resident memory. The sandbox
+//! conformance crate for that same judging). The benchmarks, the `conch-bench` binary
+//! (`src/bin/conch-bench/bench.rs`, `floors.rs`), spawn raw processes as the floors they
+//! measure against, and its remote bench (`remote_bench.rs`) reads its own resident memory;
+//! `conch bench` (`src/cli/bench.rs`) execs that binary in place of itself. The sandbox
 //! runners (`providers/sandbox`) are the other place OS confinement lives: its `sandbox-exec`
 //! helper (`exec.rs`) confines its own process with libc calls (close_range, setsid,
 //! capset, prctl, Landlock, seccomp) before it execs the command, and `bwrap.rs` starts
@@ -156,14 +157,26 @@ fn only_the_local_provider_touches_the_process_world() {
                 }
                 for pat in forbidden_code {
                     let bench_floor =
-                        matches!(rel(&file).as_str(), "src/cli/bench.rs" | "src/cli/floors.rs")
-                            && matches!(pat, "tokio::process" | "std::process::Command");
+                        matches!(
+                            rel(&file).as_str(),
+                            "src/bin/conch-bench/bench.rs" | "src/bin/conch-bench/floors.rs"
+                        ) && matches!(pat, "tokio::process" | "std::process::Command");
                     // The remote bench reads its own memory use (`/proc/self/status`), a
                     // measurement of itself, not access to another process.
-                    let bench_self = rel(&file) == "src/cli/remote_bench.rs" && pat == "\"/proc";
+                    let bench_self =
+                        rel(&file) == "src/bin/conch-bench/remote_bench.rs" && pat == "\"/proc";
+                    // `conch bench` replaces its own process with `conch-bench` (an exec, no
+                    // child to manage).
+                    let bench_exec =
+                        rel(&file) == "src/cli/bench.rs" && pat == "std::process::Command";
                     let sandbox_os = sandbox_os_files.contains(&rel(&file).as_str())
                         && matches!(pat, "libc::" | "\"/proc" | "std::process::Command");
-                    if mentions(line, pat) && !bench_floor && !bench_self && !sandbox_os {
+                    if mentions(line, pat)
+                        && !bench_floor
+                        && !bench_self
+                        && !bench_exec
+                        && !sandbox_os
+                    {
                         offences.push(format!("{}:{}: `{pat}`", rel(&file), n + 1));
                     }
                 }

@@ -5,7 +5,7 @@ use anyhow::{anyhow, ensure};
 use conch_registry::Runtime;
 use serde_json::json;
 
-use super::floors::{Goal, Row, e, owner, paired, render};
+use crate::floors::{Goal, Row, e, owner, paired, render};
 
 /// The embedded `standard` composition with bash-local swapped for bash-sandbox under
 /// `runner` (workspace-write, rooted at the current directory).
@@ -13,7 +13,7 @@ fn sandboxed(runner: &str) -> anyhow::Result<Runtime> {
     let yaml = format!(
         "plugins:\n  subprocess-local: {{}}\n  {runner}: {{}}\n  sandbox-policy: {{ mode: workspace-write }}\n  bash-sandbox: {{}}\n  jobs: {{}}\n  tool-bash: {{}}\n  tool-jobs: {{}}\n"
     );
-    crate::build_runtime_from_yaml(
+    conch::build_runtime_from_yaml(
         &format!("bench:{runner}"),
         &yaml,
         conch_env::ShellEnv::from_process_env(),
@@ -28,7 +28,7 @@ fn sandboxed(runner: &str) -> anyhow::Result<Runtime> {
 pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<String> {
     let n = iterations.max(1);
     let o = owner();
-    let local = crate::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+    let local = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
     let mut rows = Vec::new();
     for (runner, path) in [
         ("sandbox-landlock", "bash-sandbox `true`, sandbox-landlock"),

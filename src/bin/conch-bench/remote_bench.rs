@@ -12,7 +12,7 @@ use conch_registry::Runtime;
 use conch_seams::Owner;
 use serde_json::json;
 
-use super::floors::{Goal, Row, e, median, owner, paired, render, terminal_send, timed};
+use crate::floors::{Goal, Row, e, median, owner, paired, render, terminal_send, timed};
 
 /// An in-process daemon on 127.0.0.1 with a fresh token.
 struct Daemon {
@@ -25,7 +25,7 @@ struct Daemon {
 
 impl Daemon {
     async fn start() -> anyhow::Result<Self> {
-        let host = crate::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+        let host = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
         let sub = host.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
         let token = conch_provider_remote_proto::random_id();
         let state = rxp::State::new(
@@ -43,7 +43,7 @@ impl Daemon {
 
     /// The embedded composition `name`, pointed at this daemon.
     fn runtime(&self, name: &str) -> anyhow::Result<Runtime> {
-        let yaml = crate::EMBEDDED
+        let yaml = conch::EMBEDDED
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, y)| *y)
@@ -52,7 +52,7 @@ impl Daemon {
         ensure!(yaml.contains(default_url), "{name} names no default url");
         let yaml =
             yaml.replace(default_url, &format!("url: {}\n    token: \"{}\"", self.url, self.token));
-        crate::build_runtime_from_yaml(
+        conch::build_runtime_from_yaml(
             &format!("bench:{name}"),
             &yaml,
             conch_env::ShellEnv::from_process_env(),
@@ -134,7 +134,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     let mut rows = Vec::new();
     let o = owner();
 
-    let local = crate::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+    let local = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
     let remote = daemon.runtime("remote-sandbox")?;
     let (l, r) = paired(
         n,
@@ -159,7 +159,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
         goal: Goal::RatioPlusMs(2.0, 1.0),
     });
 
-    let local_t = crate::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
+    let local_t = conch::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
     let remote_t = daemon.runtime("remote-terminal")?;
     let (lid, rid) = (open_session(&local_t, &o).await?, open_session(&remote_t, &o).await?);
     let (l, r) = paired(

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail, ensure};
+use anyhow::{anyhow, bail, ensure};
 use conch_registry::Runtime;
 use conch_seams::{
     CollectingSink, NoticeSink, Owner, Probe, StdinWait, TerminalProcess, TerminalSpawnSpec,
@@ -157,16 +157,21 @@ pub(crate) async fn terminal_send(
     Ok(())
 }
 
-/// Runs every measurement and renders the table (or JSON).
+/// Runs every measurement and renders the table (or JSON); `conch` is the binary whose
+/// `conch call` process is timed.
 ///
 /// # Errors
 /// When a runtime cannot be built or a measured call fails.
-pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<String> {
+pub(crate) async fn run(
+    iterations: usize,
+    as_json: bool,
+    conch: &std::path::Path,
+) -> anyhow::Result<String> {
     let n = iterations.max(1);
     let mut rows = Vec::new();
 
     // One-shot: the bash tool vs a raw spawn of `bash -c true`.
-    let standard = crate::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+    let standard = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
     let o = owner();
     let raw_bash = || async {
         let s = tokio::process::Command::new("bash").args(["-c", "true"]).status().await?;
@@ -189,16 +194,15 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     });
 
     // The whole CLI process vs a bash process.
-    let exe = std::env::current_exe().context("locating the conch binary")?;
     let conch_call = || {
-        let exe = exe.clone();
+        let exe = conch.to_path_buf();
         async move {
-            let s = tokio::process::Command::new(exe)
+            let s = tokio::process::Command::new(&exe)
                 .args(["call", "bash", r#"{"command":"true"}"#])
                 .stdout(std::process::Stdio::null())
                 .status()
                 .await?;
-            ensure!(s.success(), "conch call failed");
+            ensure!(s.success(), "{} call failed", exe.display());
             Ok(())
         }
     };
@@ -238,8 +242,8 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     });
 
     // Terminals: raw PTY floors through the subprocess seam, then the tools.
-    let terminal = crate::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
-    let minimal = crate::build_runtime("minimal").map_err(|e| anyhow!("{e}"))?;
+    let terminal = conch::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
+    let minimal = conch::build_runtime("minimal").map_err(|e| anyhow!("{e}"))?;
     let sub = terminal.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
     let mut spec = TerminalSpawnSpec::in_default_dir(
         ["bash", "--norc", "--noprofile", "-i"].iter().map(|s| (*s).to_string()).collect(),
@@ -320,7 +324,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     });
 
     // Teardown of an owner with 100 live background jobs.
-    let many = crate::build_runtime_from_yaml(
+    let many = conch::build_runtime_from_yaml(
         "bench:many-jobs",
         "plugins:\n  subprocess-local: {}\n  bash-local: {}\n  jobs: { cap_per_owner: 100 }\n  tool-bash: {}\n  tool-jobs: {}\n",
         conch_env::ShellEnv::from_process_env(),
