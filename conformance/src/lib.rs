@@ -473,6 +473,7 @@ macro_rules! __terminal_cases {
             history_expansion_is_off,
             a_shell_without_a_locale_gets_a_utf8_one,
             set_x_traces_only_the_command,
+            a_replacement_shell_gets_the_cwd_and_exports_its_predecessor_left,
             a_progress_bar_comes_back_as_its_last_state,
             a_carriage_return_overwrites_and_a_backspace_erases,
             term_is_a_real_terminal_type_and_can_be_chosen,

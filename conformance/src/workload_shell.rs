@@ -280,3 +280,55 @@ pub async fn set_x_traces_only_the_command(p: &dyn TerminalBackend) -> Outcome {
     close(s.as_ref()).await;
     Ok(())
 }
+
+/// A shell that replaces one the backend could not get back (the persistent tool's reset)
+/// starts with the working directory and exported variables the last finished command
+/// left, and says so when it cannot return to that directory.
+pub async fn a_replacement_shell_gets_the_cwd_and_exports_its_predecessor_left(
+    p: &dyn TerminalBackend,
+) -> Outcome {
+    bash_only(p)?;
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_with(p, &[]).await;
+    // A value no quoting may break: spaces, both quotes, a newline, non-ASCII.
+    let cmd = format!(
+        "cd '{}' && export WL_VAR=$'a \"b\" \\'c\\'\\nd \u{e9}' && WL_LOCAL=no",
+        dir.path().display()
+    );
+    let o = run(s.as_ref(), &cmd, LONG).await;
+    assert_eq!(o.end, CommandEnd::Exited(0), "{o:?}");
+    let state = o.state.clone().expect("the shell reports its state at its prompt");
+    assert!(state.exports && state.dialect == Dialect::Bash, "{state:?}");
+    // Reported when it changes, not after every command.
+    let o = run(s.as_ref(), "true", LONG).await;
+    assert!(o.state.is_none(), "{o:?}");
+    close(s.as_ref()).await;
+
+    let mut spec = TerminalOpenSpec::default();
+    spec.restore = Some(state);
+    let s = within("terminal open", p.open(spec)).await.expect("open a session");
+    let out = ran(s.as_ref(), "pwd -P; printf '%s|' \"$WL_VAR\" \"${WL_LOCAL-unset}\"", 0).await;
+    let real = std::fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(out, format!("{}\na \"b\" 'c'\nd \u{e9}|unset|", real.display()));
+    close(s.as_ref()).await;
+
+    // A directory that is gone by then: the replacement says where it is instead.
+    let gone = tempfile::tempdir().unwrap();
+    let s = open_with(p, &[]).await;
+    let o =
+        run(s.as_ref(), &format!("cd '{}' && export WL_VAR=2", gone.path().display()), LONG).await;
+    let state = o.state.clone().expect("a changed state is reported");
+    close(s.as_ref()).await;
+    drop(gone);
+    let mut spec = TerminalOpenSpec::default();
+    spec.restore = Some(state);
+    let s = within("terminal open", p.open(spec)).await.expect("open a session");
+    let out = ran(s.as_ref(), "echo $WL_VAR", 0).await;
+    assert!(
+        out.starts_with("[could not return to the working directory the shell had; it is in ")
+            && out.ends_with("]\n2\n"),
+        "{out:?}"
+    );
+    close(s.as_ref()).await;
+    Ok(())
+}

@@ -445,6 +445,28 @@ mod persistent {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn issue_23_a_shell_that_cannot_be_stopped_is_replaced_with_its_cwd_and_exports() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        set_state(&rt, &o).await;
+        // A loop in the shell itself that ignores SIGINT: only closing the shell ends it.
+        let cmd = json!({"command": "trap '' INT; while :; do :; done", "timeout_ms": 1000});
+        assert_eq!(
+            bash(&rt, &o, cmd).await,
+            "[timed out after 1000ms; the shell was reset: the next call starts a new shell with \
+             the working directory and exported variables of the last command that finished \
+             (functions, aliases and unexported variables are gone)]"
+        );
+        let cmd = "echo $PWD ${PB_Y-unset}; type pb_f >/dev/null 2>&1 || echo no-function";
+        assert_eq!(bash(&rt, &o, json!({"command": cmd})).await, "/tmp set\nno-function\n");
+        // `exit` is the shell's own end: the next shell starts as any new one does.
+        let out = bash(&rt, &o, json!({"command": "exit 3"})).await;
+        assert!(out.ends_with("[the shell exited; the next call starts a fresh shell]"), "{out}");
+        assert_eq!(bash(&rt, &o, json!({"command": "echo ${PB_Y-unset}"})).await, "unset\n");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn issue_23_exit_with_a_background_job_reports_the_code_at_once() {
         let rt = minimal();
         let (o, _) = owner("s");

@@ -42,6 +42,10 @@
 
 use crate::markers::TAG;
 
+/// The longest state script a state marker carries (its exports and working directory); a
+/// larger one carries the working directory alone.
+pub const STATE_MAX: usize = 256 * 1024;
+
 /// Defines what a framed command needs beyond the prompt hook: the errexit emulation and the
 /// exit hook; typed once per shell, before its first frame (again after `exec bash`).
 ///
@@ -87,12 +91,20 @@ pub const INIT: &str = concat!(
     "[[ -n $s ]] || return 0; for p in $(builtin jobs -p); do ",
     "builtin kill -TERM -- -$p || builtin kill -TERM $p; builtin kill -CONT -- -$p; done; ",
     "builtin printf '[the shell exited and stopped its background jobs:%s]\\n' \"$s\"; }; ",
-    "__conch_bye() { __conch_exit; builtin printf '\\n%s_EXIT_%s__\\n' __CONCH_PB \"${__conch_sn-}\"; }; ",
+    "__conch_bye() { __conch_exit; [[ -n ${__conch_sf-} ]] && command rm -f -- \"$__conch_sf\"; ",
+    "builtin printf '\\n%s_EXIT_%s__\\n' __CONCH_PB \"${__conch_sn-}\"; }; ",
     "builtin trap '{ __conch_bye; } 2>/dev/null' EXIT; ",
     "trap() { if [[ $# == 0 || $1 == -p ]]; then local l; while IFS= builtin read -r l; do ",
     "[[ -z $l || $l == *__conch_* ]] || builtin printf '%s\\n' \"$l\"; ",
     "done <<< \"$(builtin trap \"$@\")\"; else builtin trap \"$@\"; fi; }; ",
     "builtin set -ET; ",
+    // The scratch file `__conch_snap` (see `prompt_command`) reads `export -p` back through:
+    // tmpfs first, where the write costs least; tried by writing it, since a sandbox may deny
+    // a write that the directory's mode allows.
+    "__conch_sf=; for __conch_d in /dev/shm \"${TMPDIR:-/tmp}\"; do ",
+    "if { : >| \"$__conch_d/.conch-state-$$\"; } 2>/dev/null; then __conch_sf=$__conch_d/.conch-state-$$; break; fi; done; ",
+    "unset __conch_d; ",
+    "__conch_ls=; ",
     // Exported, so a shell this one execs prints the fresh-shell marker (see
     // `prompt_command`); a session that never framed a command never prints it.
     "export __conch_framed=1; ",
@@ -113,6 +125,11 @@ pub const INIT: &str = concat!(
 /// - `__conch_e` ends a frame whose line ran to its end: the end marker with the `eval`
 ///   status, and the prompt hook put back in front of PROMPT_COMMAND when the command
 ///   replaced it (direnv, conda and starship assign it), so the next frame still ends.
+/// - `__conch_snap NONCE`, after a frame's end marker, prints the state marker when the
+///   shell's state (its exports and working directory) differs from what it last reported:
+///   `export -p` is written to the scratch file INIT chose and read back with `read` (no
+///   process is started per call), and the script that restores both goes out as one
+///   `printf %q` word. A replacement shell gets that script from [`frame_restoring`].
 /// - The first prompt of a shell (a fresh one, or one started by `exec bash`) turns history
 ///   expansion off (`!` in a command is text) and prints the fresh-shell marker, which ends a
 ///   frame whose shell was replaced.
@@ -122,12 +139,17 @@ pub fn prompt_command(ps1: &str, session_nonce: &str) -> String {
          __conch_pc() {{ if [[ -n ${{__conch_frame-}} ]]; then \
          if [[ -n ${{__conch_status-}} ]]; then __conch_rc=$__conch_status:e; fi; \
          builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
-         __conch_frame=; fi; __conch_status=; PS1='{ps1}'; }}; \
+         __conch_snap \"$__conch_frame\"; __conch_frame=; fi; __conch_status=; PS1='{ps1}'; }}; \
+         __conch_snap() {{ local v= k=x s; {{ [[ -n ${{__conch_sf-}} ]] && builtin export -p >| \"$__conch_sf\" \
+         && {{ IFS= builtin read -r -d '' v < \"$__conch_sf\"; :; }}; }} || k=c; \
+         builtin printf -v s '%s\\nbuiltin cd -- %q' \"$v\" \"$PWD\"; if (( ${{#s}} > {STATE_MAX} )); then k=c; \
+         builtin printf -v s 'builtin cd -- %q' \"$PWD\"; fi; [[ $k$s == \"${{__conch_ls-}}\" ]] && return 0; \
+         __conch_ls=$k$s; builtin printf '\\n%s_STATE_%s:%s:%q__\\n' {TAG} \"$1\" \"$k\" \"$s\"; }}; \
          __conch_s() {{ __conch_frame=$1; __conch_run=1; __conch_x=; if [[ $- == *x* ]]; then builtin set +x; \
          __conch_x=$'builtin set -x\\n'; fi; builtin printf '\\n%s_START_%s__\\n' {TAG} \"$1\"; }}; \
          __conch_e() {{ __conch_rc=$?; __conch_run=; if [[ -n ${{__conch_frame-}} ]]; then \
          builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
-         __conch_frame=; fi; [[ ${{PROMPT_COMMAND[*]-}} == *__conch_pc* ]] || \
+         __conch_snap \"$__conch_frame\"; __conch_frame=; fi; [[ ${{PROMPT_COMMAND[*]-}} == *__conch_pc* ]] || \
          PROMPT_COMMAND=\"$__conch_hook${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}\"; }}; \
          if [[ -z ${{__conch_hook-}} ]]; then __conch_hook=$PROMPT_COMMAND; __conch_sn={session_nonce}; \
          builtin set +H; \
@@ -158,8 +180,27 @@ fn ansi_c_quote(data: &[u8]) -> String {
 /// errexit emulation (the session's first frame). `eval` runs at the top level, not inside
 /// the starter, so `local`, `return` and `$1` mean what they mean at a prompt.
 pub fn frame(command: &str, nonce: &str, init: bool) -> String {
+    frame_restoring(command, nonce, init, None)
+}
+
+/// [`frame`], first restoring `state` (a state marker's script, see [`prompt_command`]): its
+/// exported variables, then its working directory. The new shell keeps its own prompt
+/// settings (PS1, PS2 and PROMPT_COMMAND are exported to every managed shell, with the old
+/// session's marker in them). Only a failed `cd` prints anything, a note that starts the
+/// command's output, since the shell then starts somewhere else.
+pub fn frame_restoring(command: &str, nonce: &str, init: bool, state: Option<&str>) -> String {
+    let restore = match state {
+        Some(script) => format!(
+            "{{ __conch_k=(\"$PS1\" \"$PS2\" \"$PROMPT_COMMAND\"); eval {script}; __conch_k[3]=$?; \
+             PS1=${{__conch_k[0]}}; PS2=${{__conch_k[1]}}; PROMPT_COMMAND=${{__conch_k[2]}}; }} \
+             >/dev/null 2>&1; [[ ${{__conch_k[3]}} == 0 ]] || builtin printf '%s%s]\\n' \
+             '[could not return to the working directory the shell had; it is in ' \"$PWD\"; \
+             unset __conch_k;"
+        ),
+        None => String::new(),
+    };
     format!(
-        " {}{{ __conch_s {nonce}; }} 2>/dev/null;eval \"${{__conch_x-}}\"{} </dev/null;{{ __conch_e; }} 2>/dev/null",
+        " {}{{ __conch_s {nonce}; }} 2>/dev/null;{restore}eval \"${{__conch_x-}}\"{} </dev/null;{{ __conch_e; }} 2>/dev/null",
         if init { INIT } else { "" },
         ansi_c_quote(command.as_bytes())
     )

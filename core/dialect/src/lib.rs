@@ -110,8 +110,9 @@ impl Dialect {
                  `read` or an interpreter sees no input and returns. On timeout, or when a \
                  program waits for input on the terminal itself (a password prompt), the \
                  command is interrupted (killed if it ignores that) and the shell keeps its \
-                 state; only a command that cannot be stopped resets the shell, and the \
-                 result says so."
+                 state; only a command that cannot be stopped resets the shell (the new one \
+                 gets its working directory and, where it can, its exported variables), and \
+                 the result says so."
             }
             Dialect::Pwsh => {
                 "On timeout or interruption the shell is reset and the next call starts \

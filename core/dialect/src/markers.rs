@@ -6,7 +6,11 @@
 //!   emulation stopped the line;
 //! - fresh: `__CONCH_PB_FRESH_<session nonce>__`, printed by the first prompt of a bash that
 //!   replaced the shell (`exec bash`);
-//! - exit: `__CONCH_PB_EXIT_<session nonce>__`, the last words of an exiting bash.
+//! - exit: `__CONCH_PB_EXIT_<session nonce>__`, the last words of an exiting bash;
+//! - state: `__CONCH_PB_STATE_<nonce>:<kind>:<script>__`, printed by bash after a frame's end
+//!   marker when the shell's state changed: `<script>` is one shell word (`printf %q`) that
+//!   restores the exported variables and the working directory (kind `x`), or the working
+//!   directory alone (kind `c`: the exports could not be read, or were too large).
 //!
 //! The shells print them from pieces, so the echo of a typed line never holds a whole marker.
 
@@ -37,4 +41,10 @@ pub fn fresh(session_nonce: &str) -> String {
 /// What an exiting framed shell of session `session_nonce` prints last, whole.
 pub fn exit(session_nonce: &str) -> String {
     format!("\n{TAG}_EXIT_{session_nonce}{CLOSE}\n")
+}
+
+/// The state marker after frame `nonce`'s end, up to its kind; the line ends at the next
+/// newline, whose `__` closes it.
+pub fn state(nonce: &str) -> String {
+    format!("\n{TAG}_STATE_{nonce}:")
 }

@@ -64,7 +64,7 @@ pub use subprocess::{
 pub use terminal::{
     CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScreenView,
     ScrollbackPage, SendOutcome, SendProgress, SendRequest, SendSettle, SendSlot, SessionStatus,
-    StopCause, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession, Terminals,
-    WaitReason,
+    ShellState, StopCause, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession,
+    Terminals, WaitReason,
 };
 pub use tools::{Progress, ProgressSink, Tool, ToolContext, ToolOutput, ToolRef};

@@ -293,6 +293,34 @@ pub struct CommandOutcome {
     pub end: CommandEnd,
     /// Session status at return.
     pub session_status: SessionStatus,
+    /// The shell's state after the command when it changed since the session last reported
+    /// it (a shell reports it at its prompt, so only a command that got back there has one):
+    /// what [`OpenRequest::restore`] gives a replacement shell. `None`: unchanged, or unknown.
+    pub state: Option<ShellState>,
+}
+
+/// A persistent shell's state as a command left it: the working directory, and the exported
+/// variables when [`ShellState::exports`]. Only the backend that read it reads `script` (text
+/// in its dialect); everything else passes it on. `Debug` leaves the script out: it holds
+/// environment values.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ShellState {
+    /// The dialect `script` is written in.
+    pub dialect: Dialect,
+    /// Whether the exported variables are in it (otherwise only the working directory is).
+    pub exports: bool,
+    /// What restores it, in `dialect`.
+    pub script: String,
+}
+
+impl fmt::Debug for ShellState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShellState")
+            .field("dialect", &self.dialect)
+            .field("exports", &self.exports)
+            .field("script_bytes", &self.script.len())
+            .finish()
+    }
 }
 
 /// A page of scrollback.
@@ -339,6 +367,9 @@ pub struct TerminalOpenSpec {
     pub cancel: CancellationToken,
     /// Trusted managed CONCH_* snapshot for the shell; applied last, so it wins.
     pub managed_env: std::collections::BTreeMap<String, String>,
+    /// State a replaced shell left ([`CommandOutcome::state`]), restored before the
+    /// session's first framed command; a backend of another dialect ignores it.
+    pub restore: Option<ShellState>,
 }
 
 /// The result of a close.
@@ -447,6 +478,9 @@ pub struct OpenRequest {
     pub term: Option<String>,
     /// Trusted managed CONCH_* snapshot (the same one one-shot commands get).
     pub managed_env: std::collections::BTreeMap<String, String>,
+    /// State a replaced shell left, restored before the first framed command (see
+    /// [`TerminalOpenSpec::restore`]).
+    pub restore: Option<ShellState>,
 }
 
 /// A published session as its owner sees it.

@@ -397,6 +397,7 @@ impl Terminals for TerminalService {
         spec.size = req.size;
         spec.term = req.term;
         spec.managed_env = req.managed_env;
+        spec.restore = req.restore;
         spec.cancel = pending.abort.clone();
 
         // Initialize, forwarding the caller's and the owner's cancellation into the setup.

@@ -62,6 +62,7 @@ impl TerminalSession for TestSession {
             omitted_bytes: 0,
             end: CommandEnd::Exited(0),
             session_status: self.status(),
+            state: None,
         })
     }
     fn read(&self, _offset: usize, _max: usize) -> ScrollbackPage {

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
     CommandEnd, CommandOutcome, ConfigIssue, Dialect, Error, ErrorCode, OpenRequest, Owner,
-    PluginConfig, Result, StopCause, Terminals, Tool, ToolContext, ToolOutput,
+    PluginConfig, Result, ShellState, StopCause, Terminals, Tool, ToolContext, ToolOutput,
 };
 use conch_sync::LockExt;
 use schemars::JsonSchema;
@@ -63,7 +63,15 @@ pub struct PersistentBashArgs {
     pub timeout_ms: Option<u64>,
 }
 
-type Slot = Arc<tokio::sync::Mutex<Option<String>>>;
+/// One owner's shell: its session, and the state the last command that finished at the prompt
+/// left, which a replacement shell gets (a reset keeps the working directory and exports).
+#[derive(Debug, Default)]
+struct Shell {
+    session: Option<String>,
+    state: Option<ShellState>,
+}
+
+type Slot = Arc<tokio::sync::Mutex<Shell>>;
 
 /// The persistent shell tool.
 #[derive(Debug)]
@@ -75,6 +83,22 @@ pub struct PersistentBashTool {
     dialect: Dialect,
     description: String,
     schema: serde_json::Value,
+}
+
+/// What a reset says of the next call's shell, after "the shell was reset".
+fn next_shell(kept: Option<bool>) -> &'static str {
+    match kept {
+        None => " and the next call starts fresh",
+        Some(true) => {
+            ": the next call starts a new shell with the working directory and exported \
+             variables of the last command that finished (functions, aliases and unexported \
+             variables are gone)"
+        }
+        Some(false) => {
+            ": the next call starts a new shell in the working directory of the last command \
+             that finished (its exported variables, functions and aliases are gone)"
+        }
+    }
 }
 
 /// `text`, then `note` on a line of its own.
@@ -147,7 +171,7 @@ impl PersistentBashTool {
         if let Some(s) = map.get(&owner.key()) {
             return Arc::clone(s);
         }
-        let slot: Slot = Arc::new(tokio::sync::Mutex::new(None));
+        let slot: Slot = Arc::new(tokio::sync::Mutex::new(Shell::default()));
         map.insert(owner.key(), Arc::clone(&slot));
         drop(map);
         // The terminals service closes the owner's sessions itself; only forget the slot.
@@ -209,13 +233,14 @@ impl Tool for PersistentBashTool {
                 format!("the {} tool call was aborted before it ran", self.dialect.name()),
             )
         };
-        let mut session = tokio::select! {
+        let mut shell = tokio::select! {
             s = slot.lock() => s,
             () = ctx.cancel.cancelled() => return Err(cancelled()),
         };
         if ctx.cancel.is_cancelled() {
             return Err(cancelled());
         }
+        let Shell { session, state } = &mut *shell;
         let live = match session.as_deref() {
             Some(id) => self
                 .terminals
@@ -225,9 +250,10 @@ impl Tool for PersistentBashTool {
             None => false,
         };
         if !live {
-            self.reset(&ctx.owner, &mut session).await;
+            self.reset(&ctx.owner, session).await;
             let mut req = OpenRequest::default();
             req.managed_env = self.shell_env.snapshot(ctx.owner.session_id());
+            req.restore = state.clone();
             let info = self.terminals.open(&ctx.owner, req, ctx.cancel.clone()).await?;
             *session = Some(info.id);
         }
@@ -242,25 +268,36 @@ impl Tool for PersistentBashTool {
         let outcome = match ran {
             Ok(o) => o,
             Err(e) => {
-                self.reset(&ctx.owner, &mut session).await;
+                self.reset(&ctx.owner, session).await;
                 return Err(e);
             }
         };
         if outcome.end == CommandEnd::Cancelled {
-            self.reset(&ctx.owner, &mut session).await;
+            self.reset(&ctx.owner, session).await;
             return Err(Error::new(
                 ErrorCode::Cancelled,
                 format!("the {} tool call was aborted", self.dialect.name()),
             ));
         }
-        let (mut text, reset) = render_outcome(outcome, timeout_ms, self.config.max_output_bytes);
+        match outcome.end {
+            // The shell is gone by its own hand: the next one starts as new shells do.
+            CommandEnd::SessionExited => *state = None,
+            _ => {
+                if let Some(s) = &outcome.state {
+                    *state = Some(s.clone());
+                }
+            }
+        }
+        let kept = state.as_ref().map(|s| s.exports);
+        let (mut text, reset) =
+            render_outcome(outcome, timeout_ms, self.config.max_output_bytes, kept);
         let clamped =
             crate::render::timeout_clamp_note(args.timeout_ms, Duration::from_millis(timeout_ms));
         if let Some(note) = clamped {
             text = if text.is_empty() { note } else { format!("{note}\n{text}") };
         }
         if reset {
-            self.reset(&ctx.owner, &mut session).await;
+            self.reset(&ctx.owner, session).await;
         }
         Ok(ToolOutput::text(text))
     }
@@ -273,12 +310,14 @@ const WAITED_FOR_TERMINAL: &str = "[the command waited for input on the terminal
 
 /// A finished framed command as the model sees it: its output (the tail of at most `cap`
 /// bytes, saying what was cut) and the markers of how it ended; and whether the shell must
-/// be reset (it did not come back to its prompt by itself). Not for `Cancelled`, which is
-/// an error.
+/// be reset (it did not come back to its prompt by itself). `kept`: a reset shell's
+/// replacement gets the last known state (`true`: with its exported variables). Not for
+/// `Cancelled`, which is an error.
 pub(crate) fn render_outcome(
     outcome: CommandOutcome,
     timeout_ms: u64,
     cap: usize,
+    kept: Option<bool>,
 ) -> (String, bool) {
     let mut out = outcome.output;
     if out.len() > cap || outcome.omitted_bytes > 0 {
@@ -314,9 +353,7 @@ pub(crate) fn render_outcome(
             return (with_note(&out, WAITED_FOR_TERMINAL), false);
         }
         CommandEnd::TimedOut | CommandEnd::Cancelled => {
-            format!(
-                "[timed out after {timeout_ms}ms; the shell was reset and the next call starts fresh]"
-            )
+            format!("[timed out after {timeout_ms}ms; the shell was reset{}]", next_shell(kept))
         }
         CommandEnd::SessionExited => match &outcome.session_status {
             conch_seams::SessionStatus::Exited(e) => {
@@ -335,9 +372,10 @@ pub(crate) fn render_outcome(
                 exited.to_string()
             }
         },
-        CommandEnd::WaitingForInput => "[the command waited for input on the terminal; the \
-             shell was reset and the next call starts fresh]"
-            .to_string(),
+        CommandEnd::WaitingForInput => format!(
+            "[the command waited for input on the terminal; the shell was reset{}]",
+            next_shell(kept)
+        ),
     };
     (with_note(&out, &note), true)
 }
@@ -394,7 +432,13 @@ mod tests {
     use super::*;
 
     fn outcome(output: &str, end: CommandEnd, status: SessionStatus) -> CommandOutcome {
-        CommandOutcome { output: output.into(), omitted_bytes: 0, end, session_status: status }
+        CommandOutcome {
+            output: output.into(),
+            omitted_bytes: 0,
+            end,
+            session_status: status,
+            state: None,
+        }
     }
 
     #[test]
@@ -440,7 +484,7 @@ mod tests {
             ),
         ];
         for (o, want, reset) in cases {
-            let (text, did_reset) = render_outcome(o.clone(), 1000, 64_000);
+            let (text, did_reset) = render_outcome(o.clone(), 1000, 64_000, None);
             assert_eq!(parse_exit_status(&text), want, "{o:?} rendered as {text:?}");
             assert_eq!(did_reset, reset, "{o:?}");
         }

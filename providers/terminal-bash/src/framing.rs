@@ -28,6 +28,12 @@ pub(crate) struct FrameScanner {
     replaced: bool,
     /// The shell printed its exit marker: every byte it wrote is in.
     exited: bool,
+    /// The state marker's beginning (see [`markers::state`]).
+    state_prefix: String,
+    /// Text after the end marker that may hold the state marker.
+    after_end: String,
+    /// The state marker's kind and script, once it came whole.
+    state: Option<(bool, String)>,
 }
 
 impl FrameScanner {
@@ -46,7 +52,52 @@ impl FrameScanner {
             errexit: false,
             replaced: false,
             exited: false,
+            state_prefix: markers::state(nonce),
+            after_end: String::new(),
+            state: None,
         }
+    }
+
+    /// The state the shell reported after the end marker: whether it holds the exports, and
+    /// the script that restores it (see [`markers::state`]).
+    pub(crate) fn state(&self) -> Option<(bool, String)> {
+        self.state.clone()
+    }
+
+    /// Looks for the state marker in text after the end marker. It is the shell's next line
+    /// when it comes at all, so what cannot begin it is dropped.
+    fn scan_state(&mut self, text: &str) {
+        if self.state.is_some() {
+            return;
+        }
+        self.after_end.push_str(text);
+        let Some(i) = self.after_end.find(&self.state_prefix) else {
+            let keep = tail_len(&self.after_end, self.state_prefix.len().saturating_sub(1));
+            self.after_end.drain(..self.after_end.len() - keep);
+            return;
+        };
+        let line = &self.after_end[i + self.state_prefix.len()..];
+        let Some(end) = line.find('\n') else {
+            // A marker that outgrew what the shell ever prints is not the shell's.
+            if line.len() > conch_dialect::bash::STATE_MAX + 64 {
+                self.after_end.clear();
+            }
+            return;
+        };
+        let parsed = line[..end].strip_suffix(CLOSE).and_then(|l| l.split_once(':')).and_then(
+            |(kind, script)| {
+                let exports = match kind {
+                    "x" => true,
+                    "c" => false,
+                    _ => return None,
+                };
+                // One shell word, typed back as part of a line: nothing may end or break it.
+                let clean = !script.is_empty() && !script.chars().any(char::is_control);
+                clean.then(|| (exports, script.to_string()))
+            },
+        );
+        self.state = parsed;
+        self.after_end.clear();
     }
 
     /// True once the exiting shell's last words (its exit marker) arrived.
@@ -94,6 +145,10 @@ impl FrameScanner {
 
     /// Feeds parsed text.
     pub(crate) fn push(&mut self, text: &str) {
+        if self.code.is_some() && !self.replaced {
+            self.scan_state(text);
+            return;
+        }
         if self.code.is_some() || self.exited {
             return;
         }
@@ -126,7 +181,9 @@ impl FrameScanner {
                     // The newline bash prints when it abandons the line is not output.
                     self.body_bytes -= 1;
                 }
+                let rest = after[k + CLOSE.len()..].to_string();
                 self.window.clear();
+                self.scan_state(&rest);
             }
             return;
         }
@@ -157,11 +214,7 @@ impl FrameScanner {
     /// Length of the longest tail of the window that is shorter than `marker_len` and sits
     /// on a char boundary: the only part that could still begin a marker.
     fn possible_prefix_len(&self, marker_len: usize) -> usize {
-        let mut keep = self.window.len().min(marker_len.saturating_sub(1));
-        while !self.window.is_char_boundary(self.window.len() - keep) {
-            keep -= 1;
-        }
-        keep
+        tail_len(&self.window, marker_len.saturating_sub(1))
     }
 
     fn keep_possible_prefix(&mut self, marker_len: usize) {
@@ -169,6 +222,16 @@ impl FrameScanner {
         let cut = self.window.len() - keep;
         self.window.drain(..cut);
     }
+}
+
+/// Length of the longest tail of `text` of at most `max` bytes that starts on a char
+/// boundary.
+fn tail_len(text: &str, max: usize) -> usize {
+    let mut keep = text.len().min(max);
+    while !text.is_char_boundary(text.len() - keep) {
+        keep -= 1;
+    }
+    keep
 }
 
 /// The command's output inside `retained` (the tail of everything the command's line
@@ -212,6 +275,30 @@ mod tests {
     use conch_dialect::pwsh::frame as pwsh_frame;
 
     use super::*;
+
+    #[test]
+    fn the_state_after_the_end_marker_is_read_in_any_pieces_and_checked() {
+        let stream = "\n__CONCH_PB_START_n__\nout\n\n__CONCH_PB_END_n:0__\n\n__CONCH_PB_STATE_n:x:$'declare -x A=\"1\"\\nbuiltin cd -- /t'__\n$ ";
+        for cut in 1..stream.len() {
+            let mut s = FrameScanner::new("n", "sn");
+            s.push(&stream[..cut]);
+            s.push(&stream[cut..]);
+            assert_eq!(s.code(), Some(0), "cut at {cut}");
+            let want = "$'declare -x A=\"1\"\\nbuiltin cd -- /t'".to_string();
+            assert_eq!(s.state(), Some((true, want)), "cut at {cut}");
+        }
+        // Another frame's state, an unknown kind, or a control character is no state.
+        for bad in [
+            "\n__CONCH_PB_STATE_m:x:a__\n",
+            "\n__CONCH_PB_STATE_n:q:a__\n",
+            "\n__CONCH_PB_STATE_n:c:a\x1bb__\n",
+        ] {
+            let mut s = FrameScanner::new("n", "sn");
+            s.push("\n__CONCH_PB_START_n__\n\n__CONCH_PB_END_n:0__\n");
+            s.push(bad);
+            assert_eq!(s.state(), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn the_scanner_finds_markers_split_anywhere_and_counts_the_body() {

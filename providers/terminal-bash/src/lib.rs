@@ -69,6 +69,7 @@ use conch_seams::{
     PluginConfig, Result, Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend,
     TerminalOpenSpec, TerminalSession, TerminalSize, TerminalSpawnSpec,
 };
+use conch_sync::LockExt;
 use serde::Deserialize;
 
 /// Plugin name.
@@ -433,6 +434,7 @@ impl TerminalBackend for TerminalBash {
             &nonce,
             size,
         );
+        *shared.restore.locked() = spec.restore;
         let motd = match session::await_first_prompt(&shared, &spec.cancel).await {
             Ok(m) => m,
             Err(e) => {

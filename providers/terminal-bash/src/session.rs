@@ -50,9 +50,9 @@ use conch_output::{Strategy, TextRetainer};
 use conch_seams::{
     CloseReport, CommandEnd, CommandOutcome, Dialect, Error, ErrorBody, ErrorCode,
     ForegroundTarget, Interrupted, Probe, Result, SandboxMode, ScreenView, ScrollbackPage,
-    SendOutcome, SendProgress, SendRequest, SendSettle, SessionStatus, Signal, SignalDelivery,
-    StdinWait, StopCause, TerminalObservation, TerminalProcess, TerminalSession, TerminalSize,
-    WaitReason,
+    SendOutcome, SendProgress, SendRequest, SendSettle, SessionStatus, ShellState, Signal,
+    SignalDelivery, StdinWait, StopCause, TerminalObservation, TerminalProcess, TerminalSession,
+    TerminalSize, WaitReason,
 };
 use conch_sync::LockExt;
 use tokio::sync::Notify;
@@ -372,6 +372,8 @@ pub(crate) struct Shared {
     dialect: Dialect,
     /// The session's private nonce (the prompt marker's, and the fresh-shell marker's).
     nonce: String,
+    /// State a replaced shell left, typed with the first framed command.
+    pub(crate) restore: Mutex<Option<ShellState>>,
 }
 
 impl Shared {
@@ -562,6 +564,7 @@ pub(crate) fn start(
         framing_ready: AtomicBool::new(false),
         dialect,
         nonce: nonce.to_string(),
+        restore: Mutex::new(None),
     });
     let pump = Arc::clone(&shared);
     tokio::spawn(async move {
@@ -1262,6 +1265,7 @@ impl TerminalSession for BashSession {
             omitted_bytes,
             end,
             session_status: self.shared.status(),
+            state: None,
         };
         if cancel.is_cancelled() {
             return Ok(outcome(String::new(), 0, CommandEnd::Cancelled));
@@ -1271,7 +1275,17 @@ impl TerminalSession for BashSession {
         let floor = self.owed_prompt(&cancel).await?;
         let nonce = conch_seams::terminal::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
-        let framed = self.shared.dialect.framed_line(command, &nonce, init);
+        // Only bash reports and restores state; a state of another dialect is not its text.
+        let restore = match init {
+            true => self.shared.restore.locked().take(),
+            false => None,
+        };
+        let framed = match (self.shared.dialect, restore) {
+            (Dialect::Bash, Some(r)) if r.dialect == Dialect::Bash => {
+                conch_dialect::bash::frame_restoring(command, &nonce, init, Some(&r.script))
+            }
+            (d, _) => d.framed_line(command, &nonce, init),
+        };
         // Pasted where readline takes pastes: it then inserts the whole line and echoes it
         // at once, where typed it echoes (and the pump takes in) one byte at a time.
         let paste = match self.shared.dialect {
@@ -1356,9 +1370,19 @@ impl TerminalSession for BashSession {
         let body = body.to_string();
         // Exact: the scanner counted every byte after the start marker (up to the end marker
         // when it came), even those the retained tail no longer holds.
+        // The state is the shell's own report at its prompt; a shell that did not get back
+        // there (or was replaced) reported none.
+        let state = frame
+            .as_ref()
+            .and_then(FrameScanner::state)
+            .map(|(exports, script)| ShellState { dialect: self.shared.dialect, exports, script });
         let total = frame.map_or(0, FrameScanner::finish).saturating_sub(interrupt_newline as u64);
         let omitted = total.saturating_sub(body.len() as u64);
-        Ok(outcome(body, omitted, end))
+        let state = match end {
+            CommandEnd::Exited(_) | CommandEnd::Stopped(_) => state,
+            _ => None,
+        };
+        Ok(CommandOutcome { state, ..outcome(body, omitted, end) })
     }
 
     fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage {
