@@ -522,6 +522,19 @@ mod persistent {
         let out = bash(&rt, &o, json!({"command": "set +eu; false; echo went-on"})).await;
         assert_eq!(out, "went-on\n");
         assert_eq!(bash(&rt, &o, json!({"command": "echo $PB_E"})).await, "kept\n");
+        // `shopt` reports and sets the emulated errexit, never the real one (which would end
+        // the shell at the next failure), and a query that answers no is no failure by itself.
+        let cmd = "shopt -qo nounset; echo q=$?; shopt -so errexit; shopt -o errexit";
+        let out = bash(&rt, &o, json!({"command": cmd})).await;
+        assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["q=1", "errexit", "on"], "{out:?}");
+        let out =
+            bash(&rt, &o, json!({"command": "set -o | grep -w errexit; false; echo no"})).await;
+        assert_eq!(
+            out.split_whitespace().collect::<Vec<_>>(),
+            ["errexit", "on", "[exit", "code:", "1]"]
+        );
+        let out = bash(&rt, &o, json!({"command": "shopt -uo errexit; false; echo $PB_E"})).await;
+        assert_eq!(out, "kept\n", "the shell survived, and errexit is off again");
         rt.shutdown().await;
     }
 

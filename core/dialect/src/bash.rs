@@ -67,6 +67,12 @@ pub const STATE_MAX: usize = 256 * 1024;
 ///
 /// `trap` (listing) leaves these traps out: they are the shell's machinery, not the user's.
 ///
+/// `shopt` is a function that runs the builtin with the real errexit set as the emulation has
+/// it, then takes the result back into the emulation: `shopt -o errexit` reports it truly,
+/// and `shopt -so errexit` turns on the emulation, not the real option. The builtin runs on
+/// the left of `||`, so a query that answers no (`shopt -q`) never trips the real errexit;
+/// the function's own status then does what errexit would.
+///
 /// `__conch_framed` (exported) says the shell frames commands: only then does a new shell's
 /// first prompt print the fresh-shell marker, so a terminal session (which never frames)
 /// shows no marker in its banner or after `exec bash`.
@@ -97,6 +103,9 @@ pub const INIT: &str = concat!(
     "trap() { if [[ $# == 0 || $1 == -p ]]; then local l; while IFS= builtin read -r l; do ",
     "[[ -z $l || $l == *__conch_* ]] || builtin printf '%s\\n' \"$l\"; ",
     "done <<< \"$(builtin trap \"$@\")\"; else builtin trap \"$@\"; fi; }; ",
+    "shopt() { { local r=0; [[ -n ${__conch_errexit-} ]] && builtin set -e; } 2>/dev/null; ",
+    "builtin shopt \"$@\" || r=$?; { if [[ $- == *e* ]]; then builtin set +e; __conch_errexit=1; ",
+    "else __conch_errexit=; fi; } 2>/dev/null; return $r; }; ",
     "builtin set -ET; ",
     // The scratch file `__conch_snap` (see `prompt_command`) reads `export -p` back through:
     // tmpfs first, where the write costs least; tried by writing it, since a sandbox may deny
