@@ -71,6 +71,18 @@ pub fn encode_command(script: &str) -> String {
     base64(&utf16le(script))
 }
 
+/// The script an `-EncodedCommand` argument runs, as pwsh reads it (base64, then UTF-16LE):
+/// the inverse of [`encode_command`]. `None` for an argument pwsh would refuse.
+pub fn decode_command(encoded: &str) -> Option<String> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
+    if bytes.len() % 2 != 0 {
+        return None;
+    }
+    let units: Vec<u16> = bytes.chunks(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+    String::from_utf16(&units).ok()
+}
+
 /// A PowerShell expression whose value is `text`, whatever it holds: the UTF-8 of `text`
 /// as base64, decoded in place.
 pub fn text_expression(text: &str) -> String {
@@ -203,6 +215,23 @@ pub fn frame(command: &str, nonce: &str) -> String {
     format!(" . __conch_f '{nonce}' '{}'", base64(command.as_bytes()))
 }
 
+/// Commands that break naive quoting: every quote pwsh knows (including the typographic
+/// ones it treats as single quotes), `$`, backticks, newlines, CRLF, non-ASCII and astral
+/// characters that UTF-16 carries as surrogate pairs. Every way a command reaches pwsh must
+/// carry each of them byte for byte; the tests of each way check it.
+pub const QUOTING_HAZARDS: &[&str] = &[
+    "Write-Output 'it''s'",
+    "echo \"a\" 'b' ‘c’ “d” `e `$f $(1+1) @'\nhere\n'@",
+    "line1\nline2\r\nline3\n",
+    "$env:X = 'é€'; \"$env:X 😀 𝄞 \u{10FFFF}\"",
+    "`\n`",
+    "'",
+    "\u{feff}bom first",
+    "a",
+    "ab",
+    "abc",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,43 +240,19 @@ mod tests {
         base64::engine::general_purpose::STANDARD.decode(text).unwrap()
     }
 
-    /// What pwsh does with an `-EncodedCommand` argument: base64, then UTF-16LE.
-    fn decode_command(encoded: &str) -> String {
-        let bytes = unbase64(encoded);
-        assert_eq!(bytes.len() % 2, 0, "whole UTF-16 code units");
-        let units: Vec<u16> = bytes.chunks(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
-        String::from_utf16(&units).expect("valid UTF-16: surrogates come in pairs")
-    }
-
-    /// Commands that break naive quoting: every quote pwsh knows (including the typographic
-    /// ones it treats as single quotes), `$`, backticks, newlines, CRLF, non-ASCII and astral
-    /// characters that UTF-16 carries as surrogate pairs.
-    const HARD: &[&str] = &[
-        "Write-Output 'it''s'",
-        "echo \"a\" 'b' ‘c’ “d” `e `$f $(1+1) @'\nhere\n'@",
-        "line1\nline2\r\nline3\n",
-        "$env:X = 'é€'; \"$env:X 😀 𝄞 \u{10FFFF}\"",
-        "`\n`",
-        "'",
-        "\u{feff}bom first",
-        "a",
-        "ab",
-        "abc",
-    ];
-
     #[test]
     fn the_encoded_command_is_base64_of_utf16le_with_surrogate_pairs() {
         // `pwsh -EncodedCommand` of "dir" as documented: UTF-16LE "d\0i\0r\0".
         assert_eq!(encode_command("dir"), "ZABpAHIA");
         assert_eq!(utf16le("😀"), [0x3D, 0xD8, 0x00, 0xDE], "one astral char, one pair");
-        for text in HARD {
-            assert_eq!(decode_command(&encode_command(text)), *text);
+        for text in QUOTING_HAZARDS {
+            assert_eq!(decode_command(&encode_command(text)).as_deref(), Some(*text));
         }
     }
 
     #[test]
     fn a_text_expression_carries_any_text_as_data() {
-        for text in HARD {
+        for text in QUOTING_HAZARDS {
             let e = text_expression(text);
             let start = e.find("FromBase64String('").unwrap() + 18;
             let end = start + e[start..].find('\'').unwrap();

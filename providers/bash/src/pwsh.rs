@@ -151,7 +151,7 @@ register_plugin!(PluginEntry {
 #[cfg(test)]
 mod tests {
     use base64::Engine as _;
-    use conch_dialect::pwsh::PREAMBLE;
+    use conch_dialect::pwsh::{PREAMBLE, QUOTING_HAZARDS};
     use conch_seams::PluginConfig;
 
     use super::*;
@@ -160,12 +160,9 @@ mod tests {
         base64::engine::general_purpose::STANDARD.decode(text).unwrap()
     }
 
-    /// What pwsh does with an `-EncodedCommand` argument: base64, then UTF-16LE.
+    /// What pwsh runs for an `-EncodedCommand` argument.
     fn decode_command(encoded: &str) -> String {
-        let bytes = unbase64(encoded);
-        assert_eq!(bytes.len() % 2, 0, "whole UTF-16 code units");
-        let units: Vec<u16> = bytes.chunks(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
-        String::from_utf16(&units).expect("valid UTF-16: surrogates come in pairs")
+        conch_dialect::pwsh::decode_command(encoded).expect("a valid encoded command")
     }
 
     /// The command inside a one-shot script, as the embedded expression yields it.
@@ -175,25 +172,9 @@ mod tests {
         String::from_utf8(unbase64(&script[start..end])).unwrap()
     }
 
-    /// Commands that break naive quoting: every quote pwsh knows (including the typographic
-    /// ones it treats as single quotes), `$`, backticks, newlines, CRLF, non-ASCII and astral
-    /// characters that UTF-16 carries as surrogate pairs.
-    const HARD: &[&str] = &[
-        "Write-Output 'it''s'",
-        "echo \"a\" 'b' ‘c’ “d” `e `$f $(1+1) @'\nhere\n'@",
-        "line1\nline2\r\nline3\n",
-        "$env:X = 'é€'; \"$env:X 😀 𝄞 \u{10FFFF}\"",
-        "`\n`",
-        "'",
-        "\u{feff}bom first",
-        "a",
-        "ab",
-        "abc",
-    ];
-
     #[test]
     fn any_command_round_trips_through_the_argv_exactly() {
-        for text in HARD {
+        for text in QUOTING_HAZARDS {
             let inv = invocation("pwsh", text);
             assert!(inv.env.is_empty(), "short commands need no variables");
             assert_eq!(inv.argv[0], "pwsh");

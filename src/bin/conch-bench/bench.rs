@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use conch_registry::Runtime;
 use conch_seams::{CollectingSink, NoticeSink, Owner};
 
-struct Stats {
-    median: Duration,
+pub(crate) struct Stats {
+    pub(crate) median: Duration,
     p95: Duration,
     min: Duration,
 }
@@ -20,7 +20,7 @@ fn stats(mut v: Vec<Duration>) -> Stats {
     Stats { median: at(0.5), p95: at(0.95), min: v[0] }
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -65,7 +65,7 @@ pub(crate) async fn run(
     Ok(out)
 }
 
-async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<Stats>
+pub(crate) async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<Stats>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,

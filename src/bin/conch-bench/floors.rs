@@ -69,18 +69,13 @@ pub(crate) fn median(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1000.0
 }
 
-pub(crate) async fn timed<F, Fut>(n: usize, mut f: F) -> anyhow::Result<f64>
+/// The median of `n` timed runs of `f`, in milliseconds.
+pub(crate) async fn timed<F, Fut>(n: usize, f: F) -> anyhow::Result<f64>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        f().await?;
-        v.push(t.elapsed());
-    }
-    Ok(median(v))
+    Ok(crate::bench::ms(crate::bench::timed(n, f).await?.median))
 }
 
 /// Times a floor and a measured path in alternation, `n` of each, and returns both medians:
