@@ -463,6 +463,7 @@ macro_rules! __terminal_cases {
             crlf_line_ends_never_shift_later_results,
             a_multi_line_send_returns_after_its_last_line_under_load,
             runaway_output_is_capped_at_the_send_deadline,
+            a_capped_send_names_a_spill_holding_all_of_its_output,
             a_quiet_command_waits_for_timeout_then_a_plain_wait,
             wait_for_returns_when_the_pattern_appears,
             framed_stdin_readers_get_end_of_file_and_keep_the_shell,

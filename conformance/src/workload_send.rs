@@ -183,12 +183,43 @@ pub async fn runaway_output_is_capped_at_the_send_deadline(p: &dyn TerminalBacke
     q.max_output_bytes = Some(4096);
     let r = request(s.as_ref(), q).await;
     assert_eq!(r.wait_reason, WaitReason::Timeout, "{}", r.delta.len());
-    assert!(r.delta.len() <= 4096 + 64, "capped: {} bytes", r.delta.len());
-    assert!(r.delta.contains("[earlier output omitted]"), "says it cut: {:.200}", r.delta);
+    // The note on the first line says what was cut (and where all of it is); the rest is the
+    // newest output, capped.
+    let (note, kept) = r.delta.split_once('\n').unwrap_or_default();
+    assert!(kept.len() <= 4096 + 64, "capped: {} bytes", kept.len());
+    assert!(note.starts_with("[earlier output omitted"), "says it cut: {:.200}", r.delta);
     assert!(r.delta.contains("runaway-line\nrunaway-line"), "{:.200}", r.delta);
     within("SIGINT", s.signal(Signal::Int)).await.expect("signal yes");
     let r = line(s.as_ref(), "echo ba''ck").await;
     assert!(has_line(&r.delta, "back"), "{:.300}", r.delta);
+    close(s.as_ref()).await;
+    Ok(())
+}
+
+/// A capped send keeps its newest output and names a spill that holds all of it, where the
+/// shell's world reads this machine's files; elsewhere it only says what it cut.
+pub async fn a_capped_send_names_a_spill_holding_all_of_its_output(
+    p: &dyn TerminalBackend,
+) -> Outcome {
+    bash_only(p)?;
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let s = open_in(p, dir.path()).await;
+    let mut q = SendRequest::line("seq 1 30000");
+    q.max_output_bytes = Some(4096);
+    let r = request(s.as_ref(), q).await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{:.200}", r.delta);
+    assert!(r.delta.len() <= 4096 + 200, "capped: {} bytes", r.delta.len());
+    assert!(has_line(&r.delta, "30000"), "the newest output is kept: {:.200}", r.delta);
+    let first = r.delta.lines().next().unwrap_or_default();
+    match first.strip_prefix("[earlier output omitted; full output: ") {
+        Some(rest) => {
+            let path = rest.strip_suffix(']').expect("the note closes");
+            let whole = std::fs::read_to_string(path).expect("the spill is readable");
+            let numbers: String = (1..=30_000).map(|i| format!("{i}\n")).collect();
+            assert!(whole.contains(&numbers), "every line is in the spill ({} bytes)", whole.len());
+        }
+        None => assert_eq!(first, "[earlier output omitted]", "{:.200}", r.delta),
+    }
     close(s.as_ref()).await;
     Ok(())
 }

@@ -58,6 +58,10 @@ impl Subprocess for Broken {
         self.inner.capabilities()
     }
 
+    async fn keep_spill(&self, text: Vec<u8>) -> Result<Option<conch_seams::SpillRef>> {
+        self.inner.keep_spill(text).await
+    }
+
     async fn which(&self, program: &str) -> Result<Option<PathBuf>> {
         if self.config.hang_which.as_deref() == Some(program) {
             std::future::pending::<()>().await;

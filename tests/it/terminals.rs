@@ -393,6 +393,28 @@ mod persistent {
         rt.shutdown().await;
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn issue_23_output_past_the_cap_is_whole_in_the_spill_the_result_names() {
+        let rt = minimal();
+        let (o, _) = owner("s");
+        let out = bash(&rt, &o, json!({"command": "seq 1 100000"})).await;
+        let first = out.lines().next().unwrap_or_default();
+        let path = first
+            .strip_prefix("[output truncated to its last ")
+            .and_then(|l| l.split_once(" bytes; full output: "))
+            .and_then(|(_, p)| p.strip_suffix(']'))
+            .unwrap_or_else(|| panic!("names its spill: {first:?}"));
+        assert!(out.ends_with("99999\n100000\n"), "{:.100}", &out[out.len() - 100..]);
+        let whole = std::fs::read_to_string(path).expect("the spill is readable");
+        let want: String = (1..=100_000).map(|i| format!("{i}\n")).collect();
+        assert!(whole == want, "the spill is the command's output exactly ({} bytes)", whole.len());
+        // A small output names no spill.
+        assert_eq!(bash(&rt, &o, json!({"command": "echo small"})).await, "small\n");
+        rt.shutdown().await;
+        // As the one-shot tool's: it outlives the runtime that named it.
+        assert!(std::path::Path::new(path).exists(), "the spill outlives the runtime");
+    }
+
     /// The note on a command stopped at its `timeout_ms`.
     fn kept_after(ms: u64) -> String {
         format!("[timed out after {ms}ms; the command was stopped and the shell kept its state]")

@@ -84,6 +84,12 @@ impl Subprocess for Cuttable {
     async fn which(&self, program: &str) -> conch_seams::Result<Option<PathBuf>> {
         self.inner.which(program).await
     }
+    async fn keep_spill(
+        &self,
+        text: Vec<u8>,
+    ) -> conch_seams::Result<Option<conch_seams::SpillRef>> {
+        self.inner.keep_spill(text).await
+    }
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
         self.inner.spawn(spec).await
     }

@@ -693,6 +693,14 @@ pub trait Subprocess: Send + Sync + fmt::Debug + 'static {
     /// The provider could not look (a remote provider lost its daemon): never reported as
     /// "not found".
     async fn which(&self, program: &str) -> Result<Option<PathBuf>>;
+    /// Keeps `text` as a spill file in this provider's world, under the same limits and for
+    /// as long as the spills of the streams it collects, so that a result can name the
+    /// whole of output it had to cut (a terminal send's, a framed command's). `Ok(None)`: this
+    /// provider keeps no such spills, or `text` is over its spill cap.
+    ///
+    /// # Errors
+    /// The provider could not be asked (a remote provider lost its daemon).
+    async fn keep_spill(&self, text: Vec<u8>) -> Result<Option<SpillRef>>;
     /// Starts a process.
     ///
     /// # Errors

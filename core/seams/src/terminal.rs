@@ -297,6 +297,9 @@ pub struct CommandOutcome {
     /// it (a shell reports it at its prompt, so only a command that got back there has one):
     /// what [`OpenRequest::restore`] gives a replacement shell. `None`: unchanged, or unknown.
     pub state: Option<ShellState>,
+    /// The command's whole output in a file, when it passed a backend's spill threshold and
+    /// the shell's world reads the files the spill's world holds; `output` is its tail.
+    pub spill: Option<crate::SpillRef>,
 }
 
 /// A persistent shell's state as a command left it: the working directory, and the exported

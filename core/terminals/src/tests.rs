@@ -63,6 +63,7 @@ impl TerminalSession for TestSession {
             end: CommandEnd::Exited(0),
             session_status: self.status(),
             state: None,
+            spill: None,
         })
     }
     fn read(&self, _offset: usize, _max: usize) -> ScrollbackPage {

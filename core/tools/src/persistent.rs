@@ -268,11 +268,14 @@ impl Tool for PersistentBashTool {
         let outcome = match ran {
             Ok(o) => o,
             Err(e) => {
+                // Only a reset whose result says so hands the state on.
+                *state = None;
                 self.reset(&ctx.owner, session).await;
                 return Err(e);
             }
         };
         if outcome.end == CommandEnd::Cancelled {
+            *state = None;
             self.reset(&ctx.owner, session).await;
             return Err(Error::new(
                 ErrorCode::Cancelled,
@@ -334,7 +337,11 @@ pub(crate) fn render_outcome(
             conch_output::tail_lines_utf8(&out, cap)
         };
         let mid = if mid_line { ", starting mid-line" } else { "" };
-        out = format!("[output truncated to its last {} bytes{mid}]\n{tail}", tail.len());
+        let whole = match &outcome.spill {
+            Some(p) => format!("; full output: {p}"),
+            None => String::new(),
+        };
+        out = format!("[output truncated to its last {} bytes{mid}{whole}]\n{tail}", tail.len());
     }
     let exited = "[the shell exited; the next call starts a fresh shell]";
     let note = match outcome.end {
@@ -438,6 +445,7 @@ mod tests {
             end,
             session_status: status,
             state: None,
+            spill: None,
         }
     }
 

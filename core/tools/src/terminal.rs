@@ -30,8 +30,8 @@ pub struct TerminalToolsConfig {
     /// Cap on every rendered result, in bytes (at least 64).
     pub max_result_bytes: usize,
     /// Output a terminal_send returns when the call gives no `max_output_bytes` (at least
-    /// 64; never more than `max_result_bytes`): the newest output is kept, the rest stays
-    /// readable through terminal_read.
+    /// 64; never more than `max_result_bytes`): the newest output is kept, and a note names
+    /// a spill with all of it where the shell's world keeps one.
     pub send_output_bytes: usize,
 }
 
@@ -397,8 +397,8 @@ struct SendArgs {
     /// Silence does not end the wait.
     #[serde(default)]
     wait_for: Option<String>,
-    /// Most bytes of output returned (at least 64; default 65536): the newest are kept,
-    /// older output stays readable with terminal_read.
+    /// Most bytes of output returned (at least 64; default 65536): the newest are kept, and
+    /// the first line names a file with all of it where one could be kept.
     #[serde(default)]
     #[schemars(range(min = 64))]
     max_output_bytes: Option<usize>,

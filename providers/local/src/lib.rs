@@ -60,8 +60,8 @@ use conch_registry::{
     BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    ConfigIssue, PluginConfig, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities,
-    TerminalProcess, TerminalSpawnSpec,
+    ConfigIssue, PluginConfig, Process, Result, SpawnSpec, SpillRef, Subprocess,
+    SubprocessCapabilities, TerminalProcess, TerminalSpawnSpec,
 };
 use conch_sync::LockExt;
 use serde::Deserialize;
@@ -368,6 +368,13 @@ impl Subprocess for LocalSubprocess {
     async fn which(&self, program: &str) -> Result<Option<PathBuf>> {
         let env = conch_env::child_env(&Default::default());
         Ok(resolve_on_path(program, env.get("PATH").map(String::as_str)))
+    }
+
+    async fn keep_spill(&self, text: Vec<u8>) -> Result<Option<SpillRef>> {
+        self.spills.sweep();
+        self.ensure_sweeper();
+        let place = process::SpillPlace { root: &self.spill_root, registry: &self.spills };
+        Ok(process::keep_spill(&text, &place))
     }
 
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {

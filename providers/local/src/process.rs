@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use conch_output::{Collector, CollectorConfig, SpillRegistry, SpillRoot};
 use conch_seams::{
     AfterExit, CollectedOutput, Error, ErrorCode, ExitStatus, Leftover, OutputSpec, Process,
-    Result, SpawnSpec, StdinSpec, StreamId, StreamRead,
+    Result, SpawnSpec, SpillRef, StdinSpec, StreamId, StreamRead,
 };
 use conch_sync::LockExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -283,6 +283,18 @@ pub(crate) struct SpillPlace<'a> {
     pub(crate) root: &'a Arc<SpillRoot>,
     /// The provider's registry, which enforces the total and age limits.
     pub(crate) registry: &'a Arc<SpillRegistry>,
+}
+
+/// `text` as a sealed spill under `spills` (see `Subprocess::keep_spill`); `None` when it is
+/// over the default spill cap or the spill could not be written.
+pub(crate) fn keep_spill(text: &[u8], spills: &SpillPlace<'_>) -> Option<SpillRef> {
+    let mut cfg = CollectorConfig::new(0, CollectorConfig::default().spill_cap);
+    cfg.root = Some(Arc::clone(spills.root));
+    cfg.registry = Some(Arc::clone(spills.registry));
+    let c = Collector::new(cfg);
+    c.push(text);
+    c.seal();
+    c.summary().spill
 }
 
 fn collector(

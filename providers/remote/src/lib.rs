@@ -43,7 +43,8 @@ use conch_registry::{
 };
 use conch_seams::{
     ConfigIssue, Error, ErrorCode, ErrorReason, OutputSpec, PluginConfig, Process, Result,
-    SpawnSpec, StdinSpec, Subprocess, SubprocessCapabilities, TerminalProcess, TerminalSpawnSpec,
+    SpawnSpec, SpillRef, StdinSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
+    TerminalSpawnSpec,
 };
 use conch_sync::LockExt;
 use reqwest::Method;
@@ -408,6 +409,12 @@ impl Subprocess for RemoteSubprocess {
     fn capabilities(&self) -> SubprocessCapabilities {
         // Whatever the hosted provider can prove, it proves on the daemon.
         self.shared.info.capabilities.subprocess
+    }
+
+    /// Not yet: RXP/1 has no request that writes a file on the daemon, so a remote world's
+    /// terminals name no spill for output they cut.
+    async fn keep_spill(&self, _text: Vec<u8>) -> Result<Option<SpillRef>> {
+        Ok(None)
     }
 
     async fn which(&self, program: &str) -> Result<Option<PathBuf>> {

@@ -230,6 +230,8 @@ pub struct TerminalBash {
     subprocess: Arc<dyn Subprocess>,
     /// The sandbox every shell is wrapped through, and the policy it runs under.
     confinement: Option<Confinement>,
+    /// How the sessions' capped output is kept whole (see `session::Spills`).
+    spills: Arc<session::Spills>,
 }
 
 impl TerminalBash {
@@ -239,7 +241,8 @@ impl TerminalBash {
     /// Invalid config.
     pub fn new(config: TerminalBashConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
         config.check(NAME)?;
-        Ok(Self { config, subprocess, confinement: None })
+        let spills = Arc::new(session::Spills::new(Arc::clone(&subprocess)));
+        Ok(Self { config, subprocess, confinement: None, spills })
     }
 
     /// A backend whose every shell is wrapped through `sandbox` under `policy` (the mode
@@ -255,7 +258,8 @@ impl TerminalBash {
     ) -> Result<Self> {
         config.check(NAME)?;
         let confinement = Confinement::new(sandbox, policy, NAME, "open", ConfinedSubject::Shell);
-        Ok(Self { config, subprocess, confinement: Some(confinement) })
+        let spills = Arc::new(session::Spills::new(Arc::clone(&subprocess)));
+        Ok(Self { config, subprocess, confinement: Some(confinement), spills })
     }
 
     /// Puts the sandbox runner in front of the shell's command line (argv, cwd and env
@@ -433,6 +437,7 @@ impl TerminalBackend for TerminalBash {
             &payload,
             &nonce,
             size,
+            Arc::clone(&self.spills),
         );
         *shared.restore.locked() = spec.restore;
         let motd = match session::await_first_prompt(&shared, &spec.cancel).await {
@@ -488,7 +493,11 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
         }
     }
     .map_err(|e| ctx.locate(e))?;
-    Ok(PluginOutput::seam(SeamHandle::TerminalBackend(Arc::new(backend))))
+    // At shutdown (after the terminals service closed the sessions), the staging directory
+    // goes even while something still holds the backend.
+    let spills = Arc::clone(&backend.spills);
+    Ok(PluginOutput::seam(SeamHandle::TerminalBackend(Arc::new(backend)))
+        .with_teardown(move || Box::pin(async move { spills.remove() })))
 }
 
 register_plugin!(PluginEntry {

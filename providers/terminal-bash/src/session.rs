@@ -46,13 +46,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use conch_output::{Strategy, TextRetainer};
+use conch_output::{Collector, Strategy, TextRetainer};
 use conch_seams::{
     CloseReport, CommandEnd, CommandOutcome, Dialect, Error, ErrorBody, ErrorCode,
     ForegroundTarget, Interrupted, Probe, Result, SandboxMode, ScreenView, ScrollbackPage,
     SendOutcome, SendProgress, SendRequest, SendSettle, SessionStatus, ShellState, Signal,
-    SignalDelivery, StdinWait, StopCause, TerminalObservation, TerminalProcess, TerminalSession,
-    TerminalSize, WaitReason,
+    SignalDelivery, SpillRef, StdinWait, StopCause, Subprocess, TerminalObservation,
+    TerminalProcess, TerminalSession, TerminalSize, WaitReason,
 };
 use conch_sync::LockExt;
 use tokio::sync::Notify;
@@ -136,6 +136,9 @@ struct State {
     screen: vt100::Parser<Answers>,
     /// Output of the active send (None when no send is active): the newest bytes, bounded.
     op: Option<TextRetainer>,
+    /// The same output in full, spilled once it passes its memory bound (sessions whose
+    /// world reads this machine's files only).
+    op_spill: Option<Collector>,
     /// Where in the line rendering's current line the active op began (`None` once a line
     /// ended after that, or when the op began on a fresh line).
     op_from: Option<usize>,
@@ -300,8 +303,9 @@ impl State {
 
     /// Starts an op whose own prompt is the first beyond `floor` (at least the current
     /// count, see [`BashSession::owed_prompt`]); returns the count it waits to exceed.
-    fn begin_op(&mut self, cap: usize, floor: Option<u64>) -> u64 {
+    fn begin_op(&mut self, cap: usize, floor: Option<u64>, spill: Option<Collector>) -> u64 {
         self.op = Some(TextRetainer::new(Strategy::Tail, cap));
+        self.op_spill = spill;
         self.op_from = Some(self.parser.live_column());
         self.last_output = Instant::now();
         self.echo = None;
@@ -374,6 +378,8 @@ pub(crate) struct Shared {
     nonce: String,
     /// State a replaced shell left, typed with the first framed command.
     pub(crate) restore: Mutex<Option<ShellState>>,
+    /// How capped output is kept whole.
+    spills: Arc<Spills>,
 }
 
 impl Shared {
@@ -398,6 +404,7 @@ impl Shared {
             st.scrollback.push_lines(&lines);
             let streaming = st.progress.is_some();
             let from = st.op_from.take();
+            let st = &mut *st;
             if let Some(op) = st.op.as_mut() {
                 let mine = match from {
                     // The op's first line starts where the op began (after the prompt).
@@ -409,6 +416,9 @@ impl Shared {
                     None => std::borrow::Cow::Borrowed(lines.as_str()),
                 };
                 op.push(&mine);
+                if let Some(c) = &st.op_spill {
+                    c.push(mine.as_bytes());
+                }
                 if streaming {
                     progressed.push_str(&mine);
                 }
@@ -495,7 +505,7 @@ impl Shared {
     }
 
     /// The active op's output, ended: its finished lines and its part of the current one.
-    fn take_op(&self) -> (String, u64) {
+    fn take_op(&self) -> (String, u64, Option<Collector>) {
         let mut st = self.lock();
         let live = st.op_live();
         let progress = st.end_send().filter(|_| st.op.is_some() && !live.is_empty());
@@ -507,15 +517,87 @@ impl Shared {
                 op.finish()
             })
             .unwrap_or_default();
+        let spill = st.op_spill.take();
         drop(st);
+        // Sealed outside the lock: it flushes the spill file.
+        if let Some(c) = &spill {
+            c.push(live.as_bytes());
+            c.seal();
+        }
         // The line still being written streams too, as the send ends (outside the lock: the
         // callback is the caller's code).
         if let Some(Progress(p)) = progress {
             p(&live);
         }
-        (r.text, r.omitted_bytes)
+        (r.text, r.omitted_bytes, spill)
     }
 }
+
+/// How a session's capped output is kept whole: an op's text is staged in a private spill on
+/// this machine once it passes its memory bound, and a result that cut it hands the staged
+/// text (or the command's part of it) to the subprocess provider, which keeps it as a spill
+/// in the shell's own world ([`Subprocess::keep_spill`]), so the path the model gets is one
+/// its commands can open, for as long as the one-shot tool's spills. Staged files are deleted
+/// as soon as they are handed over or not needed, and all of them with the backend.
+#[derive(Debug)]
+pub(crate) struct Spills {
+    root: Arc<conch_output::SpillRoot>,
+    registry: Arc<conch_output::SpillRegistry>,
+    keeper: Arc<dyn Subprocess>,
+}
+
+impl Spills {
+    pub(crate) fn new(keeper: Arc<dyn Subprocess>) -> Self {
+        Self {
+            root: Arc::new(conch_output::SpillRoot::new(None)),
+            registry: Arc::new(conch_output::SpillRegistry::new(
+                conch_output::SpillLimits::default(),
+            )),
+            keeper,
+        }
+    }
+
+    /// Hands the staged text (through `cut`) to the provider to keep; the staged file goes
+    /// either way. `None`: nothing was staged (the text fit in memory), it outgrew the spill
+    /// cap, or the provider keeps no spills.
+    async fn keep(&self, staged: Collector, cut: impl Fn(&str) -> String) -> Option<SpillRef> {
+        let whole = staged.summary().spill;
+        let text = whole.and_then(|w| std::fs::read(&w.path).ok());
+        staged.discard_spill();
+        let text = cut(&String::from_utf8_lossy(&text?));
+        self.keeper.keep_spill(text.into_bytes()).await.ok().flatten()
+    }
+
+    /// A collector that keeps the last `max_bytes` in memory and spills the whole text once
+    /// it passes them.
+    fn collector(&self, max_bytes: usize) -> Collector {
+        let mut cfg = conch_output::CollectorConfig::new(max_bytes, SPILL_CAP);
+        cfg.root = Some(Arc::clone(&self.root));
+        cfg.registry = Some(Arc::clone(&self.registry));
+        Collector::new(cfg)
+    }
+}
+
+impl Spills {
+    /// Deletes every spill and the directory that holds them.
+    pub(crate) fn remove(&self) {
+        self.root.remove();
+    }
+}
+
+impl Drop for Spills {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// The largest output a spill holds; past it the spill is dropped and the result says the
+/// rest is gone (as the one-shot tool's).
+const SPILL_CAP: u64 = 64 * 1024 * 1024;
+
+/// A framed command whose output passes this many bytes gets a spill of its own (the
+/// persistent tools cap their results at 64,000 bytes by default).
+const COMMAND_SPILL_AT: usize = 16 * 1024;
 
 /// Starts the output pump for a freshly spawned shell.
 pub(crate) fn start(
@@ -525,6 +607,7 @@ pub(crate) fn start(
     marker: &str,
     nonce: &str,
     size: conch_seams::TerminalSize,
+    spills: Arc<Spills>,
 ) -> Arc<Shared> {
     let parser = if dialect.answers_cursor_queries() {
         Parser::new(marker).answering(size.rows, size.cols)
@@ -539,6 +622,7 @@ pub(crate) fn start(
             scrollback: Scrollback::new(config.scrollback_lines, config.scrollback_max_bytes),
             screen: screen_model(size, !dialect.answers_cursor_queries()),
             op: Some(TextRetainer::new(Strategy::Tail, config.max_read_bytes)),
+            op_spill: None,
             op_from: None,
             frame: None,
             last_output: Instant::now(),
@@ -565,6 +649,7 @@ pub(crate) fn start(
         dialect,
         nonce: nonce.to_string(),
         restore: Mutex::new(None),
+        spills,
     });
     let pump = Arc::clone(&shared);
     tokio::spawn(async move {
@@ -623,7 +708,7 @@ pub(crate) async fn await_first_prompt(
             let eof = st.eof;
             drop(st);
             if ready || eof {
-                let (text, _) = shared.take_op();
+                let (text, _, _) = shared.take_op();
                 if ready {
                     // The MOTD is what came before the prompt text itself.
                     return Ok(match text.rfind('\n') {
@@ -1150,13 +1235,28 @@ impl BashSession {
     fn abandon_op(&self) {
         let mut st = self.shared.lock();
         st.op = None;
+        let spill = st.op_spill.take();
         st.frame = None;
         st.end_send();
+        drop(st);
+        if let Some(c) = spill {
+            c.discard_spill();
+        }
     }
 
-    fn rendered_delta(&self) -> String {
-        let (text, omitted) = self.shared.take_op();
-        if omitted > 0 { format!("[earlier output omitted]\n{text}") } else { text }
+    /// The send's output, the newest kept; what was cut is named by the spill that holds all
+    /// of it, when one could be kept (see [`Spills`]).
+    async fn rendered_delta(&self) -> String {
+        let (text, omitted, staged) = self.shared.take_op();
+        let Some(staged) = staged else { return text };
+        if omitted == 0 {
+            staged.discard_spill();
+            return text;
+        }
+        match self.shared.spills.keep(staged, str::to_string).await {
+            Some(p) => format!("[earlier output omitted; full output: {p}]\n{text}"),
+            None => format!("[earlier output omitted]\n{text}"),
+        }
     }
 }
 
@@ -1199,9 +1299,10 @@ impl TerminalSession for BashSession {
         let cfg = &self.shared.config;
         let cap =
             req.max_output_bytes.map_or(cfg.max_read_bytes, |m| m.clamp(1, cfg.max_read_bytes));
+        let spill = Some(self.shared.spills.collector(cap));
         let (start_prompts, bytes) = {
             let mut st = self.shared.lock();
-            let p = st.begin_op(cap, floor);
+            let p = st.begin_op(cap, floor, spill);
             st.expect_echo(&req.text);
             st.watch = pattern.map(|pattern| Watch { pattern, window: String::new() });
             st.matched = false;
@@ -1228,7 +1329,7 @@ impl TerminalSession for BashSession {
             Ok(Ready::Framed(_)) => WaitReason::StdinRead,
             Ok(Ready::Cancelled) => {
                 let interrupted = self.interrupt(start_prompts).await;
-                let delta = self.rendered_delta();
+                let delta = self.rendered_delta().await;
                 let still_running = interrupted?;
                 return Ok(SendOutcome::Interrupted(Interrupted {
                     delta,
@@ -1248,7 +1349,7 @@ impl TerminalSession for BashSession {
             tokio::task::yield_now().await;
         }
         Ok(SendOutcome::Ready(SendSettle {
-            delta: self.rendered_delta(),
+            delta: self.rendered_delta().await,
             wait_reason: reason,
             session_status: self.shared.status(),
         }))
@@ -1266,6 +1367,7 @@ impl TerminalSession for BashSession {
             end,
             session_status: self.shared.status(),
             state: None,
+            spill: None,
         };
         if cancel.is_cancelled() {
             return Ok(outcome(String::new(), 0, CommandEnd::Cancelled));
@@ -1295,7 +1397,8 @@ impl TerminalSession for BashSession {
         let start_prompts = {
             let mut st = self.shared.lock();
             st.frame = Some(FrameScanner::new(&nonce, &self.shared.nonce));
-            let p = st.begin_op(self.shared.config.max_read_bytes, floor);
+            let spill = Some(self.shared.spills.collector(COMMAND_SPILL_AT));
+            let p = st.begin_op(self.shared.config.max_read_bytes, floor, spill);
             st.expect_echo(&framed);
             p
         };
@@ -1352,7 +1455,7 @@ impl TerminalSession for BashSession {
             // the framed commands' helpers.
             self.shared.framing_ready.store(false, Ordering::Release);
         }
-        let (retained, _) = self.shared.take_op();
+        let (retained, _, op_spill) = self.shared.take_op();
         let started = frame.as_ref().is_some_and(FrameScanner::started);
         // An interrupted line ends like one the errexit emulation stopped: bash printed one
         // newline of its own.
@@ -1368,21 +1471,34 @@ impl TerminalSession for BashSession {
             0
         };
         let body = body.to_string();
-        // Exact: the scanner counted every byte after the start marker (up to the end marker
-        // when it came), even those the retained tail no longer holds.
         // The state is the shell's own report at its prompt; a shell that did not get back
         // there (or was replaced) reported none.
         let state = frame
             .as_ref()
             .and_then(FrameScanner::state)
             .map(|(exports, script)| ShellState { dialect: self.shared.dialect, exports, script });
-        let total = frame.map_or(0, FrameScanner::finish).saturating_sub(interrupt_newline as u64);
-        let omitted = total.saturating_sub(body.len() as u64);
         let state = match end {
             CommandEnd::Exited(_) | CommandEnd::Stopped(_) => state,
             _ => None,
         };
-        Ok(CommandOutcome { state, ..outcome(body, omitted, end) })
+        // Exact: the scanner counted every byte after the start marker (up to the end marker
+        // when it came), even those the retained tail no longer holds.
+        let total = frame.map_or(0, FrameScanner::finish).saturating_sub(interrupt_newline as u64);
+        let omitted = total.saturating_sub(body.len() as u64);
+        // The command's whole output, when it passed COMMAND_SPILL_AT: its part of what the
+        // line printed, cut as from the retained tail.
+        let cut = |full: &str| {
+            framing::extract(full, &nonce, session_nonce, started, errexit).to_string()
+        };
+        let spill = match op_spill {
+            Some(op) if total > COMMAND_SPILL_AT as u64 => self.shared.spills.keep(op, cut).await,
+            Some(op) => {
+                op.discard_spill();
+                None
+            }
+            None => None,
+        };
+        Ok(CommandOutcome { state, spill, ..outcome(body, omitted, end) })
     }
 
     fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage {
