@@ -41,10 +41,10 @@ impl Default for JobsConfig {
     }
 }
 
-impl conch_seams::PluginConfig for JobsConfig {
-    fn validate(&self) -> Result<(), conch_seams::ConfigIssue> {
+impl conch_registry::PluginConfig for JobsConfig {
+    fn validate(&self) -> Result<(), conch_registry::ConfigIssue> {
         if self.cap_per_owner == 0 {
-            return Err(conch_seams::ConfigIssue::new("cap_per_owner", "must be at least 1"));
+            return Err(conch_registry::ConfigIssue::new("cap_per_owner", "must be at least 1"));
         }
         Ok(())
     }

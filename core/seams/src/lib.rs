@@ -3,8 +3,8 @@
 //! Tools consume these traits only; providers implement them; the registry wires them.
 //!
 //! The vocabulary: `Subprocess`, `Process`, `TerminalProcess`, `ShellExecutor`, `ShellProcess`,
-//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Tool`, the `Owner` scope,
-//! `Signal`, and `PluginConfig`/`ConfigIssue` (the one config-validation convention).
+//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Tool`, the `Owner` scope
+//! and `Signal`.
 //!
 //! `Process::kill`, `release` and `close_stdin` and `Subprocess::which` are async and fallible: a
 //! request a provider could not deliver is the caller's error (a failed job kill is reported by
@@ -22,7 +22,6 @@
 //! `Signal`, `ErrorCode`, `ErrorBody`.
 #![deny(missing_docs)]
 
-pub mod config;
 mod error;
 pub mod jobs;
 mod owner;
@@ -36,7 +35,6 @@ pub mod tools;
 mod wire_tests;
 
 pub use conch_dialect::Dialect;
-pub use config::{ConfigIssue, NoConfig, PluginConfig};
 pub use error::{Error, ErrorBody, ErrorCode, ErrorReason, Result};
 pub use jobs::{
     JobCancel, JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,

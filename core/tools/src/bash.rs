@@ -90,7 +90,7 @@ impl Default for BashToolConfig {
     }
 }
 
-impl conch_seams::PluginConfig for BashToolConfig {}
+impl conch_registry::PluginConfig for BashToolConfig {}
 
 /// The one-shot shell tool, named after the executor's dialect (`bash`, `pwsh`).
 #[derive(Debug)]

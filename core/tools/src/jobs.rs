@@ -227,7 +227,7 @@ impl Tool for JobKillTool {
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    let _: conch_seams::NoConfig = ctx.config()?;
+    let _: conch_registry::NoConfig = ctx.config()?;
     let jobs = ctx.jobs()?;
     Ok(PluginOutput::tools(vec![
         Arc::new(JobOutputTool { jobs: Arc::clone(&jobs) }),

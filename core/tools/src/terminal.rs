@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
+use conch_registry::{
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamId, register_plugin,
+};
 use conch_seams::{
-    ConfigIssue, Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement,
-    JobStart, JobStatus, Jobs, Key, OpenRequest, PluginConfig, Result, SendOutcome, SendRequest,
-    SendSettle, SessionStatus, Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext,
-    ToolOutput, ToolRef,
+    Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement, JobStart,
+    JobStatus, Jobs, Key, OpenRequest, Result, SendOutcome, SendRequest, SendSettle, SessionStatus,
+    Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use conch_sync::LockExt;
 use schemars::JsonSchema;

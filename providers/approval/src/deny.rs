@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, NoConfig, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
-use conch_seams::{Approval, ApprovalDecision, EscalationRequest, NoConfig, Result};
+use conch_seams::{Approval, ApprovalDecision, EscalationRequest, Result};
 
 /// Plugin name.
 pub const DENY_NAME: &str = "approval-deny";

@@ -34,11 +34,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
-    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
+    CommandLine, Error, ErrorCode, ExitStatus, Result, Sandbox, SandboxCapabilities, SandboxInfo,
+    SandboxMode, SandboxPolicy, SandboxVerdict,
 };
 use serde::Deserialize;
 

@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, Denial, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
-    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
+    CommandLine, Denial, Error, ErrorCode, ExitStatus, Result, Sandbox, SandboxCapabilities,
+    SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
 };
 use serde::Deserialize;
 

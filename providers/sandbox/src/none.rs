@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, NoConfig, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CommandLine, Error, ErrorCode, ExitStatus, NoConfig, Result, Sandbox, SandboxCapabilities,
-    SandboxInfo, SandboxMode, SandboxPolicy,
+    CommandLine, Error, ErrorCode, ExitStatus, Result, Sandbox, SandboxCapabilities, SandboxInfo,
+    SandboxMode, SandboxPolicy,
 };
 
 /// Plugin name.

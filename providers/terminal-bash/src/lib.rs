@@ -62,12 +62,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use conch_dialect::pwsh;
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, ConfinedSubject, Confinement, Dialect, Error, ErrorCode, ErrorReason,
-    PluginConfig, Result, Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend,
-    TerminalOpenSpec, TerminalSession, TerminalSize, TerminalSpawnSpec,
+    CommandLine, ConfinedSubject, Confinement, Dialect, Error, ErrorCode, ErrorReason, Result,
+    Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend, TerminalOpenSpec,
+    TerminalSession, TerminalSize, TerminalSpawnSpec,
 };
 use serde::Deserialize;
 
