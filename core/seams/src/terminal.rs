@@ -560,18 +560,3 @@ pub trait Terminals: Send + Sync + fmt::Debug + 'static {
     /// Closes every session and rejects new work.
     async fn shutdown(&self);
 }
-
-/// 16 hex digits for a private in-band marker (prompt markers, command delimiters). The
-/// marker must be unguessable by the commands it frames, so it comes from the OS RNG; if
-/// that fails, time and pid still keep markers distinct between sessions.
-pub fn marker_nonce() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = ((t as u64) ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}

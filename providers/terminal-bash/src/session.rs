@@ -1269,7 +1269,7 @@ impl TerminalSession for BashSession {
         self.check_open()?;
         self.settle_signal(&cancel).await?;
         let floor = self.owed_prompt(&cancel).await?;
-        let nonce = conch_seams::terminal::marker_nonce();
+        let nonce = crate::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
         let framed = self.shared.dialect.framed_line(command, &nonce, init);
         // Pasted where readline takes pastes: it then inserts the whole line and echoes it
