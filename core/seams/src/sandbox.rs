@@ -271,10 +271,8 @@ pub trait Sandbox: Send + Sync + fmt::Debug + 'static {
     /// The command `wrap` returned as `wrapped` has finished and its processes are stopped
     /// (or it never started): the runner may free what it made for it (a private
     /// `TMPDIR`). Callers hold a [`SandboxRelease`] so every path calls this exactly once.
-    /// The default frees nothing.
-    fn release(&self, wrapped: &CommandLine) {
-        let _ = wrapped;
-    }
+    /// No default: a wrapper that forgot it would leak what its inner runner made.
+    fn release(&self, wrapped: &CommandLine);
 }
 
 /// Calls [`Sandbox::release`] for one wrapped command when dropped: hold it as long as the
@@ -550,6 +548,7 @@ mod tests {
         fn classify(&self, policy: &SandboxPolicy, _: &ExitStatus, _: &str) -> SandboxInfo {
             SandboxInfo::new(policy.mode).with_verdict(SandboxVerdict::RunnerFailed)
         }
+        fn release(&self, _: &CommandLine) {}
     }
 
     fn confinement(subject: ConfinedSubject) -> Confinement {

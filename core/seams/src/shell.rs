@@ -256,7 +256,6 @@ pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
     async fn start(&self, spec: ShellExecSpec) -> Arc<dyn ShellProcess>;
     /// The sandbox mode calls run under by default (`None`: the executor confines nothing).
     /// Tools read it once to decide what they offer (escalation arguments, denial wording).
-    fn sandbox_mode(&self) -> Option<SandboxMode> {
-        None
-    }
+    /// No default: a wrapper that forgot it would hide its inner executor's sandbox.
+    fn sandbox_mode(&self) -> Option<SandboxMode>;
 }

@@ -411,10 +411,9 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     /// `internal` naming survivors when teardown could not prove quiescence.
     async fn close(&self) -> Result<CloseReport>;
     /// The sandbox mode the session's shell runs under, fixed when it was opened (`None`:
-    /// the backend bound no sandbox, so the shell runs unconfined).
-    fn sandbox_mode(&self) -> Option<crate::SandboxMode> {
-        None
-    }
+    /// the backend bound no sandbox, so the shell runs unconfined). No default, as for
+    /// [`crate::ShellExecutor::sandbox_mode`].
+    fn sandbox_mode(&self) -> Option<crate::SandboxMode>;
 }
 
 /// The terminal backend seam.

@@ -53,6 +53,10 @@ impl Sandbox for SandboxNone {
         // Nothing was enforced, so nothing can have been denied by it.
         SandboxInfo::new(policy.mode)
     }
+
+    fn release(&self, _wrapped: &CommandLine) {
+        // `wrap` made nothing for the command: it is passed through unchanged.
+    }
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
