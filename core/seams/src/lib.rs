@@ -45,8 +45,9 @@ pub use owner::{
 };
 pub use sandbox::{
     Approval, ApprovalDecision, CLASSIFY_TAIL_BYTES, CommandLine, ConfinedSubject, Confinement,
-    Denial, EscalationRequest, Sandbox, SandboxCapabilities, SandboxInfo, SandboxMode,
-    SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped, classify_tail,
+    Denial, Enforcement, EscalationPermissions, EscalationRequest, Sandbox, SandboxCapabilities,
+    SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped,
+    classify_tail,
 };
 pub use shell::{
     ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,

@@ -168,8 +168,66 @@ pub struct SandboxCapabilities {
     pub pid_isolation: bool,
     /// Signals to processes outside the sandbox are denied (without a pid namespace).
     pub signal_scoping: bool,
-    /// How it enforces, in words (e.g. `landlock ABI 7 + seccomp`).
-    pub enforcement: String,
+    /// How it enforces.
+    pub enforcement: Enforcement,
+}
+
+/// How a sandbox enforces its modes on this machine, as its provider states it. Its
+/// `Display` (which is also its wire form) is the words a reader sees.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Enforcement {
+    /// The mechanisms in the provider's words (`landlock ABI 7 + seccomp`), or why there are
+    /// none (`none (no landlock)`).
+    pub mechanism: String,
+    /// Why there is no read-only mount layer here, when there is none: chmod and utime
+    /// outside the roots are then not denied, new entries cannot be created directly in a git
+    /// workspace's root, and new terminals (ptys) cannot be opened.
+    pub no_mount_layer: Option<String>,
+}
+
+impl Enforcement {
+    /// Enforcement by `mechanism`, with nothing missing.
+    pub fn new(mechanism: impl Into<String>) -> Self {
+        Self { mechanism: mechanism.into(), no_mount_layer: None }
+    }
+
+    /// The same mechanism without a mount layer, for the reason `why`.
+    #[must_use]
+    pub fn without_mount_layer(mut self, why: impl Into<String>) -> Self {
+        self.no_mount_layer = Some(why.into());
+        self
+    }
+}
+
+impl fmt::Display for Enforcement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.mechanism)?;
+        if let Some(why) = &self.no_mount_layer {
+            write!(
+                f,
+                "; no mount layer ({why}): chmod and utime outside the roots are not denied, new \
+                 entries cannot be created directly in a git workspace's root, and new terminals \
+                 (ptys) cannot be opened"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Enforcement {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Words only: what a reader saw, kept as the mechanism.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Enforcement {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        <String as serde::Deserialize>::deserialize(d).map(Enforcement::new)
+    }
 }
 
 /// Which kind of access a denial was about.
@@ -206,8 +264,8 @@ pub struct SandboxInfo {
     pub mode: SandboxMode,
     /// What the sandbox did.
     pub verdict: SandboxVerdict,
-    /// How the policy was enforced (the provider's words), when confined.
-    pub enforcement: Option<String>,
+    /// How the policy was enforced, when confined.
+    pub enforcement: Option<Enforcement>,
     /// The command ran again outside the sandbox after an approved escalation.
     pub escalated: bool,
 }
@@ -473,8 +531,8 @@ pub struct EscalationRequest {
     pub command: String,
     /// Why the model says it needs it.
     pub justification: String,
-    /// What it asks for (`require_escalated`).
-    pub permissions: String,
+    /// What it asks for.
+    pub permissions: EscalationPermissions,
     /// The owner's session id.
     pub session: String,
 }
@@ -484,15 +542,38 @@ impl EscalationRequest {
     pub fn new(
         command: impl Into<String>,
         justification: impl Into<String>,
-        permissions: impl Into<String>,
+        permissions: EscalationPermissions,
         session: impl Into<String>,
     ) -> Self {
         Self {
             command: command.into(),
             justification: justification.into(),
-            permissions: permissions.into(),
+            permissions,
             session: session.into(),
         }
+    }
+}
+
+/// What an escalation asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EscalationPermissions {
+    /// Run the command once outside the sandbox.
+    RequireEscalated,
+}
+
+impl EscalationPermissions {
+    /// The snake_case name models use (`require_escalated`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EscalationPermissions::RequireEscalated => "require_escalated",
+        }
+    }
+}
+
+impl fmt::Display for EscalationPermissions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -18,10 +18,10 @@ use async_trait::async_trait;
 use conch_env::ShellEnv;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    Approval, ApprovalDecision, Denial, Dialect, Error, ErrorCode, EscalationRequest, JobHooks,
-    JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs, Leftover, Result, SandboxInfo,
-    SandboxMode, SandboxVerdict, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
-    ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
+    Approval, ApprovalDecision, Denial, Dialect, Error, ErrorCode, EscalationPermissions,
+    EscalationRequest, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
+    Leftover, Result, SandboxInfo, SandboxMode, SandboxVerdict, ShellExecRequest, ShellExecutor,
+    ShellProcess, ShellProcessStatus, ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -69,9 +69,9 @@ pub enum SandboxPermissions {
 }
 
 impl SandboxPermissions {
-    fn as_str(self) -> &'static str {
+    fn escalation(self) -> EscalationPermissions {
         match self {
-            SandboxPermissions::RequireEscalated => "require_escalated",
+            SandboxPermissions::RequireEscalated => EscalationPermissions::RequireEscalated,
         }
     }
 }
@@ -221,7 +221,7 @@ impl BashTool {
         let request = EscalationRequest::new(
             command,
             justification,
-            permissions.as_str(),
+            permissions.escalation(),
             ctx.owner.session_id(),
         );
         match approval.approve_escalation(&request).await? {
@@ -280,7 +280,7 @@ fn sandbox_json(info: &SandboxInfo) -> serde_json::Value {
             Denial::File => "file",
             Denial::Network => "network",
         }),
-        "enforcement": info.enforcement,
+        "enforcement": info.enforcement.as_ref().map(ToString::to_string),
         "runner_failed": info.runner_failed(),
         "escalated": info.escalated,
     })

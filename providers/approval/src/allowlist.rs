@@ -165,7 +165,12 @@ mod tests {
     }
 
     async fn decide(a: &AllowlistApproval, command: &str) -> ApprovalDecision {
-        let req = EscalationRequest::new(command, "why", "require_escalated", "s");
+        let req = EscalationRequest::new(
+            command,
+            "why",
+            conch_seams::EscalationPermissions::RequireEscalated,
+            "s",
+        );
         a.approve_escalation(&req).await.unwrap()
     }
 

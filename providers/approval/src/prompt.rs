@@ -262,7 +262,7 @@ mod tests {
         EscalationRequest::new(
             "touch /etc/conch-x",
             "the build writes there",
-            "require_escalated",
+            conch_seams::EscalationPermissions::RequireEscalated,
             "s-7",
         )
     }

@@ -9,8 +9,8 @@ use conch_registry::{
     BuildContext, NoConfig, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CommandLine, Error, ErrorCode, ExitStatus, Result, Sandbox, SandboxCapabilities, SandboxInfo,
-    SandboxMode, SandboxPolicy,
+    CommandLine, Enforcement, Error, ErrorCode, ExitStatus, Result, Sandbox, SandboxCapabilities,
+    SandboxInfo, SandboxMode, SandboxPolicy,
 };
 
 /// Plugin name.
@@ -28,7 +28,8 @@ impl Sandbox for SandboxNone {
     fn capabilities(&self) -> SandboxCapabilities {
         let mut caps = SandboxCapabilities::default();
         caps.modes = vec![SandboxMode::DangerFullAccess];
-        caps.enforcement = "none: only danger-full-access, which confines nothing".into();
+        caps.enforcement =
+            Enforcement::new("none: only danger-full-access, which confines nothing");
         caps
     }
 
