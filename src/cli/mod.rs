@@ -534,7 +534,7 @@ async fn settle_jobs(
                     "structured": {
                         "status": info.status.as_str(),
                         "detail": info.detail,
-                        "spill_path": read.spill_path,
+                        "spill_path": read.spill.as_ref().map(ToString::to_string),
                         "spill_evicted": read.spill_evicted,
                         "skipped_bytes": read.skipped_bytes,
                     },

@@ -344,24 +344,14 @@ pub fn render_run(r: &ShellRunResult, background_offered: bool) -> String {
 
 struct ProcessOutput(Arc<dyn ShellProcess>);
 
-fn to_job_read(r: conch_seams::ShellProcessRead) -> JobRead {
-    JobRead {
-        text: r.text,
-        lossy: r.lossy,
-        skipped_bytes: r.skipped_bytes,
-        spill_path: r.spill.map(|p| p.to_string()),
-        spill_evicted: r.spill_evicted,
-    }
-}
-
 #[async_trait]
 impl JobOutput for ProcessOutput {
     fn read(&self) -> JobRead {
-        to_job_read(self.0.read_output())
+        self.0.read_output()
     }
 
     fn snapshot(&self) -> JobRead {
-        to_job_read(self.0.snapshot())
+        self.0.snapshot()
     }
 
     async fn release(&self) -> Result<()> {
