@@ -13,11 +13,16 @@
 //! named is kept, and only the spill limits evict it). The cancel hook is async: `Jobs::kill`
 //! returns once the cancellation was delivered, and one that could not be force-fails the record
 //! and is returned as the error.
+//!
+//! [`RoutingSink`] is the notice-routing policy a front end may give its owner (the CLI does):
+//! inject while busy, follow up while idle, within a wake budget.
 #![deny(missing_docs)]
 
 mod job;
+mod notices;
 mod registry;
 
+pub use notices::{DEFAULT_WAKE_BUDGET, NoticeRoute, RoutingSink, TurnGuard};
 pub use registry::{JobRegistry, PROVIDER};
 
 use std::sync::Arc;

@@ -40,9 +40,7 @@ pub use jobs::{
     JobCancel, JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,
     Jobs,
 };
-pub use owner::{
-    CollectingSink, DEFAULT_WAKE_BUDGET, Notice, NoticeRoute, NoticeSink, Owner, TurnGuard,
-};
+pub use owner::{CollectingSink, Notice, NoticeSink, Owner};
 pub use sandbox::{
     Approval, ApprovalDecision, CLASSIFY_TAIL_BYTES, CommandLine, ConfinedSubject, Confinement,
     Denial, Enforcement, EscalationPermissions, EscalationRequest, Sandbox, SandboxCapabilities,
