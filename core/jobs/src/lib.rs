@@ -23,7 +23,7 @@ mod notices;
 mod registry;
 
 pub use notices::{DEFAULT_WAKE_BUDGET, NoticeRoute, RoutingSink, TurnGuard};
-pub use registry::{JobRegistry, PROVIDER};
+pub use registry::{DEFAULT_JOB_CAP, JobRegistry, PROVIDER};
 
 use std::sync::Arc;
 
@@ -42,7 +42,7 @@ pub struct JobsConfig {
 
 impl Default for JobsConfig {
     fn default() -> Self {
-        Self { cap_per_owner: conch_seams::jobs::DEFAULT_JOB_CAP }
+        Self { cap_per_owner: DEFAULT_JOB_CAP }
     }
 }
 

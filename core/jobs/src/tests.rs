@@ -329,7 +329,7 @@ async fn the_cap_is_enforced_before_the_producer_runs() {
 
 #[tokio::test]
 async fn the_default_registry_caps_at_ten() {
-    assert_eq!(JobRegistry::default().cap(), conch_seams::jobs::DEFAULT_JOB_CAP);
+    assert_eq!(JobRegistry::default().cap(), crate::DEFAULT_JOB_CAP);
 }
 
 #[tokio::test]

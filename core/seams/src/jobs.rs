@@ -9,9 +9,6 @@ use futures::future::BoxFuture;
 
 use crate::{Owner, Result, SpillRef};
 
-/// Per-owner active job cap.
-pub const DEFAULT_JOB_CAP: usize = 10;
-
 /// Job lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobStatus {
