@@ -45,7 +45,6 @@ pub use sandbox::{
     Approval, ApprovalDecision, CLASSIFY_TAIL_BYTES, CommandLine, ConfinedSubject, Confinement,
     Denial, Enforcement, EscalationPermissions, EscalationRequest, Sandbox, SandboxCapabilities,
     SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped,
-    classify_tail,
 };
 pub use shell::{
     ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
@@ -56,7 +55,7 @@ pub use subprocess::{
     AfterExit, CollectedOutput, EnvOverlay, ExitStatus, ForegroundCpu, ForegroundTarget, Leftover,
     OutputSpec, Probe, Process, SignalDelivery, SpawnSpec, SpillRef, StdinSpec, StdinWait,
     StreamId, StreamRead, Subprocess, SubprocessCapabilities, TeardownReport, TerminalObservation,
-    TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
+    TerminalProcess, TerminalSize, TerminalSpawnSpec, World, tail_utf8,
 };
 pub use terminal::{
     CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScreenView,

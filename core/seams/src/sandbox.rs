@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use crate::{EnvOverlay, Error, ErrorCode, ExitStatus, Result};
+use crate::{EnvOverlay, Error, ErrorCode, ExitStatus, Result, tail_utf8};
 
 /// The three policy modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -354,17 +354,8 @@ impl Drop for SandboxRelease {
     }
 }
 
-/// How much of a command's output tail a sandbox classifier sees.
+/// How much of a command's output tail a sandbox classifier sees (cut by [`tail_utf8`]).
 pub const CLASSIFY_TAIL_BYTES: usize = 4096;
-
-/// The tail of `text` a classifier sees, cut on a char boundary.
-pub fn classify_tail(text: &str) -> &str {
-    let mut start = text.len().saturating_sub(CLASSIFY_TAIL_BYTES);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
-}
 
 /// What a [`Confinement`] confines, in its errors' words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,7 +469,7 @@ impl Confinement {
         output: &str,
         runner: bool,
     ) -> SandboxInfo {
-        let info = self.sandbox.classify(policy, status, classify_tail(output));
+        let info = self.sandbox.classify(policy, status, tail_utf8(output, CLASSIFY_TAIL_BYTES));
         if info.runner_failed() && !runner {
             return info.with_verdict(SandboxVerdict::Clean);
         }
@@ -673,7 +664,7 @@ mod tests {
     #[test]
     fn the_classifier_tail_is_cut_on_a_char_boundary() {
         let text = format!("é{}", "x".repeat(CLASSIFY_TAIL_BYTES - 1));
-        assert_eq!(classify_tail(&text).len(), CLASSIFY_TAIL_BYTES - 1);
-        assert_eq!(classify_tail("short"), "short");
+        assert_eq!(tail_utf8(&text, CLASSIFY_TAIL_BYTES).len(), CLASSIFY_TAIL_BYTES - 1);
+        assert_eq!(tail_utf8("short", CLASSIFY_TAIL_BYTES), "short");
     }
 }
