@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use conch_seams::ConfigIssue;
 use figment::error::Kind;
 use figment::providers::Format;
 use figment::value::{Dict, Map, Value};
@@ -514,15 +513,15 @@ impl Composition {
         }
     }
 
-    /// The error for a [`ConfigIssue`] that `PluginConfig::validate` found in `plugin`'s
-    /// config, in the same form as a deserialization error (naming the variable when an
-    /// override set the key).
-    pub fn config_issue(&self, plugin: &str, issue: &ConfigIssue) -> CompositionError {
-        let inner: Vec<String> = issue.key.split('.').map(str::to_string).collect();
+    /// The error for a bad value at `key` (inside `plugin`'s config) that a check after
+    /// deserialization found (the registry's `PluginConfig::validate`), in the same form as a
+    /// deserialization error (naming the variable when an override set the key).
+    pub fn config_issue(&self, plugin: &str, key: &str, problem: String) -> CompositionError {
+        let inner: Vec<String> = key.split('.').map(str::to_string).collect();
         let full = key_path(plugin, inner.clone());
         // Env overrides win over the file, so an override at exactly this key set it.
         let from_env = self.env.iter().any(|o| o.path == full);
-        self.bad_at(plugin, inner, from_env, issue.problem.clone())
+        self.bad_at(plugin, inner, from_env, problem)
     }
 
     fn bad(&self, plugin: &str, e: &figment::Error) -> CompositionError {

@@ -9,6 +9,11 @@ struct Cfg {
     name: Option<String>,
 }
 
+/// A plugin config with no keys (as the registry's `NoConfig`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoKeys {}
+
 #[test]
 fn embedded_standard_loads_and_lists_plugins() {
     let c = Composition::from_yaml("embedded:standard", EMBEDDED[0].1).unwrap();
@@ -69,7 +74,7 @@ fn unknown_config_field_is_named_by_its_full_key() {
         err,
         "bad.yaml: plugin `bash-local`: key `plugins.bash-local.timeout_mss`: unknown key; expected one of `timeout_ms`, `name`"
     );
-    let err = c.plugin_config::<conch_seams::NoConfig>("bash-local").unwrap_err().to_string();
+    let err = c.plugin_config::<NoKeys>("bash-local").unwrap_err().to_string();
     assert_eq!(
         err,
         "bad.yaml: plugin `bash-local`: key `plugins.bash-local.timeout_mss`: unknown key; none are accepted here"
@@ -155,15 +160,15 @@ fn env_errors_name_the_key_and_the_variable() {
 
 #[test]
 fn validation_issues_name_the_full_key_and_an_env_origin() {
-    let issue = conch_seams::ConfigIssue::new("timeout_ms", "must be greater than 0");
+    let issue = || "must be greater than 0".to_string();
     let c = with_env("plugins:\n  p: {}\n", &[]).unwrap();
     assert_eq!(
-        c.config_issue("p", &issue).to_string(),
+        c.config_issue("p", "timeout_ms", issue()).to_string(),
         "c.yaml: plugin `p`: key `plugins.p.timeout_ms`: must be greater than 0"
     );
     let c = with_env("plugins:\n  p: {}\n", &[("CONCH_PLUGINS__P__TIMEOUT_MS", "0")]).unwrap();
     assert_eq!(
-        c.config_issue("p", &issue).to_string(),
+        c.config_issue("p", "timeout_ms", issue()).to_string(),
         "c.yaml: plugin `p`: key `plugins.p.timeout_ms` (from environment variable CONCH_PLUGINS__P__TIMEOUT_MS): must be greater than 0"
     );
 }

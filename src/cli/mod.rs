@@ -25,9 +25,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use conch_seams::{
-    CollectingSink, Error, ErrorCode, Notice, NoticeRoute, NoticeSink, Owner, ToolOutput,
-};
+use conch_jobs::{NoticeRoute, RoutingSink};
+use conch_seams::{Error, ErrorCode, Notice, NoticeSink, Owner, ToolOutput};
 
 #[derive(Parser)]
 #[command(name = "conch", version, about = "execution framework for AI-agent harnesses")]
@@ -368,7 +367,7 @@ async fn call(
 ) -> anyhow::Result<ExitCode> {
     let r = match strict_json::parse(args) {
         Ok(args) => {
-            let _turn = owner.begin_turn();
+            let _turn = sink.notices.begin_turn();
             runtime.call(owner, tool, args).await
         }
         Err(e) if e.classify() == serde_json::error::Category::Data => {
@@ -451,10 +450,11 @@ async fn mcp(composition: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The CLI's notice sink: collects, and wakes whoever waits for the next notice.
+/// The CLI's notice sink: routes (inject while a call runs, else follow up within the wake
+/// budget), collects, and wakes whoever waits for the next notice.
 #[derive(Debug, Default)]
 struct CliSink {
-    notices: CollectingSink,
+    notices: RoutingSink,
     arrived: tokio::sync::Notify,
 }
 
@@ -465,8 +465,8 @@ impl CliSink {
 }
 
 impl NoticeSink for CliSink {
-    fn deliver(&self, route: NoticeRoute, notice: Notice) {
-        self.notices.deliver(route, notice);
+    fn deliver(&self, notice: Notice) {
+        self.notices.deliver(notice);
         // A stored permit: a waiter that registers after this still wakes.
         self.arrived.notify_one();
     }
@@ -534,7 +534,7 @@ async fn settle_jobs(
                     "structured": {
                         "status": info.status.as_str(),
                         "detail": info.detail,
-                        "spill_path": read.spill_path,
+                        "spill_path": read.spill.as_ref().map(ToString::to_string),
                         "spill_evicted": read.spill_evicted,
                         "skipped_bytes": read.skipped_bytes,
                     },
@@ -554,11 +554,7 @@ fn notices_json(notices: Vec<(NoticeRoute, Notice)>) -> Vec<serde_json::Value> {
     notices
         .into_iter()
         .map(|(route, n)| {
-            let route = match route {
-                NoticeRoute::Inject => "inject",
-                NoticeRoute::Followup => "followup",
-            };
-            serde_json::json!({ "route": route, "source_id": n.source_id, "text": n.text })
+            serde_json::json!({ "route": route.as_str(), "source_id": n.source_id, "text": n.text })
         })
         .collect()
 }
@@ -571,6 +567,7 @@ const BATCH_KEYS: &[&str] = &["tool", "args", "id"];
 async fn batch_call(
     runtime: &conch_registry::Runtime,
     owner: &Arc<Owner>,
+    sink: &CliSink,
     number: u64,
     line: &str,
 ) -> (Option<serde_json::Value>, Result<ToolOutput, Error>) {
@@ -611,7 +608,7 @@ async fn batch_call(
     let Some(tool) = obj.get("tool").and_then(|t| t.as_str()) else {
         return (id, invalid(format!("line {number}: `tool` must name a tool (a string)")));
     };
-    let _turn = owner.begin_turn();
+    let _turn = sink.notices.begin_turn();
     let args = obj.get("args").cloned().unwrap_or(serde_json::Value::Null);
     (id, runtime.call(owner, tool, args).await)
 }
@@ -654,7 +651,7 @@ async fn batch(
                 // A byte-order mark some editors write first is not part of the call.
                 let line = if number == 1 { line.trim_start_matches('\u{feff}') } else { &line };
                 tokio::select! {
-                    done = batch_call(runtime, owner, number, line) => done,
+                    done = batch_call(runtime, owner, sink, number, line) => done,
                     signal = &mut stop => {
                         interrupted(signal, true, &format!("the call on line {number}"))?;
                         return Ok(ExitCode::from(128 + signal));

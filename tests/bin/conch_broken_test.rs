@@ -19,10 +19,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    PluginConfig, Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
+    Process, Result, SpawnSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
     TerminalSpawnSpec,
 };
 use serde::Deserialize;

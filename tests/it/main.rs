@@ -23,8 +23,9 @@ mod transport;
 use std::sync::Arc;
 
 use conch_env::ShellEnv;
+use conch_jobs::RoutingSink;
 use conch_registry::Runtime;
-use conch_seams::{CollectingSink, NoticeSink, Owner};
+use conch_seams::{NoticeSink, Owner};
 
 /// Builds a runtime from YAML with a private CONCH_HOME.
 pub(crate) fn runtime(yaml: &str) -> Runtime {
@@ -38,7 +39,7 @@ pub(crate) fn standard() -> Runtime {
 }
 
 /// A fresh owner with a collecting sink.
-pub(crate) fn owner(session: &str) -> (Arc<Owner>, Arc<CollectingSink>) {
-    let sink = Arc::new(CollectingSink::default());
+pub(crate) fn owner(session: &str) -> (Arc<Owner>, Arc<RoutingSink>) {
+    let sink = Arc::new(RoutingSink::default());
     (Owner::new(session, Arc::clone(&sink) as Arc<dyn NoticeSink>), sink)
 }

@@ -55,7 +55,7 @@ async fn settle(rt: &Runtime, o: &Owner, id: &str) {
 /// The spill a job's non-consuming snapshot names, if any.
 fn spill_of(rt: &Runtime, o: &Owner, id: &str) -> Option<PathBuf> {
     let jobs = rt.seams().jobs.clone().unwrap();
-    jobs.peek_output(o, id).unwrap().1.spill_path.map(PathBuf::from)
+    jobs.peek_output(o, id).unwrap().1.spill.map(|s| s.path)
 }
 
 fn len(path: &Path) -> u64 {

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use conch_seams::{ErrorCode, NoticeRoute};
+use conch_jobs::NoticeRoute;
+use conch_seams::ErrorCode;
 use serde_json::json;
 
 use crate::{owner, standard};

@@ -13,12 +13,17 @@
 //! named is kept, and only the spill limits evict it). The cancel hook is async: `Jobs::kill`
 //! returns once the cancellation was delivered, and one that could not be force-fails the record
 //! and is returned as the error.
+//!
+//! [`RoutingSink`] is the notice-routing policy a front end may give its owner (the CLI does):
+//! inject while busy, follow up while idle, within a wake budget.
 #![deny(missing_docs)]
 
 mod job;
+mod notices;
 mod registry;
 
-pub use registry::{JobRegistry, PROVIDER};
+pub use notices::{DEFAULT_WAKE_BUDGET, NoticeRoute, RoutingSink, TurnGuard};
+pub use registry::{DEFAULT_JOB_CAP, JobRegistry, PROVIDER};
 
 use std::sync::Arc;
 
@@ -37,14 +42,14 @@ pub struct JobsConfig {
 
 impl Default for JobsConfig {
     fn default() -> Self {
-        Self { cap_per_owner: conch_seams::jobs::DEFAULT_JOB_CAP }
+        Self { cap_per_owner: DEFAULT_JOB_CAP }
     }
 }
 
-impl conch_seams::PluginConfig for JobsConfig {
-    fn validate(&self) -> Result<(), conch_seams::ConfigIssue> {
+impl conch_registry::PluginConfig for JobsConfig {
+    fn validate(&self) -> Result<(), conch_registry::ConfigIssue> {
         if self.cap_per_owner == 0 {
-            return Err(conch_seams::ConfigIssue::new("cap_per_owner", "must be at least 1"));
+            return Err(conch_registry::ConfigIssue::new("cap_per_owner", "must be at least 1"));
         }
         Ok(())
     }

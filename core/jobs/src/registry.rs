@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conch_seams::jobs::DEFAULT_JOB_CAP;
 use conch_seams::{
     Error, ErrorCode, JobHooks, JobInfo, JobRead, JobRun, JobStart, Jobs, Owner, Result,
 };
@@ -87,8 +86,12 @@ impl fmt::Debug for JobRegistry {
     }
 }
 
+/// Active jobs one owner may have at once, unless the `jobs` plugin's `cap_per_owner` says
+/// otherwise.
+pub const DEFAULT_JOB_CAP: usize = 10;
+
 impl Default for JobRegistry {
-    /// A registry with the seam's default per-owner cap ([`DEFAULT_JOB_CAP`]).
+    /// A registry with the default per-owner cap ([`DEFAULT_JOB_CAP`]).
     fn default() -> Self {
         Self::with_cap(DEFAULT_JOB_CAP)
     }

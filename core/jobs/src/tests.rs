@@ -6,13 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conch_seams::{
-    CollectingSink, Error, ErrorCode, JobHooks, JobOutput, JobRead, JobRun, JobSettlement,
-    JobStart, JobStatus, Jobs, Notice, NoticeRoute, Owner,
+    Error, ErrorCode, JobHooks, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,
+    Jobs, Notice, Owner,
 };
 use futures::FutureExt;
 use tokio::sync::{Notify, oneshot};
 
-use crate::JobRegistry;
+use crate::{JobRegistry, NoticeRoute, RoutingSink};
 
 /// A generous bound for waits that are expected to finish promptly.
 const LONG: Duration = Duration::from_secs(30);
@@ -179,8 +179,8 @@ fn completed(detail: &str) -> JobSettlement {
     JobSettlement { status: JobStatus::Completed, detail: Some(detail.into()) }
 }
 
-fn new_owner(session: &str) -> (Arc<Owner>, Arc<CollectingSink>) {
-    let sink = Arc::new(CollectingSink::default());
+fn new_owner(session: &str) -> (Arc<Owner>, Arc<RoutingSink>) {
+    let sink = Arc::new(RoutingSink::default());
     let owner = Owner::new(session, Arc::clone(&sink) as Arc<dyn conch_seams::NoticeSink>);
     (owner, sink)
 }
@@ -329,7 +329,7 @@ async fn the_cap_is_enforced_before_the_producer_runs() {
 
 #[tokio::test]
 async fn the_default_registry_caps_at_ten() {
-    assert_eq!(JobRegistry::default().cap(), conch_seams::jobs::DEFAULT_JOB_CAP);
+    assert_eq!(JobRegistry::default().cap(), crate::DEFAULT_JOB_CAP);
 }
 
 #[tokio::test]
@@ -592,7 +592,7 @@ async fn notices_are_injected_while_busy_and_follow_up_while_idle_with_budget() 
     let reg = JobRegistry::new(10);
     let (owner, sink) = new_owner("s");
 
-    let turn = owner.begin_turn();
+    let turn = sink.begin_turn();
     let id = run_to_completion(&reg, &owner, "exit code: 2").await;
     assert_eq!(
         sink.take(),
@@ -617,7 +617,7 @@ async fn notices_are_injected_while_busy_and_follow_up_while_idle_with_budget() 
         "three wakes, then the budget is spent"
     );
 
-    owner.claim_user_message();
+    sink.claim_user_message();
     run_to_completion(&reg, &owner, "exit code: 0").await;
     assert_eq!(
         sink.take().into_iter().map(|(r, _)| r).collect::<Vec<_>>(),
@@ -685,13 +685,13 @@ async fn a_job_without_output_reads_empty() {
 
 #[tokio::test]
 async fn overlapping_turns_keep_the_owner_busy_until_the_last_ends() {
-    let (owner, _) = new_owner("s");
-    let a = owner.begin_turn();
-    let b = owner.begin_turn();
+    let (_owner, sink) = new_owner("s");
+    let a = sink.begin_turn();
+    let b = sink.begin_turn();
     drop(a);
-    assert!(owner.is_busy(), "one call ending must not make a still-busy owner idle");
+    assert!(sink.is_busy(), "one call ending must not make a still-busy owner idle");
     drop(b);
-    assert!(!owner.is_busy());
+    assert!(!sink.is_busy());
 }
 
 #[tokio::test]

@@ -15,16 +15,18 @@ use std::sync::Arc;
 use conch_config::{Composition, CompositionError};
 use conch_env::ShellEnv;
 use conch_seams::{
-    Approval, Error, ErrorCode, Jobs, Owner, PluginConfig, Sandbox, SandboxPolicy, ShellExecutor,
-    Subprocess, TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
+    Approval, Error, ErrorCode, Jobs, Owner, Sandbox, SandboxPolicy, ShellExecutor, Subprocess,
+    TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
 };
 use conch_sync::LockExt;
 use futures::future::BoxFuture;
 use tracing::Instrument;
 
+pub use config::{ConfigIssue, NoConfig, PluginConfig};
 pub use inventory;
 pub use policy::{PolicyConfig, SANDBOX_POLICY};
 
+mod config;
 mod policy;
 
 /// The seams a plugin can provide or require.
@@ -233,7 +235,7 @@ impl BuildContext<'_> {
         // Through the composition rather than `PluginConfig::check`, so that a bad value set
         // by an environment override names its variable.
         config.validate().map_err(|issue| {
-            let e = self.composition.config_issue(self.plugin, &issue);
+            let e = self.composition.config_issue(self.plugin, issue.key, issue.problem);
             Error::new(ErrorCode::InvalidComposition, e.to_string())
         })?;
         Ok(config)

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use conch_config::Composition;
 use conch_env::ShellEnv;
-use conch_seams::{ConfigIssue, PluginConfig, SandboxMode, SandboxPolicy};
+use conch_seams::{SandboxMode, SandboxPolicy};
 use serde::Deserialize;
 
-use crate::{BuildContext, RegistryError, Seams};
+use crate::{BuildContext, ConfigIssue, PluginConfig, RegistryError, Seams};
 
 /// The composition entry that holds the default policy.
 pub const SANDBOX_POLICY: &str = "sandbox-policy";

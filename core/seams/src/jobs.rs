@@ -7,10 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::{Owner, Result};
-
-/// Per-owner active job cap.
-pub const DEFAULT_JOB_CAP: usize = 10;
+use crate::{Owner, Result, SpillRef};
 
 /// Job lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,20 +47,24 @@ pub struct JobSettlement {
     pub detail: Option<String>,
 }
 
-/// One output read from a producer.
+/// One incremental read of a producer's output as text (a background shell process, any
+/// job): the text counterpart of [`crate::StreamRead`], with the same spill vocabulary.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct JobRead {
-    /// The output read this time, as text.
+    /// New text since the previous consuming read (all retained text for a snapshot).
     pub text: String,
-    /// Some bytes were lost between reads.
+    /// Bytes were dropped between reads.
     pub lossy: bool,
-    /// How many bytes were lost between reads (0 when unknown or none).
+    /// How many: output between the previous read and `text` that is not in it (it fell
+    /// out of the retained window, or a remote world lost it in transport); 0 when unknown.
     pub skipped_bytes: u64,
-    /// Where the complete output is, when complete.
-    pub spill_path: Option<String>,
-    /// The complete output was kept in a spill that has since been evicted (spill limits):
-    /// renderers say it is gone instead of naming a path.
+    /// The spill file, in the world that wrote it, while it holds the complete output.
+    pub spill: Option<SpillRef>,
+    /// The complete spill was evicted under spill limits: renderers say it is gone instead
+    /// of naming a path.
     pub spill_evicted: bool,
+    /// Total bytes produced so far (0 when the producer does not count them).
+    pub total_bytes: u64,
 }
 
 /// Output hooks a producer may supply.

@@ -3,8 +3,8 @@
 //! Tools consume these traits only; providers implement them; the registry wires them.
 //!
 //! The vocabulary: `Subprocess`, `Process`, `TerminalProcess`, `ShellExecutor`, `ShellProcess`,
-//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Tool`, the `Owner` scope,
-//! `Signal`, and `PluginConfig`/`ConfigIssue` (the one config-validation convention).
+//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Tool`, the `Owner` scope
+//! and `Signal`.
 //!
 //! `Process::kill`, `release` and `close_stdin` and `Subprocess::which` are async and fallible: a
 //! request a provider could not deliver is the caller's error (a failed job kill is reported by
@@ -22,7 +22,6 @@
 //! `Signal`, `ErrorCode`, `ErrorBody`.
 #![deny(missing_docs)]
 
-pub mod config;
 mod error;
 pub mod jobs;
 mod owner;
@@ -36,19 +35,16 @@ pub mod tools;
 mod wire_tests;
 
 pub use conch_dialect::Dialect;
-pub use config::{ConfigIssue, NoConfig, PluginConfig};
 pub use error::{Error, ErrorBody, ErrorCode, ErrorReason, Result};
 pub use jobs::{
     JobCancel, JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,
     Jobs,
 };
-pub use owner::{
-    CollectingSink, DEFAULT_WAKE_BUDGET, Notice, NoticeRoute, NoticeSink, Owner, TurnGuard,
-};
+pub use owner::{CollectingSink, Notice, NoticeSink, Owner};
 pub use sandbox::{
     Approval, ApprovalDecision, CLASSIFY_TAIL_BYTES, CommandLine, ConfinedSubject, Confinement,
-    Denial, EscalationRequest, Sandbox, SandboxCapabilities, SandboxInfo, SandboxMode,
-    SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped, classify_tail,
+    Denial, Enforcement, EscalationPermissions, EscalationRequest, Sandbox, SandboxCapabilities,
+    SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped,
 };
 pub use shell::{
     ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
@@ -59,7 +55,7 @@ pub use subprocess::{
     AfterExit, CollectedOutput, EnvOverlay, ExitStatus, ForegroundCpu, ForegroundTarget, Leftover,
     OutputSpec, Probe, Process, SignalDelivery, SpawnSpec, SpillRef, StdinSpec, StdinWait,
     StreamId, StreamRead, Subprocess, SubprocessCapabilities, TeardownReport, TerminalObservation,
-    TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
+    TerminalProcess, TerminalSize, TerminalSpawnSpec, World, tail_utf8,
 };
 pub use terminal::{
     CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScreenView,

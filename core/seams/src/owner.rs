@@ -1,17 +1,17 @@
 //! The owner (agent) scope: an exact identity that jobs and terminals are fenced by,
 //! with awaited disposal and the completion-notice inbox.
+//!
+//! How a notice reaches the model (into the current turn, or as a turn of its own) is the
+//! front end's policy, not the owner's: the owner hands every notice to its sink.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use conch_sync::LockExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-
-/// How many consecutive job-completion turns an idle owner may be woken for.
-pub const DEFAULT_WAKE_BUDGET: u32 = 3;
 
 /// A completion notice for the owner's model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,49 +22,29 @@ pub struct Notice {
     pub text: String,
 }
 
-/// How a notice reached the owner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NoticeRoute {
-    /// Added to the current turn's inbox.
-    Inject,
-    /// Starts a new follow-up turn.
-    Followup,
-}
-
-/// Where notices go; the harness (CLI, MCP server) implements this.
+/// Where notices go; the harness (CLI, MCP server) implements this and decides how each
+/// reaches the model.
 pub trait NoticeSink: Send + Sync + fmt::Debug {
-    /// Delivers one notice by the chosen route.
-    fn deliver(&self, route: NoticeRoute, notice: Notice);
+    /// Delivers one notice.
+    fn deliver(&self, notice: Notice);
 }
 
 /// A sink that collects notices in memory (used by the CLI and tests).
 #[derive(Debug, Default)]
 pub struct CollectingSink {
-    notices: Mutex<Vec<(NoticeRoute, Notice)>>,
+    notices: Mutex<Vec<Notice>>,
 }
 
 impl CollectingSink {
     /// Takes every notice delivered so far.
-    pub fn take(&self) -> Vec<(NoticeRoute, Notice)> {
+    pub fn take(&self) -> Vec<Notice> {
         std::mem::take(&mut *self.notices.locked())
     }
 }
 
 impl NoticeSink for CollectingSink {
-    fn deliver(&self, route: NoticeRoute, notice: Notice) {
-        self.notices.locked().push((route, notice));
-    }
-}
-
-/// One turn of an owner; the owner is busy while any guard lives.
-#[derive(Debug)]
-pub struct TurnGuard {
-    owner: Arc<Owner>,
-}
-
-impl Drop for TurnGuard {
-    fn drop(&mut self) {
-        self.owner.busy.fetch_sub(1, Ordering::AcqRel);
+    fn deliver(&self, notice: Notice) {
+        self.notices.locked().push(notice);
     }
 }
 
@@ -79,10 +59,6 @@ pub struct Owner {
     session_id: String,
     cancel: CancellationToken,
     live: AtomicBool,
-    /// Turns in progress: concurrent calls each hold one, so the owner is busy until the
-    /// last of them ends.
-    busy: AtomicU32,
-    wake_budget: AtomicU32,
     hooks: Mutex<Vec<DisposeHook>>,
     sink: Arc<dyn NoticeSink>,
 }
@@ -105,8 +81,6 @@ impl Owner {
             session_id: session_id.into(),
             cancel: CancellationToken::new(),
             live: AtomicBool::new(true),
-            busy: AtomicU32::new(0),
-            wake_budget: AtomicU32::new(DEFAULT_WAKE_BUDGET),
             hooks: Mutex::new(Vec::new()),
             sink,
         })
@@ -132,44 +106,9 @@ impl Owner {
         self.live.load(Ordering::Acquire)
     }
 
-    /// Marks the owner as mid-turn (notices are injected then) until the guard drops.
-    /// Guards nest and overlap: concurrent calls each hold one.
-    pub fn begin_turn(self: &Arc<Self>) -> TurnGuard {
-        self.busy.fetch_add(1, Ordering::AcqRel);
-        TurnGuard { owner: Arc::clone(self) }
-    }
-
-    /// Whether the owner is mid-turn (some [`TurnGuard`] is alive).
-    pub fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::Acquire) > 0
-    }
-
-    /// Claims a genuinely user-authored message: the only thing that restores the wake budget.
-    pub fn claim_user_message(&self) {
-        self.wake_budget.store(DEFAULT_WAKE_BUDGET, Ordering::Release);
-    }
-
-    /// Remaining follow-up wakes.
-    pub fn wake_budget(&self) -> u32 {
-        self.wake_budget.load(Ordering::Acquire)
-    }
-
-    /// Routes a settled job's notice: busy → inject; idle with budget → follow-up
-    /// (spending one wake); idle without budget → inject.
-    pub fn notify(&self, notice: Notice) -> NoticeRoute {
-        let route = if self.is_busy() {
-            NoticeRoute::Inject
-        } else if self
-            .wake_budget
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| b.checked_sub(1))
-            .is_ok()
-        {
-            NoticeRoute::Followup
-        } else {
-            NoticeRoute::Inject
-        };
-        self.sink.deliver(route, notice);
-        route
+    /// Hands a notice (a settled job's) to the owner's sink.
+    pub fn notify(&self, notice: Notice) {
+        self.sink.deliver(notice);
     }
 
     /// Registers work to run (and await) on disposal; hooks run last-registered first.

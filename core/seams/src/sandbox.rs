@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use crate::{EnvOverlay, Error, ErrorCode, ExitStatus, Result};
+use crate::{EnvOverlay, Error, ErrorCode, ExitStatus, Result, tail_utf8};
 
 /// The three policy modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -168,8 +168,66 @@ pub struct SandboxCapabilities {
     pub pid_isolation: bool,
     /// Signals to processes outside the sandbox are denied (without a pid namespace).
     pub signal_scoping: bool,
-    /// How it enforces, in words (e.g. `landlock ABI 7 + seccomp`).
-    pub enforcement: String,
+    /// How it enforces.
+    pub enforcement: Enforcement,
+}
+
+/// How a sandbox enforces its modes on this machine, as its provider states it. Its
+/// `Display` (which is also its wire form) is the words a reader sees.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Enforcement {
+    /// The mechanisms in the provider's words (`landlock ABI 7 + seccomp`), or why there are
+    /// none (`none (no landlock)`).
+    pub mechanism: String,
+    /// Why there is no read-only mount layer here, when there is none: chmod and utime
+    /// outside the roots are then not denied, new entries cannot be created directly in a git
+    /// workspace's root, and new terminals (ptys) cannot be opened.
+    pub no_mount_layer: Option<String>,
+}
+
+impl Enforcement {
+    /// Enforcement by `mechanism`, with nothing missing.
+    pub fn new(mechanism: impl Into<String>) -> Self {
+        Self { mechanism: mechanism.into(), no_mount_layer: None }
+    }
+
+    /// The same mechanism without a mount layer, for the reason `why`.
+    #[must_use]
+    pub fn without_mount_layer(mut self, why: impl Into<String>) -> Self {
+        self.no_mount_layer = Some(why.into());
+        self
+    }
+}
+
+impl fmt::Display for Enforcement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.mechanism)?;
+        if let Some(why) = &self.no_mount_layer {
+            write!(
+                f,
+                "; no mount layer ({why}): chmod and utime outside the roots are not denied, new \
+                 entries cannot be created directly in a git workspace's root, and new terminals \
+                 (ptys) cannot be opened"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Enforcement {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Words only: what a reader saw, kept as the mechanism.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Enforcement {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        <String as serde::Deserialize>::deserialize(d).map(Enforcement::new)
+    }
 }
 
 /// Which kind of access a denial was about.
@@ -206,8 +264,8 @@ pub struct SandboxInfo {
     pub mode: SandboxMode,
     /// What the sandbox did.
     pub verdict: SandboxVerdict,
-    /// How the policy was enforced (the provider's words), when confined.
-    pub enforcement: Option<String>,
+    /// How the policy was enforced, when confined.
+    pub enforcement: Option<Enforcement>,
     /// The command ran again outside the sandbox after an approved escalation.
     pub escalated: bool,
 }
@@ -271,10 +329,8 @@ pub trait Sandbox: Send + Sync + fmt::Debug + 'static {
     /// The command `wrap` returned as `wrapped` has finished and its processes are stopped
     /// (or it never started): the runner may free what it made for it (a private
     /// `TMPDIR`). Callers hold a [`SandboxRelease`] so every path calls this exactly once.
-    /// The default frees nothing.
-    fn release(&self, wrapped: &CommandLine) {
-        let _ = wrapped;
-    }
+    /// No default: a wrapper that forgot it would leak what its inner runner made.
+    fn release(&self, wrapped: &CommandLine);
 }
 
 /// Calls [`Sandbox::release`] for one wrapped command when dropped: hold it as long as the
@@ -298,17 +354,8 @@ impl Drop for SandboxRelease {
     }
 }
 
-/// How much of a command's output tail a sandbox classifier sees.
+/// How much of a command's output tail a sandbox classifier sees (cut by [`tail_utf8`]).
 pub const CLASSIFY_TAIL_BYTES: usize = 4096;
-
-/// The tail of `text` a classifier sees, cut on a char boundary.
-pub fn classify_tail(text: &str) -> &str {
-    let mut start = text.len().saturating_sub(CLASSIFY_TAIL_BYTES);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
-}
 
 /// What a [`Confinement`] confines, in its errors' words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -422,7 +469,7 @@ impl Confinement {
         output: &str,
         runner: bool,
     ) -> SandboxInfo {
-        let info = self.sandbox.classify(policy, status, classify_tail(output));
+        let info = self.sandbox.classify(policy, status, tail_utf8(output, CLASSIFY_TAIL_BYTES));
         if info.runner_failed() && !runner {
             return info.with_verdict(SandboxVerdict::Clean);
         }
@@ -475,8 +522,8 @@ pub struct EscalationRequest {
     pub command: String,
     /// Why the model says it needs it.
     pub justification: String,
-    /// What it asks for (`require_escalated`).
-    pub permissions: String,
+    /// What it asks for.
+    pub permissions: EscalationPermissions,
     /// The owner's session id.
     pub session: String,
 }
@@ -486,15 +533,38 @@ impl EscalationRequest {
     pub fn new(
         command: impl Into<String>,
         justification: impl Into<String>,
-        permissions: impl Into<String>,
+        permissions: EscalationPermissions,
         session: impl Into<String>,
     ) -> Self {
         Self {
             command: command.into(),
             justification: justification.into(),
-            permissions: permissions.into(),
+            permissions,
             session: session.into(),
         }
+    }
+}
+
+/// What an escalation asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EscalationPermissions {
+    /// Run the command once outside the sandbox.
+    RequireEscalated,
+}
+
+impl EscalationPermissions {
+    /// The snake_case name models use (`require_escalated`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EscalationPermissions::RequireEscalated => "require_escalated",
+        }
+    }
+}
+
+impl fmt::Display for EscalationPermissions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -550,6 +620,7 @@ mod tests {
         fn classify(&self, policy: &SandboxPolicy, _: &ExitStatus, _: &str) -> SandboxInfo {
             SandboxInfo::new(policy.mode).with_verdict(SandboxVerdict::RunnerFailed)
         }
+        fn release(&self, _: &CommandLine) {}
     }
 
     fn confinement(subject: ConfinedSubject) -> Confinement {
@@ -593,7 +664,7 @@ mod tests {
     #[test]
     fn the_classifier_tail_is_cut_on_a_char_boundary() {
         let text = format!("é{}", "x".repeat(CLASSIFY_TAIL_BYTES - 1));
-        assert_eq!(classify_tail(&text).len(), CLASSIFY_TAIL_BYTES - 1);
-        assert_eq!(classify_tail("short"), "short");
+        assert_eq!(tail_utf8(&text, CLASSIFY_TAIL_BYTES).len(), CLASSIFY_TAIL_BYTES - 1);
+        assert_eq!(tail_utf8("short", CLASSIFY_TAIL_BYTES), "short");
     }
 }

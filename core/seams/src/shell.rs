@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::subprocess::{CollectedOutput, EnvOverlay, ExitStatus, Leftover, SpillRef};
+use crate::subprocess::{CollectedOutput, EnvOverlay, ExitStatus, Leftover};
 use crate::{Dialect, Result, SandboxInfo, SandboxMode, SandboxPolicy};
 
 /// A raw request; [`ShellExecutor::resolve`] fills defaults and caps.
@@ -159,23 +159,9 @@ impl ShellProcessStatus {
     }
 }
 
-/// One incremental read of a background process.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct ShellProcessRead {
-    /// New text since the previous consuming read.
-    pub text: String,
-    /// Bytes were dropped between reads.
-    pub lossy: bool,
-    /// How many: output between the previous read and `text` that is not in it (it fell
-    /// out of the retained window, or a remote world lost it in transport).
-    pub skipped_bytes: u64,
-    /// Complete spill file when still complete.
-    pub spill: Option<SpillRef>,
-    /// The complete spill was evicted under the subprocess provider's spill limits.
-    pub spill_evicted: bool,
-    /// Total bytes produced so far.
-    pub total_bytes: u64,
-}
+/// One incremental read of a background process: a [`crate::JobRead`], since a background
+/// process is read the same way as the job that runs it.
+pub type ShellProcessRead = crate::JobRead;
 
 /// A background process handle.
 ///
@@ -256,7 +242,6 @@ pub trait ShellExecutor: Send + Sync + fmt::Debug + 'static {
     async fn start(&self, spec: ShellExecSpec) -> Arc<dyn ShellProcess>;
     /// The sandbox mode calls run under by default (`None`: the executor confines nothing).
     /// Tools read it once to decide what they offer (escalation arguments, denial wording).
-    fn sandbox_mode(&self) -> Option<SandboxMode> {
-        None
-    }
+    /// No default: a wrapper that forgot it would hide its inner executor's sandbox.
+    fn sandbox_mode(&self) -> Option<SandboxMode>;
 }

@@ -61,7 +61,8 @@ pub enum SessionStatus {
     },
 }
 
-/// A key pressed as a key (not typed as text): what [`SendRequest::keys`] carries.
+/// A key pressed as a key (not typed as text): what [`SendRequest::keys`] carries. The
+/// backend sends the bytes a terminal would for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Key {
     /// Enter (carriage return).
@@ -95,65 +96,6 @@ pub enum Key {
     /// Control plus a letter (`C-a` .. `C-z`), or `C-\`, `C-]`, `C-@` (a lowercase ASCII
     /// byte: the letter, `\`, `]` or `@`).
     Ctrl(u8),
-}
-
-impl Key {
-    /// The names [`Key::from_name`] accepts, for schemas and errors.
-    pub const NAMES: &'static str = "Enter, Tab, BTab, Esc, Backspace, Delete, Up, Down, Left, \
-        Right, Home, End, PageUp, PageDown, C-a .. C-z, C-\\, C-], C-@";
-
-    /// Parses a key name (case-sensitive words as in [`Key::NAMES`]; `C-x` also as `^X`).
-    pub fn from_name(name: &str) -> Option<Key> {
-        Some(match name {
-            "Enter" => Key::Enter,
-            "Tab" => Key::Tab,
-            "BTab" => Key::BackTab,
-            "Esc" => Key::Esc,
-            "Backspace" => Key::Backspace,
-            "Delete" => Key::Delete,
-            "Up" => Key::Up,
-            "Down" => Key::Down,
-            "Right" => Key::Right,
-            "Left" => Key::Left,
-            "Home" => Key::Home,
-            "End" => Key::End,
-            "PageUp" => Key::PageUp,
-            "PageDown" => Key::PageDown,
-            _ => {
-                let rest = name.strip_prefix("C-").or_else(|| name.strip_prefix('^'))?;
-                let &[c] = rest.as_bytes() else { return None };
-                let c = c.to_ascii_lowercase();
-                if !(c.is_ascii_lowercase() || matches!(c, b'\\' | b']' | b'@')) {
-                    return None;
-                }
-                Key::Ctrl(c)
-            }
-        })
-    }
-
-    /// The bytes a terminal sends for the key; `app_cursor` is the application cursor mode
-    /// a full-screen program may have switched on (arrows then send `ESC O x`).
-    pub fn bytes(self, app_cursor: bool) -> Vec<u8> {
-        let arrow = |c: u8| if app_cursor { vec![0x1b, b'O', c] } else { vec![0x1b, b'[', c] };
-        match self {
-            Key::Enter => b"\r".to_vec(),
-            Key::Tab => b"\t".to_vec(),
-            Key::BackTab => b"\x1b[Z".to_vec(),
-            Key::Esc => b"\x1b".to_vec(),
-            Key::Backspace => b"\x7f".to_vec(),
-            Key::Delete => b"\x1b[3~".to_vec(),
-            Key::Up => arrow(b'A'),
-            Key::Down => arrow(b'B'),
-            Key::Right => arrow(b'C'),
-            Key::Left => arrow(b'D'),
-            Key::Home => arrow(b'H'),
-            Key::End => arrow(b'F'),
-            Key::PageUp => b"\x1b[5~".to_vec(),
-            Key::PageDown => b"\x1b[6~".to_vec(),
-            Key::Ctrl(b'@') => vec![0],
-            Key::Ctrl(c) => vec![c.to_ascii_uppercase() & 0x1f],
-        }
-    }
 }
 
 /// Called with each piece of a send's output as it arrives (a background send's job shows
@@ -445,10 +387,9 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     /// `internal` naming survivors when teardown could not prove quiescence.
     async fn close(&self) -> Result<CloseReport>;
     /// The sandbox mode the session's shell runs under, fixed when it was opened (`None`:
-    /// the backend bound no sandbox, so the shell runs unconfined).
-    fn sandbox_mode(&self) -> Option<crate::SandboxMode> {
-        None
-    }
+    /// the backend bound no sandbox, so the shell runs unconfined). No default, as for
+    /// [`crate::ShellExecutor::sandbox_mode`].
+    fn sandbox_mode(&self) -> Option<crate::SandboxMode>;
 }
 
 /// The terminal backend seam.
@@ -596,19 +537,4 @@ pub trait Terminals: Send + Sync + fmt::Debug + 'static {
     async fn close(&self, owner: &crate::Owner, id: &str) -> Result<CloseReport>;
     /// Closes every session and rejects new work.
     async fn shutdown(&self);
-}
-
-/// 16 hex digits for a private in-band marker (prompt markers, command delimiters). The
-/// marker must be unguessable by the commands it frames, so it comes from the OS RNG; if
-/// that fails, time and pid still keep markers distinct between sessions.
-pub fn marker_nonce() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = ((t as u64) ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -124,3 +124,11 @@ fn an_error_body_rebuilds_the_error_from_the_wire() {
     let unknown = serde_json::json!({"code": "brand_new_code", "message": "x"});
     assert!(serde_json::from_value::<ErrorBody>(unknown).is_err());
 }
+
+#[test]
+fn enforcement_travels_as_the_words_a_reader_sees() {
+    let e = Enforcement::new("landlock ABI 7 + seccomp").without_mount_layer("no userns");
+    let json = serde_json::to_value(&e).unwrap();
+    assert_eq!(json, serde_json::Value::from(e.to_string()));
+    assert!(e.to_string().starts_with("landlock ABI 7 + seccomp; no mount layer (no userns): "));
+}

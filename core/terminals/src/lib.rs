@@ -40,7 +40,7 @@ pub const NAME: &str = "terminals";
 pub const MAX_NAME_LEN: usize = 64;
 
 /// `terminals` plugin config (no keys yet; unknown keys are rejected).
-pub type TerminalsConfig = conch_seams::NoConfig;
+pub type TerminalsConfig = conch_registry::NoConfig;
 
 /// One published session.
 struct Record {

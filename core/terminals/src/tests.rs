@@ -103,6 +103,9 @@ impl TerminalSession for TestSession {
         self.counters.closed.fetch_add(1, Ordering::AcqRel);
         Ok(CloseReport { root_exit: self.status(), survivors: Vec::new() })
     }
+    fn sandbox_mode(&self) -> Option<conch_seams::SandboxMode> {
+        None
+    }
 }
 
 #[async_trait]

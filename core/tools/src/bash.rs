@@ -18,10 +18,10 @@ use async_trait::async_trait;
 use conch_env::ShellEnv;
 use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
 use conch_seams::{
-    Approval, ApprovalDecision, Denial, Dialect, Error, ErrorCode, EscalationRequest, JobHooks,
-    JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs, Leftover, Result, SandboxInfo,
-    SandboxMode, SandboxVerdict, ShellExecRequest, ShellExecutor, ShellProcess, ShellProcessStatus,
-    ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
+    Approval, ApprovalDecision, Denial, Dialect, Error, ErrorCode, EscalationPermissions,
+    EscalationRequest, JobHooks, JobOutput, JobRead, JobSettlement, JobStart, JobStatus, Jobs,
+    Leftover, Result, SandboxInfo, SandboxMode, SandboxVerdict, ShellExecRequest, ShellExecutor,
+    ShellProcess, ShellProcessStatus, ShellRunResult, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -69,9 +69,9 @@ pub enum SandboxPermissions {
 }
 
 impl SandboxPermissions {
-    fn as_str(self) -> &'static str {
+    fn escalation(self) -> EscalationPermissions {
         match self {
-            SandboxPermissions::RequireEscalated => "require_escalated",
+            SandboxPermissions::RequireEscalated => EscalationPermissions::RequireEscalated,
         }
     }
 }
@@ -90,7 +90,7 @@ impl Default for BashToolConfig {
     }
 }
 
-impl conch_seams::PluginConfig for BashToolConfig {}
+impl conch_registry::PluginConfig for BashToolConfig {}
 
 /// The one-shot shell tool, named after the executor's dialect (`bash`, `pwsh`).
 #[derive(Debug)]
@@ -221,7 +221,7 @@ impl BashTool {
         let request = EscalationRequest::new(
             command,
             justification,
-            permissions.as_str(),
+            permissions.escalation(),
             ctx.owner.session_id(),
         );
         match approval.approve_escalation(&request).await? {
@@ -280,7 +280,7 @@ fn sandbox_json(info: &SandboxInfo) -> serde_json::Value {
             Denial::File => "file",
             Denial::Network => "network",
         }),
-        "enforcement": info.enforcement,
+        "enforcement": info.enforcement.as_ref().map(ToString::to_string),
         "runner_failed": info.runner_failed(),
         "escalated": info.escalated,
     })
@@ -344,24 +344,14 @@ pub fn render_run(r: &ShellRunResult, background_offered: bool) -> String {
 
 struct ProcessOutput(Arc<dyn ShellProcess>);
 
-fn to_job_read(r: conch_seams::ShellProcessRead) -> JobRead {
-    JobRead {
-        text: r.text,
-        lossy: r.lossy,
-        skipped_bytes: r.skipped_bytes,
-        spill_path: r.spill.map(|p| p.to_string()),
-        spill_evicted: r.spill_evicted,
-    }
-}
-
 #[async_trait]
 impl JobOutput for ProcessOutput {
     fn read(&self) -> JobRead {
-        to_job_read(self.0.read_output())
+        self.0.read_output()
     }
 
     fn snapshot(&self) -> JobRead {
-        to_job_read(self.0.snapshot())
+        self.0.snapshot()
     }
 
     async fn release(&self) -> Result<()> {

@@ -43,7 +43,7 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
             0 => String::new(),
             n => format!("; {n} earlier bytes omitted"),
         };
-        match &read.spill_path {
+        match &read.spill {
             Some(p) => out.push_str(&format!("\n[output truncated; full output: {p}]")),
             None if read.spill_evicted => {
                 out.push_str(&format!("\n[output truncated{gone}; {}]", crate::bash::EVICTED));
@@ -62,8 +62,10 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
     json["output"] = serde_json::Value::String(text.to_string());
     json["lossy"] = serde_json::Value::Bool(read.lossy || cut);
     json["skipped_bytes"] = serde_json::Value::from(read.skipped_bytes);
-    json["spill_path"] =
-        read.spill_path.clone().map_or(serde_json::Value::Null, serde_json::Value::String);
+    json["spill_path"] = read
+        .spill
+        .as_ref()
+        .map_or(serde_json::Value::Null, |s| serde_json::Value::String(s.to_string()));
     json["spill_evicted"] = serde_json::Value::Bool(read.spill_evicted);
     ToolOutput { text: out, structured: Some(json) }
 }
@@ -227,7 +229,7 @@ impl Tool for JobKillTool {
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    let _: conch_seams::NoConfig = ctx.config()?;
+    let _: conch_registry::NoConfig = ctx.config()?;
     let jobs = ctx.jobs()?;
     Ok(PluginOutput::tools(vec![
         Arc::new(JobOutputTool { jobs: Arc::clone(&jobs) }),

@@ -11,10 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
+use conch_registry::{
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamId, register_plugin,
+};
 use conch_seams::{
-    CommandEnd, CommandOutcome, ConfigIssue, Dialect, Error, ErrorCode, OpenRequest, Owner,
-    PluginConfig, Result, ShellState, StopCause, Terminals, Tool, ToolContext, ToolOutput,
+    CommandEnd, CommandOutcome, Dialect, Error, ErrorCode, OpenRequest, Owner, Result, ShellState,
+    StopCause, Terminals, Tool, ToolContext, ToolOutput,
 };
 use conch_sync::LockExt;
 use schemars::JsonSchema;

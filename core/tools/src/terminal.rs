@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use conch_registry::{BuildContext, PluginEntry, PluginOutput, SeamId, register_plugin};
+use conch_registry::{
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamId, register_plugin,
+};
 use conch_seams::{
-    ConfigIssue, Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement,
-    JobStart, JobStatus, Jobs, Key, OpenRequest, PluginConfig, Result, SendOutcome, SendRequest,
-    SendSettle, SessionStatus, Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext,
-    ToolOutput, ToolRef,
+    Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement, JobStart,
+    JobStatus, Jobs, Key, OpenRequest, Result, SendOutcome, SendRequest, SendSettle, SessionStatus,
+    Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext, ToolOutput, ToolRef,
 };
 use conch_sync::LockExt;
 use schemars::JsonSchema;
@@ -486,15 +487,47 @@ impl JobOutput for SendOutput {
     }
 }
 
+/// The key names [`key_from_name`] accepts, for errors.
+const KEY_NAMES: &str = "Enter, Tab, BTab, Esc, Backspace, Delete, Up, Down, Left, \
+    Right, Home, End, PageUp, PageDown, C-a .. C-z, C-\\, C-], C-@";
+
+/// Parses a key name (case-sensitive words as in [`KEY_NAMES`]; `C-x` also as `^X`).
+fn key_from_name(name: &str) -> Option<Key> {
+    Some(match name {
+        "Enter" => Key::Enter,
+        "Tab" => Key::Tab,
+        "BTab" => Key::BackTab,
+        "Esc" => Key::Esc,
+        "Backspace" => Key::Backspace,
+        "Delete" => Key::Delete,
+        "Up" => Key::Up,
+        "Down" => Key::Down,
+        "Right" => Key::Right,
+        "Left" => Key::Left,
+        "Home" => Key::Home,
+        "End" => Key::End,
+        "PageUp" => Key::PageUp,
+        "PageDown" => Key::PageDown,
+        _ => {
+            let rest = name.strip_prefix("C-").or_else(|| name.strip_prefix('^'))?;
+            let &[c] = rest.as_bytes() else { return None };
+            let c = c.to_ascii_lowercase();
+            if !(c.is_ascii_lowercase() || matches!(c, b'\\' | b']' | b'@')) {
+                return None;
+            }
+            Key::Ctrl(c)
+        }
+    })
+}
+
 /// Validates the key names of a send.
 fn parse_keys(names: &[String]) -> Result<Vec<Key>> {
     names
         .iter()
         .map(|n| {
-            Key::from_name(n).ok_or_else(|| {
+            key_from_name(n).ok_or_else(|| {
                 Error::invalid(format!(
-                    "invalid arguments for `terminal_send`: unknown key {n:?} (keys: {})",
-                    Key::NAMES
+                    "invalid arguments for `terminal_send`: unknown key {n:?} (keys: {KEY_NAMES})"
                 ))
             })
         })
@@ -964,5 +997,18 @@ mod tests {
         assert!(out.ends_with("\n[x]"));
         assert!(out.contains("[result truncated"));
         assert_eq!(cap_result("ok", "!", 64), "ok!");
+    }
+
+    #[test]
+    fn key_names_parse_to_keys() {
+        assert_eq!(key_from_name("C-c"), Some(Key::Ctrl(b'c')));
+        assert_eq!(key_from_name("^D"), Some(Key::Ctrl(b'd')));
+        assert_eq!(key_from_name("C-\\"), Some(Key::Ctrl(b'\\')));
+        assert_eq!(key_from_name("C-@"), Some(Key::Ctrl(b'@')));
+        assert_eq!(key_from_name("Tab"), Some(Key::Tab));
+        assert_eq!(key_from_name("BTab"), Some(Key::BackTab));
+        assert_eq!(key_from_name("C-cc"), None);
+        assert_eq!(key_from_name("C-1"), None);
+        assert_eq!(key_from_name("enter"), None);
     }
 }

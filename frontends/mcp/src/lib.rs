@@ -45,8 +45,8 @@ use std::time::{Duration, Instant};
 
 use conch_registry::Runtime;
 use conch_seams::{
-    Error as ToolError, ErrorCode, Notice, NoticeRoute, NoticeSink, Owner, Progress, ProgressSink,
-    ToolContext, ToolOutput,
+    Error as ToolError, ErrorCode, Notice, NoticeSink, Owner, Progress, ProgressSink, ToolContext,
+    ToolOutput,
 };
 use conch_sync::LockExt;
 use rmcp::model::{
@@ -340,9 +340,9 @@ impl Notices {
 }
 
 impl NoticeSink for Notices {
-    fn deliver(&self, _route: NoticeRoute, notice: Notice) {
-        // Both routes end the same way here: an MCP client has no turn to inject into, so a
-        // notice rides on the next result and is announced at once as a log message.
+    fn deliver(&self, notice: Notice) {
+        // An MCP client has no turn to inject into, so no notice is routed: each rides on the
+        // next result and is announced at once as a log message.
         self.pending.locked().push(notice.clone());
         let _ = self.tx.send(notice);
     }
@@ -433,7 +433,6 @@ impl Inner {
         let ctx = ToolContext::new(Arc::clone(&self.owner))
             .with_progress(Arc::clone(&sink) as Arc<dyn ProgressSink>);
         let token = request.meta.get_progress_token();
-        let _turn = self.owner.begin_turn();
         let started = Instant::now();
         let call = self.runtime.call_with(&ctx, name, args);
         let mut call = std::pin::pin!(call);

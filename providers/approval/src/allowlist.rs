@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
-use conch_seams::{
-    Approval, ApprovalDecision, ConfigIssue, EscalationRequest, PluginConfig, Result,
-};
+use conch_seams::{Approval, ApprovalDecision, EscalationRequest, Result};
 use regex::Regex;
 use serde::Deserialize;
 
@@ -166,7 +165,12 @@ mod tests {
     }
 
     async fn decide(a: &AllowlistApproval, command: &str) -> ApprovalDecision {
-        let req = EscalationRequest::new(command, "why", "require_escalated", "s");
+        let req = EscalationRequest::new(
+            command,
+            "why",
+            conch_seams::EscalationPermissions::RequireEscalated,
+            "s",
+        );
         a.approve_escalation(&req).await.unwrap()
     }
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, NoConfig, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
-use conch_seams::{Approval, ApprovalDecision, EscalationRequest, NoConfig, Result};
+use conch_seams::{Approval, ApprovalDecision, EscalationRequest, Result};
 
 /// Plugin name.
 pub const DENY_NAME: &str = "approval-deny";
@@ -54,7 +54,12 @@ mod tests {
 
     #[tokio::test]
     async fn every_request_is_denied_with_a_way_out() {
-        let req = EscalationRequest::new("touch /etc/x", "needed", "require_escalated", "s1");
+        let req = EscalationRequest::new(
+            "touch /etc/x",
+            "needed",
+            conch_seams::EscalationPermissions::RequireEscalated,
+            "s1",
+        );
         match DenyApproval.approve_escalation(&req).await.unwrap() {
             ApprovalDecision::Denied { reason } => {
                 assert!(reason.contains("denies every escalation"), "{reason}");

@@ -15,11 +15,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
-use conch_seams::{
-    Approval, ApprovalDecision, ConfigIssue, EscalationRequest, PluginConfig, Result,
-};
+use conch_seams::{Approval, ApprovalDecision, EscalationRequest, Result};
 use conch_sync::LockExt;
 use serde::Deserialize;
 use tokio::sync::oneshot;
@@ -263,7 +262,7 @@ mod tests {
         EscalationRequest::new(
             "touch /etc/conch-x",
             "the build writes there",
-            "require_escalated",
+            conch_seams::EscalationPermissions::RequireEscalated,
             "s-7",
         )
     }

@@ -32,13 +32,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use conch_registry::ConfigIssue;
 use conch_seams::{
-    AfterExit, CollectedOutput, CommandLine, ConfigIssue, ConfinedSubject, Confinement, Dialect,
-    EnvOverlay, Error, ErrorBody, ErrorCode, ErrorReason, ExitStatus, Leftover, OutputSpec,
-    Process, Result, Sandbox, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease,
-    ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
-    ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId,
-    Subprocess,
+    AfterExit, CollectedOutput, CommandLine, ConfinedSubject, Confinement, Dialect, EnvOverlay,
+    Error, ErrorBody, ErrorCode, ErrorReason, ExitStatus, Leftover, OutputSpec, Process, Result,
+    Sandbox, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, ShellCapabilities,
+    ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead,
+    ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
 };
 use conch_sync::LockExt;
 use tokio_util::sync::CancellationToken;
@@ -877,8 +877,8 @@ macro_rules! local_shell_config {
             }
         }
 
-        impl conch_seams::PluginConfig for $name {
-            fn validate(&self) -> std::result::Result<(), conch_seams::ConfigIssue> {
+        impl conch_registry::PluginConfig for $name {
+            fn validate(&self) -> std::result::Result<(), conch_registry::ConfigIssue> {
                 self.settings().validate(stringify!($key))
             }
         }

@@ -167,7 +167,7 @@ pub fn register() {}
 
 #[cfg(test)]
 mod tests {
-    use conch_seams::PluginConfig;
+    use conch_registry::PluginConfig;
 
     use super::*;
 

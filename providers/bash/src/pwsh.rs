@@ -152,7 +152,7 @@ register_plugin!(PluginEntry {
 mod tests {
     use base64::Engine as _;
     use conch_dialect::pwsh::{PREAMBLE, QUOTING_HAZARDS};
-    use conch_seams::PluginConfig;
+    use conch_registry::PluginConfig;
 
     use super::*;
 

@@ -57,11 +57,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conch_output::{SpillLimits, SpillRegistry, SpillRoot};
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    ConfigIssue, PluginConfig, Process, Result, SpawnSpec, SpillRef, Subprocess,
-    SubprocessCapabilities, TerminalProcess, TerminalSpawnSpec,
+    Process, Result, SpawnSpec, SpillRef, Subprocess, SubprocessCapabilities, TerminalProcess,
+    TerminalSpawnSpec,
 };
 use conch_sync::LockExt;
 use serde::Deserialize;

@@ -39,12 +39,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    ConfigIssue, Error, ErrorCode, ErrorReason, OutputSpec, PluginConfig, Process, Result,
-    SpawnSpec, SpillRef, StdinSpec, Subprocess, SubprocessCapabilities, TerminalProcess,
-    TerminalSpawnSpec,
+    Error, ErrorCode, ErrorReason, OutputSpec, Process, Result, SpawnSpec, SpillRef, StdinSpec,
+    Subprocess, SubprocessCapabilities, TerminalProcess, TerminalSpawnSpec,
 };
 use conch_sync::LockExt;
 use reqwest::Method;

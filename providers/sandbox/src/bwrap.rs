@@ -34,11 +34,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
-    SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
+    CommandLine, Enforcement, Error, ErrorCode, ExitStatus, Result, Sandbox, SandboxCapabilities,
+    SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
 };
 use serde::Deserialize;
 
@@ -179,9 +180,10 @@ impl Sandbox for BwrapSandbox {
                 caps.network_control = true;
                 caps.pid_isolation = true;
                 caps.signal_scoping = true;
-                caps.enforcement = "bubblewrap namespaces + landlock/seccomp helper".into();
+                caps.enforcement =
+                    Enforcement::new("bubblewrap namespaces + landlock/seccomp helper");
             }
-            Err(why) => caps.enforcement = format!("none ({why})"),
+            Err(why) => caps.enforcement = Enforcement::new(format!("none ({why})")),
         }
         caps
     }
@@ -262,7 +264,7 @@ impl Sandbox for BwrapSandbox {
         exit: &ExitStatus,
         output_tail: &str,
     ) -> SandboxInfo {
-        let info = classify(policy, exit, output_tail, "bubblewrap");
+        let info = classify(policy, exit, output_tail, &Enforcement::new("bubblewrap"));
         // bwrap reports its own setup failures as `bwrap: ...` with exit 1.
         if policy.mode.confines() && exit.code == Some(1) && output_tail.starts_with("bwrap: ") {
             return info.with_verdict(SandboxVerdict::RunnerFailed);

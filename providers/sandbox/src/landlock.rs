@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, Denial, Error, ErrorCode, ExitStatus, PluginConfig, Result, Sandbox,
+    CommandLine, Denial, Enforcement, Error, ErrorCode, ExitStatus, Result, Sandbox,
     SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy, SandboxVerdict,
 };
 use serde::Deserialize;
@@ -78,15 +79,15 @@ impl LandlockSandbox {
         Self { helper, abi, mount_layer, tmp: crate::tmp::PrivateTmp::default() }
     }
 
-    fn enforcement(&self) -> String {
+    fn enforcement(&self) -> Enforcement {
         match (&self.abi, &self.mount_layer) {
-            (Ok(abi), None) => format!("landlock ABI {abi} + seccomp + read-only mount namespace"),
-            (Ok(abi), Some(why)) => format!(
-                "landlock ABI {abi} + seccomp; no mount layer ({why}): chmod and utime \
-                 outside the roots are not denied, new entries cannot be created directly \
-                 in a git workspace's root, and new terminals (ptys) cannot be opened"
-            ),
-            (Err(_), _) => "none (no landlock)".into(),
+            (Ok(abi), None) => Enforcement::new(format!(
+                "landlock ABI {abi} + seccomp + read-only mount namespace"
+            )),
+            (Ok(abi), Some(why)) => {
+                Enforcement::new(format!("landlock ABI {abi} + seccomp")).without_mount_layer(why)
+            }
+            (Err(_), _) => Enforcement::new("none (no landlock)"),
         }
     }
 }
@@ -221,13 +222,13 @@ pub(crate) fn classify(
     policy: &SandboxPolicy,
     exit: &ExitStatus,
     output_tail: &str,
-    enforcement: &str,
+    enforcement: &Enforcement,
 ) -> SandboxInfo {
     let mut info = SandboxInfo::new(policy.mode);
     if !policy.mode.confines() {
         return info;
     }
-    info.enforcement = Some(enforcement.to_string());
+    info.enforcement = Some(enforcement.clone());
     if exit.code == Some(0) {
         return info;
     }
@@ -289,7 +290,7 @@ register_plugin!(PluginEntry {
 
 #[cfg(test)]
 mod tests {
-    use conch_seams::{ExitStatus, SandboxMode, SandboxPolicy};
+    use conch_seams::{Enforcement, ExitStatus, SandboxMode, SandboxPolicy};
 
     use super::classify;
 
@@ -297,12 +298,21 @@ mod tests {
     fn only_the_runners_exit_with_its_marker_counts_as_a_runner_failure() {
         let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/w");
         let out = "conch-sandbox: unavailable: landlock is not enabled in this kernel\n";
-        let info = classify(&policy, &ExitStatus::code(crate::exec::UNAVAILABLE), out, "x");
+        let info = classify(
+            &policy,
+            &ExitStatus::code(crate::exec::UNAVAILABLE),
+            out,
+            &Enforcement::new("x"),
+        );
         assert!(info.runner_failed() && !info.denied(), "{info:?}");
         // A command's own 126 (a file that is not executable) is data, not a runner failure.
         let own = "bash: ./x: Permission denied\n";
-        assert!(!classify(&policy, &ExitStatus::code(126), own, "x").runner_failed());
-        assert!(!classify(&policy, &ExitStatus::code(1), out, "x").runner_failed());
+        assert!(
+            !classify(&policy, &ExitStatus::code(126), own, &Enforcement::new("x")).runner_failed()
+        );
+        assert!(
+            !classify(&policy, &ExitStatus::code(1), out, &Enforcement::new("x")).runner_failed()
+        );
     }
 
     #[test]
@@ -310,8 +320,11 @@ mod tests {
         // What Set-Content prints for EACCES (an UnauthorizedAccessException), exit 1.
         let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/w");
         let out = "Set-Content: Access to the path '/etc/conch-x' is denied.\n";
-        let info = classify(&policy, &ExitStatus::code(1), out, "x");
+        let info = classify(&policy, &ExitStatus::code(1), out, &Enforcement::new("x"));
         assert!(info.denied() && info.denial() == Some(conch_seams::Denial::File), "{info:?}");
-        assert!(!classify(&policy, &ExitStatus::code(0), out, "x").denied(), "recovered: no mark");
+        assert!(
+            !classify(&policy, &ExitStatus::code(0), out, &Enforcement::new("x")).denied(),
+            "recovered: no mark"
+        );
     }
 }

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, NoConfig, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
 };
 use conch_seams::{
-    CommandLine, Error, ErrorCode, ExitStatus, NoConfig, Result, Sandbox, SandboxCapabilities,
+    CommandLine, Enforcement, Error, ErrorCode, ExitStatus, Result, Sandbox, SandboxCapabilities,
     SandboxInfo, SandboxMode, SandboxPolicy,
 };
 
@@ -28,7 +28,8 @@ impl Sandbox for SandboxNone {
     fn capabilities(&self) -> SandboxCapabilities {
         let mut caps = SandboxCapabilities::default();
         caps.modes = vec![SandboxMode::DangerFullAccess];
-        caps.enforcement = "none: only danger-full-access, which confines nothing".into();
+        caps.enforcement =
+            Enforcement::new("none: only danger-full-access, which confines nothing");
         caps
     }
 
@@ -52,6 +53,10 @@ impl Sandbox for SandboxNone {
     fn classify(&self, policy: &SandboxPolicy, _exit: &ExitStatus, _tail: &str) -> SandboxInfo {
         // Nothing was enforced, so nothing can have been denied by it.
         SandboxInfo::new(policy.mode)
+    }
+
+    fn release(&self, _wrapped: &CommandLine) {
+        // `wrap` made nothing for the command: it is passed through unchanged.
     }
 }
 

@@ -66,7 +66,7 @@ pub(crate) fn encode(
         }
     }
     for k in keys {
-        out.extend_from_slice(&k.bytes(app_cursor));
+        out.extend_from_slice(&key_bytes(*k, app_cursor));
     }
     if submit {
         out.push(b'\r');
@@ -158,6 +158,30 @@ impl Modes {
     }
 }
 
+/// The bytes a terminal sends for `key`; `app_cursor` is the application cursor mode a
+/// full-screen program may have switched on (arrows then send `ESC O x`).
+fn key_bytes(key: Key, app_cursor: bool) -> Vec<u8> {
+    let arrow = |c: u8| if app_cursor { vec![0x1b, b'O', c] } else { vec![0x1b, b'[', c] };
+    match key {
+        Key::Enter => b"\r".to_vec(),
+        Key::Tab => b"\t".to_vec(),
+        Key::BackTab => b"\x1b[Z".to_vec(),
+        Key::Esc => b"\x1b".to_vec(),
+        Key::Backspace => b"\x7f".to_vec(),
+        Key::Delete => b"\x1b[3~".to_vec(),
+        Key::Up => arrow(b'A'),
+        Key::Down => arrow(b'B'),
+        Key::Right => arrow(b'C'),
+        Key::Left => arrow(b'D'),
+        Key::Home => arrow(b'H'),
+        Key::End => arrow(b'F'),
+        Key::PageUp => b"\x1b[5~".to_vec(),
+        Key::PageDown => b"\x1b[6~".to_vec(),
+        Key::Ctrl(b'@') => vec![0],
+        Key::Ctrl(c) => vec![c.to_ascii_uppercase() & 0x1f],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,17 +203,14 @@ mod tests {
     }
 
     #[test]
-    fn key_names_map_to_the_bytes_a_terminal_sends() {
-        let bytes = |n: &str| Key::from_name(n).map(|k| k.bytes(false));
-        assert_eq!(bytes("C-c"), Some(vec![3]));
-        assert_eq!(bytes("^D"), Some(vec![4]));
-        assert_eq!(bytes("C-\\"), Some(vec![0x1c]));
-        assert_eq!(bytes("C-@"), Some(vec![0]));
-        assert_eq!(bytes("Tab"), Some(b"\t".to_vec()));
-        assert_eq!(bytes("BTab"), Some(b"\x1b[Z".to_vec()));
-        assert_eq!(bytes("C-cc"), None);
-        assert_eq!(bytes("C-1"), None);
-        assert_eq!(bytes("enter"), None);
+    fn keys_map_to_the_bytes_a_terminal_sends() {
+        let bytes = |k: Key| key_bytes(k, false);
+        assert_eq!(bytes(Key::Ctrl(b'c')), vec![3]);
+        assert_eq!(bytes(Key::Ctrl(b'd')), vec![4]);
+        assert_eq!(bytes(Key::Ctrl(b'\\')), vec![0x1c]);
+        assert_eq!(bytes(Key::Ctrl(b'@')), vec![0]);
+        assert_eq!(bytes(Key::Tab), b"\t".to_vec());
+        assert_eq!(bytes(Key::BackTab), b"\x1b[Z".to_vec());
     }
 
     #[test]

@@ -62,12 +62,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use conch_dialect::pwsh;
 use conch_registry::{
-    BuildContext, PluginEntry, PluginOutput, SeamHandle, SeamId, register_plugin,
+    BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
+    register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfigIssue, ConfinedSubject, Confinement, Dialect, Error, ErrorCode, ErrorReason,
-    PluginConfig, Result, Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend,
-    TerminalOpenSpec, TerminalSession, TerminalSize, TerminalSpawnSpec,
+    CommandLine, ConfinedSubject, Confinement, Dialect, Error, ErrorCode, ErrorReason, Result,
+    Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend, TerminalOpenSpec,
+    TerminalSession, TerminalSize, TerminalSpawnSpec,
 };
 use conch_sync::LockExt;
 use serde::Deserialize;
@@ -166,6 +167,21 @@ fn term_issue(term: &str) -> Option<&'static str> {
         && term.len() <= 64
         && term.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
     (!ok).then_some("must be a terminfo name (letters, digits, `.`, `_`, `+`, `-`; 1 to 64)")
+}
+
+/// 16 hex digits for a private in-band marker (prompt markers, command delimiters). The
+/// marker must be unguessable by the commands it frames, so it comes from the OS RNG; if
+/// that fails, time and pid still keep markers distinct between sessions.
+pub(crate) fn marker_nonce() -> String {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        b = ((t as u64) ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Checks a terminal size: 1 to [`MAX_SIZE`] rows and columns.
@@ -400,7 +416,7 @@ impl TerminalBackend for TerminalBash {
                 .with_provider(NAME)
                 .with_operation("open"));
         }
-        let nonce = conch_seams::terminal::marker_nonce();
+        let nonce = marker_nonce();
         let payload = format!("{MARKER_OSC};{nonce}");
         let (argv, env) = self.shell_command(&payload, &nonce, &term);
         let mut tspec = TerminalSpawnSpec::in_default_dir(argv);

@@ -1375,7 +1375,7 @@ impl TerminalSession for BashSession {
         self.check_open()?;
         self.settle_signal(&cancel).await?;
         let floor = self.owed_prompt(&cancel).await?;
-        let nonce = conch_seams::terminal::marker_nonce();
+        let nonce = crate::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
         // Only bash reports and restores state; a state of another dialect is not its text.
         let restore = match init {

@@ -4,7 +4,7 @@
 
 use serde::de::DeserializeOwned;
 
-use crate::{Error, ErrorCode};
+use conch_seams::{Error, ErrorCode};
 
 /// One bad config value: which key, and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,7 +109,7 @@ pub trait PluginConfig: DeserializeOwned {
     ///
     /// # Errors
     /// As `validate`.
-    fn check(&self, plugin: &str) -> crate::Result<()> {
+    fn check(&self, plugin: &str) -> conch_seams::Result<()> {
         self.validate().map_err(|i| i.into_error(plugin))
     }
 }
