@@ -9,11 +9,11 @@ use conch_registry::{RegistryError, Runtime};
 
 // Referencing each provider crate keeps its plugin registrations in the final binary.
 use conch_jobs as _;
-use conch_provider_bash as _;
 #[cfg(unix)]
 use conch_provider_local as _;
 use conch_provider_remote as _;
-use conch_provider_terminal_bash as _;
+use conch_provider_shell as _;
+use conch_provider_terminal_shell as _;
 use conch_terminals as _;
 use conch_tools as _;
 
@@ -24,11 +24,11 @@ pub use conch_registry::plugins;
 pub fn link_all() {
     #[cfg(unix)]
     conch_provider_local::register();
-    conch_provider_bash::register();
+    conch_provider_shell::register();
     conch_provider_remote::register();
     conch_tools::register();
     conch_jobs::register();
-    conch_provider_terminal_bash::register();
+    conch_provider_terminal_shell::register();
     conch_terminals::register();
     conch_provider_sandbox::register();
     conch_provider_approval::register();

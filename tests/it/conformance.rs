@@ -19,8 +19,8 @@ mod subprocess_local {
 mod bash_local {
     use std::sync::Arc;
 
-    use conch_provider_bash::{BashLocal, BashLocalConfig};
     use conch_provider_local::{LocalConfig, LocalSubprocess};
+    use conch_provider_shell::{BashLocal, BashLocalConfig};
 
     fn make() -> Arc<BashLocal> {
         let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
@@ -33,8 +33,8 @@ mod bash_local {
 mod bash_local_specific {
     use std::sync::Arc;
 
-    use conch_provider_bash::{BashLocal, BashLocalConfig};
     use conch_provider_local::{LocalConfig, LocalSubprocess};
+    use conch_provider_shell::{BashLocal, BashLocalConfig};
     use std::time::Duration;
 
     use conch_seams::{ShellExecRequest, ShellExecutor, ShellProcessStatus};
@@ -117,16 +117,16 @@ mod terminal_bash {
     use std::sync::Arc;
 
     use conch_provider_local::{LocalConfig, LocalSubprocess};
-    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+    use conch_provider_terminal_shell::{TerminalShell, TerminalShellConfig};
 
-    fn make() -> Arc<TerminalBash> {
+    fn make() -> Arc<TerminalShell> {
         let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
-        let config = TerminalBashConfig {
+        let config = TerminalShellConfig {
             idle_silence_ms: 1000,
             dispose_grace_ms: 500,
-            ..TerminalBashConfig::default()
+            ..TerminalShellConfig::default()
         };
-        Arc::new(TerminalBash::new(config, sub).unwrap())
+        Arc::new(TerminalShell::new(config, sub).unwrap())
     }
 
     conch_conformance::terminal_suite!(make);
@@ -138,8 +138,8 @@ mod terminal_bash {
 mod pwsh_local {
     use std::sync::Arc;
 
-    use conch_provider_bash::{PwshLocal, PwshLocalConfig};
     use conch_provider_local::{LocalConfig, LocalSubprocess};
+    use conch_provider_shell::{PwshLocal, PwshLocalConfig};
 
     fn make() -> Arc<PwshLocal> {
         let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
@@ -153,19 +153,19 @@ mod terminal_pwsh {
     use std::sync::Arc;
 
     use conch_provider_local::{LocalConfig, LocalSubprocess};
-    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+    use conch_provider_terminal_shell::{TerminalShell, TerminalShellConfig};
 
-    fn make() -> Arc<TerminalBash> {
+    fn make() -> Arc<TerminalShell> {
         let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
-        let config = TerminalBashConfig {
+        let config = TerminalShellConfig {
             shell_dialect: conch_seams::Dialect::Pwsh,
             // pwsh compiles its first commands silently for a while: a window bash's 1 s
             // would mistake for idleness.
             idle_silence_ms: 4000,
             dispose_grace_ms: 500,
-            ..TerminalBashConfig::default()
+            ..TerminalShellConfig::default()
         };
-        Arc::new(TerminalBash::new(config, sub).unwrap())
+        Arc::new(TerminalShell::new(config, sub).unwrap())
     }
 
     conch_conformance::terminal_suite!(gate: conch_conformance::pwsh_on_path, make);

@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use conch_provider_bash::{PwshLocal, PwshLocalConfig};
 use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_provider_sandbox::SandboxNone;
+use conch_provider_shell::{PwshLocal, PwshLocalConfig};
 use conch_registry::Runtime;
 use conch_seams::{
     ErrorCode, SandboxMode, SandboxPolicy, ShellExecRequest, ShellExecutor, ShellProcessStatus,
@@ -112,8 +112,8 @@ fn pwsh_and_bash_resolve_a_call_to_the_same_directory_and_environment() {
     // One executor in two flavours: the working directory (configured, joined, or the
     // provider's default) and the environment layering come from the same code.
     let cwd = Some(std::path::PathBuf::from("/srv/work"));
-    let bash = conch_provider_bash::BashLocal::new(
-        conch_provider_bash::BashLocalConfig { cwd: cwd.clone(), ..Default::default() },
+    let bash = conch_provider_shell::BashLocal::new(
+        conch_provider_shell::BashLocalConfig { cwd: cwd.clone(), ..Default::default() },
         local(),
     )
     .unwrap();

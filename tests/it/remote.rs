@@ -136,7 +136,7 @@ mod subprocess_remote {
 mod bash_remote {
     use std::sync::Arc;
 
-    use conch_provider_bash::{BashLocal, BashLocalConfig};
+    use conch_provider_shell::{BashLocal, BashLocalConfig};
 
     fn make() -> Arc<BashLocal> {
         Arc::new(BashLocal::new(BashLocalConfig::default(), super::remote()).unwrap())
@@ -148,15 +148,15 @@ mod bash_remote {
 mod terminal_bash_remote {
     use std::sync::Arc;
 
-    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+    use conch_provider_terminal_shell::{TerminalShell, TerminalShellConfig};
 
-    fn make() -> Arc<TerminalBash> {
-        let config = TerminalBashConfig {
+    fn make() -> Arc<TerminalShell> {
+        let config = TerminalShellConfig {
             idle_silence_ms: 1000,
             dispose_grace_ms: 500,
-            ..TerminalBashConfig::default()
+            ..TerminalShellConfig::default()
         };
-        Arc::new(TerminalBash::new(config, super::remote()).unwrap())
+        Arc::new(TerminalShell::new(config, super::remote()).unwrap())
     }
 
     conch_conformance::terminal_suite!(make);

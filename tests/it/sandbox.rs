@@ -132,7 +132,7 @@ exec "$H" sandbox-exec --policy "$P" -- awk '{print "terminal", $7}' /proc/self/
 /// make their temporary directories; spills are written by conch, outside the sandbox.
 mod bash_sandbox {
     use super::*;
-    use conch_provider_bash::{BashLocal, BashLocalConfig};
+    use conch_provider_shell::{BashLocal, BashLocalConfig};
 
     fn policy() -> SandboxPolicy {
         SandboxPolicy::new(SandboxMode::WorkspaceWrite, "/tmp")
@@ -173,7 +173,7 @@ mod bash_sandbox {
 mod unavailable_runners {
     use std::time::Duration;
 
-    use conch_provider_bash::{BashLocal, BashLocalConfig};
+    use conch_provider_shell::{BashLocal, BashLocalConfig};
     use conch_seams::{ShellExecRequest, ShellExecutor, ShellProcessStatus};
 
     use super::*;
@@ -231,8 +231,8 @@ mod refusing_helper {
     use std::os::unix::fs::PermissionsExt;
     use std::time::Duration;
 
-    use conch_provider_bash::{BashLocal, BashLocalConfig};
-    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+    use conch_provider_shell::{BashLocal, BashLocalConfig};
+    use conch_provider_terminal_shell::{TerminalShell, TerminalShellConfig};
     use conch_seams::{
         ErrorCode, ShellExecRequest, ShellExecutor, ShellProcessStatus, TerminalBackend,
         TerminalOpenSpec,
@@ -275,8 +275,8 @@ mod refusing_helper {
         let dir = tempfile::tempdir().unwrap();
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, &root);
-        let backend = TerminalBash::sandboxed(
-            TerminalBashConfig::default(),
+        let backend = TerminalShell::sandboxed(
+            TerminalShellConfig::default(),
             local(),
             refusing(&root),
             policy,
@@ -384,8 +384,8 @@ mod as_an_ordinary_user {
 mod private_tmpdirs_are_released {
     use std::time::Duration;
 
-    use conch_provider_bash::{BashLocal, BashLocalConfig};
-    use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+    use conch_provider_shell::{BashLocal, BashLocalConfig};
+    use conch_provider_terminal_shell::{TerminalShell, TerminalShellConfig};
     use conch_seams::{ShellExecRequest, ShellExecutor, TerminalBackend, TerminalOpenSpec};
     use tokio_util::sync::CancellationToken;
 
@@ -460,8 +460,8 @@ mod private_tmpdirs_are_released {
         until_gone(&dir).await;
 
         // Terminal: gone when the session closes.
-        let backend = TerminalBash::sandboxed(
-            TerminalBashConfig::default(),
+        let backend = TerminalShell::sandboxed(
+            TerminalShellConfig::default(),
             local(),
             Arc::clone(&sandbox),
             policy,

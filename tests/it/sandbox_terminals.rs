@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_provider_sandbox::{BwrapSandbox, LandlockSandbox};
-use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+use conch_provider_terminal_shell::{TerminalShell, TerminalShellConfig};
 use conch_seams::{Sandbox, SandboxMode, SandboxPolicy, Subprocess};
 
 /// The helper binary cargo builds for this package's tests.
@@ -18,21 +18,21 @@ fn helper() -> std::path::PathBuf {
     env!("CARGO_BIN_EXE_conch-sandbox-exec-test").into()
 }
 
-fn backend(sandbox: Arc<dyn Sandbox>) -> Arc<TerminalBash> {
+fn backend(sandbox: Arc<dyn Sandbox>) -> Arc<TerminalShell> {
     let sub: Arc<dyn Subprocess> = Arc::new(LocalSubprocess::new(LocalConfig::default()));
-    let config = TerminalBashConfig {
+    let config = TerminalShellConfig {
         idle_silence_ms: 1000,
         dispose_grace_ms: 500,
-        ..TerminalBashConfig::default()
+        ..TerminalShellConfig::default()
     };
     let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, std::env::temp_dir());
-    Arc::new(TerminalBash::sandboxed(config, sub, sandbox, policy).unwrap())
+    Arc::new(TerminalShell::sandboxed(config, sub, sandbox, policy).unwrap())
 }
 
 mod landlock {
     use super::*;
 
-    fn make() -> Arc<TerminalBash> {
+    fn make() -> Arc<TerminalShell> {
         backend(Arc::new(LandlockSandbox::new(helper())))
     }
 
@@ -42,7 +42,7 @@ mod landlock {
 mod bwrap {
     use super::*;
 
-    fn make() -> Arc<TerminalBash> {
+    fn make() -> Arc<TerminalShell> {
         backend(Arc::new(BwrapSandbox::new(std::path::Path::new("bwrap"), helper())))
     }
 

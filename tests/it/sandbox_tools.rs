@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conch_provider_bash::{BashLocal, BashLocalConfig};
 use conch_provider_local::{LocalConfig, LocalSubprocess};
 use conch_provider_sandbox::SandboxNone;
+use conch_provider_shell::{BashLocal, BashLocalConfig};
 use conch_seams::{
     ErrorCode, SandboxMode, SandboxPolicy, ShellExecRequest, ShellExecutor, ShellProcessStatus,
 };

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_provider_local::{LocalConfig, LocalSubprocess};
-use conch_provider_terminal_bash::{TerminalBash, TerminalBashConfig};
+use conch_provider_terminal_shell::{TerminalShell, TerminalShellConfig};
 use conch_seams::{
     Error, ErrorCode, ExitStatus, ForegroundTarget, Probe, Process, Result, SendOutcome,
     SessionStatus, Signal, SignalDelivery, SpawnSpec, Subprocess, SubprocessCapabilities,
@@ -108,8 +108,8 @@ async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
         inner: LocalSubprocess::new(LocalConfig::default()),
         cut: watch::Sender::new(false),
     });
-    let backend = TerminalBash::new(
-        TerminalBashConfig { idle_silence_ms: 60_000, ..TerminalBashConfig::default() },
+    let backend = TerminalShell::new(
+        TerminalShellConfig { idle_silence_ms: 60_000, ..TerminalShellConfig::default() },
         Arc::clone(&sub) as Arc<dyn Subprocess>,
     )
     .unwrap();

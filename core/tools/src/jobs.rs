@@ -46,7 +46,7 @@ fn render(info: &JobInfo, read: &JobRead) -> ToolOutput {
         match &read.spill {
             Some(p) => out.push_str(&format!("\n[output truncated; full output: {p}]")),
             None if read.spill_evicted => {
-                out.push_str(&format!("\n[output truncated{gone}; {}]", crate::bash::EVICTED));
+                out.push_str(&format!("\n[output truncated{gone}; {}]", crate::shell::EVICTED));
             }
             None => out.push_str(&format!("\n[output truncated{gone}]")),
         }

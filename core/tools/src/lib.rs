@@ -2,7 +2,7 @@
 //! same over local, sandboxed or remote providers, and hold no shell syntax: every word that
 //! depends on the shell comes from the seam's `Dialect`.
 //!
-//! The plugins: `tool-bash` and `tool-pwsh` (`bash.rs`: one tool, named and worded after the
+//! The plugins: `tool-bash` and `tool-pwsh` (`shell.rs`: one tool, named and worded after the
 //! executor's dialect; each refuses an executor of the other dialect), `tool-jobs` (`job_output`,
 //! `job_list`, `job_kill`), `tool-terminal` (`terminal_open`, `send`, `read`, `resize`, `signal`,
 //! `list`, `close`) and `tool-bash-persistent`/`tool-pwsh-persistent` (`persistent.rs`: a shell
@@ -11,17 +11,17 @@
 //! `parse_exit_status`; `args.rs` parses arguments and shapes schemas.
 
 mod args;
-mod bash;
 mod jobs;
 mod persistent;
 mod render;
+mod shell;
 mod terminal;
 
 pub use args::{parse_args, schema_of};
-pub use bash::{BashTool, BashToolConfig, render_run};
 pub use jobs::{JobKillTool, JobListTool, JobOutputTool};
-pub use persistent::{PersistentBashConfig, PersistentBashTool};
+pub use persistent::{PersistentShellConfig, PersistentShellTool};
 pub use render::{RenderedExit, parse_exit_status};
+pub use shell::{ShellTool, ShellToolConfig, render_run};
 pub use terminal::TerminalToolsConfig;
 
 /// Link hook for binaries (forces this crate's plugin registrations to be kept).

@@ -27,7 +27,7 @@ use crate::args::{parse_args, schema_of};
 /// tool-bash-persistent config.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct PersistentBashConfig {
+pub struct PersistentShellConfig {
     /// Default per-command timeout.
     pub timeout_ms: u64,
     /// Largest per-command timeout.
@@ -36,13 +36,13 @@ pub struct PersistentBashConfig {
     pub max_output_bytes: usize,
 }
 
-impl Default for PersistentBashConfig {
+impl Default for PersistentShellConfig {
     fn default() -> Self {
         Self { timeout_ms: 120_000, max_timeout_ms: 600_000, max_output_bytes: 64_000 }
     }
 }
 
-impl PluginConfig for PersistentBashConfig {
+impl PluginConfig for PersistentShellConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
         ConfigIssue::positive("timeout_ms", self.timeout_ms)?;
         ConfigIssue::timeout_within_max(
@@ -56,7 +56,7 @@ impl PluginConfig for PersistentBashConfig {
 /// Arguments of the persistent `bash`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PersistentBashArgs {
+pub struct PersistentShellArgs {
     /// The command; cwd, exported variables and functions persist to the next call.
     pub command: String,
     /// Timeout in milliseconds, at least 1 (the tool states its default and limit).
@@ -77,10 +77,10 @@ type Slot = Arc<tokio::sync::Mutex<Shell>>;
 
 /// The persistent shell tool.
 #[derive(Debug)]
-pub struct PersistentBashTool {
+pub struct PersistentShellTool {
     terminals: Arc<dyn Terminals>,
     shell_env: Arc<conch_env::ShellEnv>,
-    config: PersistentBashConfig,
+    config: PersistentShellConfig,
     sessions: Arc<Mutex<HashMap<u64, Slot>>>,
     dialect: Dialect,
     description: String,
@@ -109,12 +109,12 @@ fn with_note(text: &str, note: &str) -> String {
     format!("{text}{sep}{note}")
 }
 
-impl PersistentBashTool {
+impl PersistentShellTool {
     /// A tool over the terminals service, speaking the default backend's dialect.
     pub fn new(
         terminals: Arc<dyn Terminals>,
         shell_env: Arc<conch_env::ShellEnv>,
-        config: PersistentBashConfig,
+        config: PersistentShellConfig,
     ) -> Self {
         let dialect = terminals.dialect();
         let description = format!(
@@ -131,7 +131,7 @@ impl PersistentBashTool {
                 format!(" {}", dialect.exit_status())
             },
         );
-        let mut schema = schema_of::<PersistentBashArgs>();
+        let mut schema = schema_of::<PersistentShellArgs>();
         schema["title"] = format!("persistent {} arguments", dialect.name()).into();
         schema["description"] = format!("Arguments of the persistent `{}`.", dialect.name()).into();
         if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
@@ -199,7 +199,7 @@ impl PersistentBashTool {
 }
 
 #[async_trait]
-impl Tool for PersistentBashTool {
+impl Tool for PersistentShellTool {
     fn name(&self) -> &str {
         self.dialect.name()
     }
@@ -218,7 +218,7 @@ impl Tool for PersistentBashTool {
     }
 
     async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput> {
-        let args: PersistentBashArgs = parse_args(self.dialect.name(), args, &self.schema)?;
+        let args: PersistentShellArgs = parse_args(self.dialect.name(), args, &self.schema)?;
         if args.command.trim().is_empty() {
             return Err(self.invalid("command is empty"));
         }
@@ -390,7 +390,7 @@ pub(crate) fn render_outcome(
 }
 
 fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: Dialect) -> Result<PluginOutput> {
-    let config: PersistentBashConfig = ctx.config()?;
+    let config: PersistentShellConfig = ctx.config()?;
     let terminals = ctx.terminals()?;
     let speaks = terminals.dialect();
     if speaks != dialect {
@@ -406,7 +406,7 @@ fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: Dialect) -> Result<P
             ),
         )));
     }
-    let tool = PersistentBashTool::new(terminals, ctx.shell_env(), config);
+    let tool = PersistentShellTool::new(terminals, ctx.shell_env(), config);
     Ok(PluginOutput::tools(vec![Arc::new(tool)]))
 }
 

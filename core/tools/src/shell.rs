@@ -32,7 +32,7 @@ use crate::render::timeout_clamp_note;
 /// Arguments of `bash`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BashArgs {
+pub struct ShellArgs {
     /// The command line to run with bash -c.
     pub command: String,
     /// A short description of what the command does (used as the job label).
@@ -79,22 +79,22 @@ impl SandboxPermissions {
 /// tool-bash config.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct BashToolConfig {
+pub struct ShellToolConfig {
     /// Whether `run_in_background` is offered.
     pub enable_run_in_background: bool,
 }
 
-impl Default for BashToolConfig {
+impl Default for ShellToolConfig {
     fn default() -> Self {
         Self { enable_run_in_background: true }
     }
 }
 
-impl conch_registry::PluginConfig for BashToolConfig {}
+impl conch_registry::PluginConfig for ShellToolConfig {}
 
 /// The one-shot shell tool, named after the executor's dialect (`bash`, `pwsh`).
 #[derive(Debug)]
-pub struct BashTool {
+pub struct ShellTool {
     shell: Arc<dyn ShellExecutor>,
     jobs: Option<Arc<dyn Jobs>>,
     approval: Option<Arc<dyn Approval>>,
@@ -102,18 +102,18 @@ pub struct BashTool {
     confining: Option<SandboxMode>,
     schema: serde_json::Value,
     shell_env: Arc<ShellEnv>,
-    config: BashToolConfig,
+    config: ShellToolConfig,
     dialect: Dialect,
     description: String,
 }
 
-impl BashTool {
+impl ShellTool {
     /// A tool over a shell executor, with background jobs when `jobs` is given.
     pub fn new(
         shell: Arc<dyn ShellExecutor>,
         jobs: Option<Arc<dyn Jobs>>,
         shell_env: Arc<ShellEnv>,
-        config: BashToolConfig,
+        config: ShellToolConfig,
     ) -> Self {
         Self::with_approval(shell, jobs, None, shell_env, config)
     }
@@ -124,7 +124,7 @@ impl BashTool {
         jobs: Option<Arc<dyn Jobs>>,
         approval: Option<Arc<dyn Approval>>,
         shell_env: Arc<ShellEnv>,
-        config: BashToolConfig,
+        config: ShellToolConfig,
     ) -> Self {
         let dialect = shell.dialect();
         let confining = shell.sandbox_mode().filter(|m| m.confines());
@@ -161,7 +161,7 @@ impl BashTool {
             ));
         }
         // Built once: the arguments offered depend on the composition, not on the call.
-        let mut schema = schema_of::<BashArgs>();
+        let mut schema = schema_of::<ShellArgs>();
         // The type's name is the bash tool's; every shell tool's schema is titled by its own.
         schema["title"] = format!("{} arguments", dialect.name()).into();
         schema["description"] = format!("Arguments of `{}`.", dialect.name()).into();
@@ -424,7 +424,7 @@ fn base_settlement(p: &dyn ShellProcess) -> JobSettlement {
 }
 
 #[async_trait]
-impl Tool for BashTool {
+impl Tool for ShellTool {
     fn name(&self) -> &str {
         self.dialect.name()
     }
@@ -463,7 +463,7 @@ impl Tool for BashTool {
         if given("run_in_background") {
             self.background_offered()?;
         }
-        let args: BashArgs = parse_args(self.dialect.name(), args, &self.schema)?;
+        let args: ShellArgs = parse_args(self.dialect.name(), args, &self.schema)?;
         let background = args.run_in_background.unwrap_or(false);
         let escalated = args.sandbox_permissions.is_some();
         if escalated && background {
@@ -604,8 +604,8 @@ pub(crate) fn shell_speaking(
 }
 
 fn build_for(ctx: &BuildContext<'_>, plugin: &str, dialect: Dialect) -> Result<PluginOutput> {
-    let config: BashToolConfig = ctx.config()?;
-    let tool = BashTool::with_approval(
+    let config: ShellToolConfig = ctx.config()?;
+    let tool = ShellTool::with_approval(
         shell_speaking(ctx, plugin, dialect)?,
         ctx.jobs().ok(),
         ctx.approval(),

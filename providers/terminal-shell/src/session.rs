@@ -62,7 +62,7 @@ use crate::framing::{self, FrameScanner};
 use crate::input::{self, Modes};
 use crate::parser::{Event, Parser};
 use crate::scrollback::Scrollback;
-use crate::{NAME, OnTerminal, TerminalBashConfig};
+use crate::{NAME, OnTerminal, TerminalShellConfig};
 
 /// Consecutive positive probe samples before an interrupt counts as settled.
 const STABLE_SAMPLES: u32 = 3;
@@ -302,7 +302,7 @@ impl State {
     }
 
     /// Starts an op whose own prompt is the first beyond `floor` (at least the current
-    /// count, see [`BashSession::owed_prompt`]); returns the count it waits to exceed.
+    /// count, see [`ShellSession::owed_prompt`]); returns the count it waits to exceed.
     fn begin_op(&mut self, cap: usize, floor: Option<u64>, spill: Option<Collector>) -> u64 {
         self.op = Some(TextRetainer::new(Strategy::Tail, cap));
         self.op_spill = spill;
@@ -365,7 +365,7 @@ struct Echo {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) process: Arc<dyn TerminalProcess>,
-    config: TerminalBashConfig,
+    config: TerminalShellConfig,
     state: Mutex<State>,
     changed: Notify,
     closing: AtomicBool,
@@ -602,7 +602,7 @@ const COMMAND_SPILL_AT: usize = 16 * 1024;
 /// Starts the output pump for a freshly spawned shell.
 pub(crate) fn start(
     process: Arc<dyn TerminalProcess>,
-    config: TerminalBashConfig,
+    config: TerminalShellConfig,
     dialect: Dialect,
     marker: &str,
     nonce: &str,
@@ -763,7 +763,7 @@ enum Wait {
 
 /// The session handle handed to the terminals service.
 #[derive(Debug)]
-pub(crate) struct BashSession {
+pub(crate) struct ShellSession {
     pub(crate) shared: Arc<Shared>,
     pub(crate) motd: String,
     /// The mode the shell was wrapped under at open (`None`: unconfined).
@@ -773,7 +773,7 @@ pub(crate) struct BashSession {
     pub(crate) release: std::sync::Mutex<Option<conch_seams::SandboxRelease>>,
 }
 
-impl BashSession {
+impl ShellSession {
     /// After a signal to a foreground command, waits (bounded) until the command's own
     /// prompt arrived with bash back in the foreground. A command that survives the signal
     /// (it trapped it) costs one bounded wait.
@@ -1261,7 +1261,7 @@ impl BashSession {
 }
 
 #[async_trait]
-impl TerminalSession for BashSession {
+impl TerminalSession for ShellSession {
     fn motd(&self) -> String {
         self.motd.clone()
     }

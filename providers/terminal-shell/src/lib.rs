@@ -103,7 +103,7 @@ pub const MAX_SIZE: u16 = 1000;
 /// Validated backend config (all timings in milliseconds).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
-pub struct TerminalBashConfig {
+pub struct TerminalShellConfig {
     /// How often readiness is re-checked.
     pub poll_interval_ms: u64,
     /// Earliest exact stdin-wait probe after a send (probes then follow output quiet).
@@ -138,7 +138,7 @@ pub struct TerminalBashConfig {
     pub cols: u16,
 }
 
-impl Default for TerminalBashConfig {
+impl Default for TerminalShellConfig {
     fn default() -> Self {
         Self {
             poll_interval_ms: 50,
@@ -191,7 +191,7 @@ pub(crate) fn size_issue(rows: u16, cols: u16) -> Option<String> {
         .then(|| format!("rows and cols must be 1 to {MAX_SIZE} (got {rows} rows, {cols} cols)"))
 }
 
-impl PluginConfig for TerminalBashConfig {
+impl PluginConfig for TerminalShellConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
         ConfigIssue::positive("poll_interval_ms", self.poll_interval_ms)?;
         ConfigIssue::positive("idle_silence_ms", self.idle_silence_ms)?;
@@ -241,8 +241,8 @@ impl OnTerminal for Dialect {
 
 /// The terminal backend over a subprocess provider's `spawn_terminal`.
 #[derive(Debug)]
-pub struct TerminalBash {
-    config: TerminalBashConfig,
+pub struct TerminalShell {
+    config: TerminalShellConfig,
     subprocess: Arc<dyn Subprocess>,
     /// The sandbox every shell is wrapped through, and the policy it runs under.
     confinement: Option<Confinement>,
@@ -250,12 +250,12 @@ pub struct TerminalBash {
     spills: Arc<session::Spills>,
 }
 
-impl TerminalBash {
+impl TerminalShell {
     /// A backend whose shells run unconfined.
     ///
     /// # Errors
     /// Invalid config.
-    pub fn new(config: TerminalBashConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
+    pub fn new(config: TerminalShellConfig, subprocess: Arc<dyn Subprocess>) -> Result<Self> {
         config.check(NAME)?;
         let spills = Arc::new(session::Spills::new(Arc::clone(&subprocess)));
         Ok(Self { config, subprocess, confinement: None, spills })
@@ -267,7 +267,7 @@ impl TerminalBash {
     /// # Errors
     /// Invalid config.
     pub fn sandboxed(
-        config: TerminalBashConfig,
+        config: TerminalShellConfig,
         subprocess: Arc<dyn Subprocess>,
         sandbox: Arc<dyn Sandbox>,
         policy: SandboxPolicy,
@@ -304,7 +304,7 @@ impl TerminalBash {
     }
 }
 
-impl TerminalBash {
+impl TerminalShell {
     /// The argv and variables that start the session's shell with the prompt marker
     /// `payload`.
     fn shell_command(
@@ -377,7 +377,7 @@ fn missing_pwsh(program: &str) -> Error {
 }
 
 #[async_trait]
-impl TerminalBackend for TerminalBash {
+impl TerminalBackend for TerminalShell {
     fn type_name(&self) -> &'static str {
         self.config.shell_dialect.name()
     }
@@ -461,7 +461,7 @@ impl TerminalBackend for TerminalBash {
             Err(e) => {
                 // Roll back the private session before reporting.
                 let process = Arc::clone(&shared.process);
-                let s = session::BashSession {
+                let s = session::ShellSession {
                     shared,
                     motd: String::new(),
                     sandbox,
@@ -477,7 +477,7 @@ impl TerminalBackend for TerminalBash {
                 return Err(e);
             }
         };
-        Ok(Arc::new(session::BashSession {
+        Ok(Arc::new(session::ShellSession {
             shared,
             motd,
             sandbox,
@@ -487,12 +487,12 @@ impl TerminalBackend for TerminalBash {
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
-    let config: TerminalBashConfig = ctx.config()?;
+    let config: TerminalShellConfig = ctx.config()?;
     // The sandbox is optional, so it is not in `requires`; it is built before this plugin
     // anyway, because the sandbox providers require no seam and the plan builds them in its
     // first round, while this plugin waits for the subprocess seam.
     let backend = match ctx.sandbox() {
-        None => TerminalBash::new(config, ctx.subprocess()?),
+        None => TerminalShell::new(config, ctx.subprocess()?),
         Some(sandbox) => {
             let policy = ctx.sandbox_policy().ok_or_else(|| {
                 ctx.locate(Error::new(
@@ -505,7 +505,7 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
                     ),
                 ))
             })?;
-            TerminalBash::sandboxed(config, ctx.subprocess()?, sandbox, policy.as_ref().clone())
+            TerminalShell::sandboxed(config, ctx.subprocess()?, sandbox, policy.as_ref().clone())
         }
     }
     .map_err(|e| ctx.locate(e))?;
