@@ -75,6 +75,12 @@ impl TerminalSession for TestSession {
             truncated: false,
         }
     }
+    fn screen(&self) -> Option<conch_seams::ScreenView> {
+        None
+    }
+    async fn resize(&self, _size: conch_seams::TerminalSize) -> Result<()> {
+        Err(Error::new(ErrorCode::Unsupported, "this terminal cannot be resized"))
+    }
     async fn signal(&self, signal: Signal) -> Result<SignalDelivery> {
         if signal == Signal::Kill {
             return Err(Error::invalid("use close"));
