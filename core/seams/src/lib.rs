@@ -40,7 +40,7 @@ pub use jobs::{
     JobCancel, JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,
     Jobs,
 };
-pub use owner::{CollectingSink, Notice, NoticeSink, Owner};
+pub use owner::{Notice, NoticeSink, Owner};
 pub use sandbox::{
     Approval, ApprovalDecision, CLASSIFY_TAIL_BYTES, CommandLine, ConfinedSubject, Confinement,
     Denial, Enforcement, EscalationPermissions, EscalationRequest, Sandbox, SandboxCapabilities,
