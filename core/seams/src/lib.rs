@@ -31,8 +31,6 @@ mod signal;
 pub mod subprocess;
 pub mod terminal;
 pub mod tools;
-#[cfg(all(test, feature = "serde"))]
-mod wire_tests;
 
 pub use conch_dialect::Dialect;
 pub use error::{Error, ErrorBody, ErrorCode, ErrorReason, Result};
