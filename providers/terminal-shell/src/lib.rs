@@ -35,7 +35,7 @@
 //! its SIGINT until the prompt is back.
 //!
 //! When the composition binds a sandbox (and then a `sandbox-policy`, or the build fails naming
-//! it), the shell's `{argv, cwd, env}` is wrapped through `conch_seams::Confinement` (the
+//! it), the shell's `{argv, cwd, env}` is wrapped through `conch_confine::Confinement` (the
 //! protocol it shares with the shell executors) before `spawn_terminal`, so the whole session
 //! runs confined in a mode fixed at open (`TerminalSession::sandbox_mode`, shown by
 //! `terminal_open` and `terminal_list` as `sandbox`, null when unconfined); a wrap error, or a
@@ -60,15 +60,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use conch_confine::{ConfinedSubject, Confinement, SandboxRelease};
 use conch_dialect::pwsh;
 use conch_registry::{
     BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
     register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfinedSubject, Confinement, Dialect, Error, ErrorCode, ErrorReason, Result,
-    Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend, TerminalOpenSpec,
-    TerminalSession, TerminalSize, TerminalSpawnSpec,
+    CommandLine, Dialect, Error, ErrorCode, ErrorReason, Result, Sandbox, SandboxPolicy,
+    Subprocess, TerminalBackend, TerminalOpenSpec, TerminalSession, TerminalSize,
+    TerminalSpawnSpec,
 };
 use conch_sync::LockExt;
 use serde::Deserialize;
