@@ -170,19 +170,10 @@ fn term_issue(term: &str) -> Option<&'static str> {
     (!ok).then_some("must be a terminfo name (letters, digits, `.`, `_`, `+`, `-`; 1 to 64)")
 }
 
-/// 16 hex digits for a private in-band marker (prompt markers, command delimiters). The
-/// marker must be unguessable by the commands it frames, so it comes from the OS RNG; if
-/// that fails, time and pid still keep markers distinct between sessions.
+/// 16 hex digits for a private in-band marker (prompt markers, command delimiters), which
+/// the commands it frames must not be able to guess.
 pub(crate) fn marker_nonce() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = ((t as u64) ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    conch_nonce::random_hex::<8>()
 }
 
 /// Checks a terminal size: 1 to [`MAX_SIZE`] rows and columns.
