@@ -28,9 +28,18 @@ pub fn truncate_utf8(s: &str, max_bytes: usize) -> &str {
     &s[..end]
 }
 
-/// The longest suffix of `s` that is at most `max_bytes` long and starts on a char boundary:
-/// the seams' own cut rule (their classifier tail uses it too), so the two cannot drift.
-pub use conch_seams::tail_utf8;
+/// The longest suffix of `s` that is at most `max_bytes` long and starts on a char boundary.
+pub fn tail_utf8(s: &str, max_bytes: usize) -> &str {
+    if s.len() <= max_bytes {
+        return s;
+    }
+    // A boundary is at most 3 bytes ahead, so this loop is short.
+    let mut start = s.len() - max_bytes;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
 
 /// Like [`tail_utf8`], but a tail that would begin in the middle of a line begins at the next
 /// line instead, so a reader never takes a fragment for a whole line. When that would give up

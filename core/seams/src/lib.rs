@@ -31,8 +31,6 @@ mod signal;
 pub mod subprocess;
 pub mod terminal;
 pub mod tools;
-#[cfg(all(test, feature = "serde"))]
-mod wire_tests;
 
 pub use conch_dialect::Dialect;
 pub use error::{Error, ErrorBody, ErrorCode, ErrorReason, Result};
@@ -40,11 +38,11 @@ pub use jobs::{
     JobCancel, JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,
     Jobs,
 };
-pub use owner::{CollectingSink, Notice, NoticeSink, Owner};
+pub use owner::{Notice, NoticeSink, Owner};
 pub use sandbox::{
-    Approval, ApprovalDecision, CLASSIFY_TAIL_BYTES, CommandLine, ConfinedSubject, Confinement,
-    Denial, Enforcement, EscalationPermissions, EscalationRequest, Sandbox, SandboxCapabilities,
-    SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, SandboxVerdict, Wrapped,
+    Approval, ApprovalDecision, CommandLine, Denial, Enforcement, EscalationPermissions,
+    EscalationRequest, Sandbox, SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy,
+    SandboxVerdict,
 };
 pub use shell::{
     ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess,
@@ -55,7 +53,7 @@ pub use subprocess::{
     AfterExit, CollectedOutput, EnvOverlay, ExitStatus, ForegroundCpu, ForegroundTarget, Leftover,
     OutputSpec, Probe, Process, SignalDelivery, SpawnSpec, SpillRef, StdinSpec, StdinWait,
     StreamId, StreamRead, Subprocess, SubprocessCapabilities, TeardownReport, TerminalObservation,
-    TerminalProcess, TerminalSize, TerminalSpawnSpec, World, tail_utf8,
+    TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
 };
 pub use terminal::{
     CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScreenView,

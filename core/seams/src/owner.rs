@@ -29,25 +29,6 @@ pub trait NoticeSink: Send + Sync + fmt::Debug {
     fn deliver(&self, notice: Notice);
 }
 
-/// A sink that collects notices in memory (used by the CLI and tests).
-#[derive(Debug, Default)]
-pub struct CollectingSink {
-    notices: Mutex<Vec<Notice>>,
-}
-
-impl CollectingSink {
-    /// Takes every notice delivered so far.
-    pub fn take(&self) -> Vec<Notice> {
-        std::mem::take(&mut *self.notices.locked())
-    }
-}
-
-impl NoticeSink for CollectingSink {
-    fn deliver(&self, notice: Notice) {
-        self.notices.locked().push(notice);
-    }
-}
-
 type DisposeHook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 
 static NEXT_OWNER_KEY: AtomicU64 = AtomicU64::new(1);

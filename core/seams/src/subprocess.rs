@@ -368,20 +368,6 @@ pub struct CollectedOutput {
     pub starts_mid_line: bool,
 }
 
-/// The longest suffix of `s` that is at most `max_bytes` long and starts on a char boundary:
-/// the cut every UTF-8-safe tail in the seams makes ([`CollectedOutput::text`], the classifier's
-/// [`crate::CLASSIFY_TAIL_BYTES`]), so there is one rule for it (`conch_output` re-exports it).
-pub fn tail_utf8(s: &str, max_bytes: usize) -> &str {
-    if s.len() <= max_bytes {
-        return s;
-    }
-    let mut start = s.len() - max_bytes;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    &s[start..]
-}
-
 /// What a process provider can do.
 ///
 /// Field names say what the provider can *prove*, not what it attempts.

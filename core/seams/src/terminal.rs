@@ -360,19 +360,16 @@ pub trait TerminalSession: Send + Sync + fmt::Debug {
     ) -> Result<CommandOutcome>;
     /// Reads a page of scrollback, `offset` lines back from the newest.
     fn read(&self, offset_lines: usize, max_lines: usize) -> ScrollbackPage;
-    /// The visible screen (`None`: the backend keeps no screen).
-    fn screen(&self) -> Option<ScreenView> {
-        None
-    }
-    /// Changes the terminal's rows and columns; the foreground program gets SIGWINCH.
+    /// The visible screen (`None`: the backend keeps no screen). No default, so a wrapper
+    /// cannot hide its inner session's screen by forgetting it.
+    fn screen(&self) -> Option<ScreenView>;
+    /// Changes the terminal's rows and columns; the foreground program gets SIGWINCH. No
+    /// default, so a wrapper cannot silently turn a resize into `unsupported`.
     ///
     /// # Errors
     /// `unsupported` when the backend cannot resize; `invalid_argument` for a zero size;
     /// `io` or `connection_failed` when the terminal is gone.
-    async fn resize(&self, size: TerminalSize) -> Result<()> {
-        let _ = size;
-        Err(crate::Error::new(crate::ErrorCode::Unsupported, "this terminal cannot be resized"))
-    }
+    async fn resize(&self, size: TerminalSize) -> Result<()>;
     /// Signals the current foreground group.
     ///
     /// # Errors

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use conch_seams::{CollectingSink, CommandEnd, ExitStatus, SessionStatus, WaitReason};
+use conch_seams::{CommandEnd, ExitStatus, Notice, NoticeSink, SessionStatus, WaitReason};
 use tokio::sync::Notify;
 
 use super::*;
@@ -75,6 +75,12 @@ impl TerminalSession for TestSession {
             truncated: false,
         }
     }
+    fn screen(&self) -> Option<conch_seams::ScreenView> {
+        None
+    }
+    async fn resize(&self, _size: conch_seams::TerminalSize) -> Result<()> {
+        Err(Error::new(ErrorCode::Unsupported, "this terminal cannot be resized"))
+    }
     async fn signal(&self, signal: Signal) -> Result<SignalDelivery> {
         if signal == Signal::Kill {
             return Err(Error::invalid("use close"));
@@ -140,13 +146,21 @@ impl TerminalBackend for TestBackend {
     }
 }
 
+/// The owners here start no jobs, so no notice ever reaches their sink.
+#[derive(Debug)]
+struct NoNotices;
+
+impl NoticeSink for NoNotices {
+    fn deliver(&self, _notice: Notice) {}
+}
+
 fn service() -> (TerminalService, Arc<TestBackend>) {
     let backend = Arc::new(TestBackend::default());
     (TerminalService::new(Arc::clone(&backend) as Arc<dyn TerminalBackend>), backend)
 }
 
 fn owner(id: &str) -> Arc<Owner> {
-    Owner::new(id, Arc::new(CollectingSink::default()))
+    Owner::new(id, Arc::new(NoNotices))
 }
 
 /// Starts a default open on its own task (for setups held by the test backend).

@@ -418,15 +418,7 @@ pub fn decode_data(frame: &[u8]) -> Option<DataFrame<'_>> {
 
 /// A random 128-bit id in hex (boot ids, client ids).
 pub fn random_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = (t ^ u128::from(std::process::id())).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    conch_nonce::random_hex::<16>()
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@
 //!
 //! The directories live under one 0700 parent per runner, made by the first wrap. A
 //! command's directory is removed when its caller releases it (`Sandbox::release`, through
-//! the `SandboxRelease` the shell and terminal providers hold while the command, background
-//! process or session may run), and the parent with whatever is left when the runner is
+//! the `conch_confine::SandboxRelease` the shell and terminal providers hold while the command,
+//! background process or session may run), and the parent with whatever is left when the runner is
 //! dropped (the runtime's teardown). Read-only mode gets none: there nothing is writable
 //! but the terminal.
 

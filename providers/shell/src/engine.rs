@@ -18,7 +18,7 @@
 //! `ShellExecSpec::sandbox`: the composition's default (its `sandbox-policy` entry), with the mode
 //! a request may override through `ShellExecRequest::sandbox_mode` (the shell tool sets
 //! danger-full-access only for an approved escalation). The spawn path wraps the `CommandLine
-//! {argv, cwd, env}` through `conch_seams::Confinement` (the protocol it shares with
+//! {argv, cwd, env}` through `conch_confine::Confinement` (the protocol it shares with
 //! `terminal-bash`) before building the `SpawnSpec`. A wrap error, a spawn failure of a wrapped
 //! command, or an exit the sandbox's own `classify` calls a runner failure is
 //! `sandbox_unavailable` in the foreground and a killed handle with a runner-failed verdict in the
@@ -32,13 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use conch_confine::{ConfinedSubject, Confinement, SandboxRelease};
 use conch_registry::ConfigIssue;
 use conch_seams::{
-    AfterExit, CollectedOutput, CommandLine, ConfinedSubject, Confinement, Dialect, EnvOverlay,
-    Error, ErrorBody, ErrorCode, ErrorReason, ExitStatus, Leftover, OutputSpec, Process, Result,
-    Sandbox, SandboxInfo, SandboxMode, SandboxPolicy, SandboxRelease, ShellCapabilities,
-    ShellExecRequest, ShellExecSpec, ShellExecutor, ShellProcess, ShellProcessRead,
-    ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec, StreamId, Subprocess,
+    AfterExit, CollectedOutput, CommandLine, Dialect, EnvOverlay, Error, ErrorBody, ErrorCode,
+    ErrorReason, ExitStatus, Leftover, OutputSpec, Process, Result, Sandbox, SandboxInfo,
+    SandboxMode, SandboxPolicy, ShellCapabilities, ShellExecRequest, ShellExecSpec, ShellExecutor,
+    ShellProcess, ShellProcessRead, ShellProcessStatus, ShellRunResult, SpawnSpec, StdinSpec,
+    StreamId, Subprocess,
 };
 use conch_sync::LockExt;
 use tokio_util::sync::CancellationToken;

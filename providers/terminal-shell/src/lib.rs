@@ -35,7 +35,7 @@
 //! its SIGINT until the prompt is back.
 //!
 //! When the composition binds a sandbox (and then a `sandbox-policy`, or the build fails naming
-//! it), the shell's `{argv, cwd, env}` is wrapped through `conch_seams::Confinement` (the
+//! it), the shell's `{argv, cwd, env}` is wrapped through `conch_confine::Confinement` (the
 //! protocol it shares with the shell executors) before `spawn_terminal`, so the whole session
 //! runs confined in a mode fixed at open (`TerminalSession::sandbox_mode`, shown by
 //! `terminal_open` and `terminal_list` as `sandbox`, null when unconfined); a wrap error, or a
@@ -60,15 +60,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use conch_confine::{ConfinedSubject, Confinement, SandboxRelease};
 use conch_dialect::pwsh;
 use conch_registry::{
     BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
     register_plugin,
 };
 use conch_seams::{
-    CommandLine, ConfinedSubject, Confinement, Dialect, Error, ErrorCode, ErrorReason, Result,
-    Sandbox, SandboxPolicy, SandboxRelease, Subprocess, TerminalBackend, TerminalOpenSpec,
-    TerminalSession, TerminalSize, TerminalSpawnSpec,
+    CommandLine, Dialect, Error, ErrorCode, ErrorReason, Result, Sandbox, SandboxPolicy,
+    Subprocess, TerminalBackend, TerminalOpenSpec, TerminalSession, TerminalSize,
+    TerminalSpawnSpec,
 };
 use conch_sync::LockExt;
 use serde::Deserialize;
@@ -169,19 +170,10 @@ fn term_issue(term: &str) -> Option<&'static str> {
     (!ok).then_some("must be a terminfo name (letters, digits, `.`, `_`, `+`, `-`; 1 to 64)")
 }
 
-/// 16 hex digits for a private in-band marker (prompt markers, command delimiters). The
-/// marker must be unguessable by the commands it frames, so it comes from the OS RNG; if
-/// that fails, time and pid still keep markers distinct between sessions.
+/// 16 hex digits for a private in-band marker (prompt markers, command delimiters), which
+/// the commands it frames must not be able to guess.
 pub(crate) fn marker_nonce() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = ((t as u64) ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    conch_nonce::random_hex::<8>()
 }
 
 /// Checks a terminal size: 1 to [`MAX_SIZE`] rows and columns.

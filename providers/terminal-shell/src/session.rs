@@ -770,7 +770,7 @@ pub(crate) struct ShellSession {
     pub(crate) sandbox: Option<SandboxMode>,
     /// Frees what the sandbox runner made for the shell: taken by a successful close (every
     /// process of the session is stopped then), else dropped with the session.
-    pub(crate) release: std::sync::Mutex<Option<conch_seams::SandboxRelease>>,
+    pub(crate) release: std::sync::Mutex<Option<conch_confine::SandboxRelease>>,
 }
 
 impl ShellSession {

@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use conch_jobs::RoutingSink;
 use conch_registry::Runtime;
-use conch_seams::{CollectingSink, NoticeSink, Owner};
+use conch_seams::{NoticeSink, Owner};
 
 pub(crate) struct Stats {
     pub(crate) median: Duration,
@@ -40,7 +41,7 @@ pub(crate) async fn run(
         anyhow::ensure!(status.success(), "bash -c true failed");
         raw.push(t.elapsed());
     }
-    let owner = Owner::new("bench", Arc::new(CollectingSink::default()) as Arc<dyn NoticeSink>);
+    let owner = Owner::new("bench", Arc::new(RoutingSink::default()) as Arc<dyn NoticeSink>);
     let mut tool = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
@@ -125,7 +126,7 @@ pub(crate) async fn run_terminal(iterations: usize, json: bool) -> anyhow::Resul
     use conch_seams::TerminalSpawnSpec;
     let terminal = conch::build_runtime("terminal").map_err(|e| anyhow::anyhow!("{e}"))?;
     let minimal = conch::build_runtime("minimal").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let owner = Owner::new("bench", Arc::new(CollectingSink::default()) as Arc<dyn NoticeSink>);
+    let owner = Owner::new("bench", Arc::new(RoutingSink::default()) as Arc<dyn NoticeSink>);
 
     // Raw PTY: `cat` on a PTY through the subprocess seam; write a line, wait for it back.
     let sub =

@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure};
+use conch_jobs::RoutingSink;
 use conch_registry::Runtime;
-use conch_seams::{
-    CollectingSink, NoticeSink, Owner, Probe, StdinWait, TerminalProcess, TerminalSpawnSpec,
-};
+use conch_seams::{NoticeSink, Owner, Probe, StdinWait, TerminalProcess, TerminalSpawnSpec};
 use serde_json::json;
 
 /// A goal: what must hold for a row to count as met.
@@ -104,7 +103,7 @@ where
 }
 
 pub(crate) fn owner() -> Arc<Owner> {
-    Owner::new("bench", Arc::new(CollectingSink::default()) as Arc<dyn NoticeSink>)
+    Owner::new("bench", Arc::new(RoutingSink::default()) as Arc<dyn NoticeSink>)
 }
 
 pub(crate) fn e(err: conch_seams::Error) -> anyhow::Error {

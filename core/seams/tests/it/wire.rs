@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::*;
+use conch_seams::*;
 
 fn round_trip<T>(v: &T) -> T
 where
