@@ -560,7 +560,7 @@ impl Collector {
 
 impl Drop for Collector {
     fn drop(&mut self) {
-        let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state.locked();
         // The file outlives us (see the module docs), so it must hold every byte: flush
         // explicitly, because BufWriter's own drop would swallow a failure and leave a
         // short file behind under a path that was published as complete.

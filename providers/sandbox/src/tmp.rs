@@ -79,7 +79,7 @@ impl PrivateTmp {
 
 impl Drop for PrivateTmp {
     fn drop(&mut self) {
-        if let Some(p) = self.parent.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(p) = self.parent.locked().take() {
             let _ = std::fs::remove_dir_all(p);
         }
     }
