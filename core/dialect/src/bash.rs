@@ -65,6 +65,12 @@ pub const STATE_MAX: usize = 256 * 1024;
 /// `exec` is an alias that gives the program the terminal back as stdin (a framed command's
 /// stdin is /dev/null, which would end a new interactive shell at once).
 ///
+/// `__conch_snap NONCE`, called after a frame's end marker, prints the state marker when the
+/// shell's state (its exports and working directory) differs from what it last reported:
+/// `export -p` is written to a scratch file (chosen here by writing it) and read back with
+/// `read` (no process is started per call), and the script that restores both goes out as one
+/// `printf %q` word. A replacement shell gets that script from [`frame_restoring`].
+///
 /// `trap` (listing) leaves these traps out: they are the shell's machinery, not the user's.
 ///
 /// `shopt` is a function that runs the builtin with the real errexit set as the emulation has
@@ -114,6 +120,13 @@ pub const INIT: &str = concat!(
     "if { : >| \"$__conch_d/.conch-state-$$\"; } 2>/dev/null; then __conch_sf=$__conch_d/.conch-state-$$; break; fi; done; ",
     "unset __conch_d; ",
     "__conch_ls=; ",
+    // Defined once per shell, not before every prompt: it is the costliest helper to parse,
+    // and a command that removes it loses only the next state report.
+    "__conch_snap() { local v= k=x s; { [[ -n ${__conch_sf-} ]] && builtin export -p >| \"$__conch_sf\" ",
+    "&& { IFS= builtin read -r -d '' v < \"$__conch_sf\"; :; }; } || k=c; ",
+    "builtin printf -v s '%s\\nbuiltin cd -- %q' \"$v\" \"$PWD\"; if (( ${#s} > 262144 )); then k=c; ",
+    "builtin printf -v s 'builtin cd -- %q' \"$PWD\"; fi; [[ $k$s == \"${__conch_ls-}\" ]] && return 0; ",
+    "__conch_ls=$k$s; builtin printf '\\n%s_STATE_%s:%s:%q__\\n' __CONCH_PB \"$1\" \"$k\" \"$s\"; }; ",
     // Exported, so a shell this one execs prints the fresh-shell marker (see
     // `prompt_command`); a session that never framed a command never prints it.
     "export __conch_framed=1; ",
@@ -134,11 +147,7 @@ pub const INIT: &str = concat!(
 /// - `__conch_e` ends a frame whose line ran to its end: the end marker with the `eval`
 ///   status, and the prompt hook put back in front of PROMPT_COMMAND when the command
 ///   replaced it (direnv, conda and starship assign it), so the next frame still ends.
-/// - `__conch_snap NONCE`, after a frame's end marker, prints the state marker when the
-///   shell's state (its exports and working directory) differs from what it last reported:
-///   `export -p` is written to the scratch file INIT chose and read back with `read` (no
-///   process is started per call), and the script that restores both goes out as one
-///   `printf %q` word. A replacement shell gets that script from [`frame_restoring`].
+/// - Both ends of a frame then call `__conch_snap NONCE` (defined by [`INIT`]).
 /// - The first prompt of a shell (a fresh one, or one started by `exec bash`) turns history
 ///   expansion off (`!` in a command is text) and prints the fresh-shell marker, which ends a
 ///   frame whose shell was replaced.
@@ -149,11 +158,6 @@ pub fn prompt_command(ps1: &str, session_nonce: &str) -> String {
          if [[ -n ${{__conch_status-}} ]]; then __conch_rc=$__conch_status:e; fi; \
          builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
          __conch_snap \"$__conch_frame\"; __conch_frame=; fi; __conch_status=; PS1='{ps1}'; }}; \
-         __conch_snap() {{ local v= k=x s; {{ [[ -n ${{__conch_sf-}} ]] && builtin export -p >| \"$__conch_sf\" \
-         && {{ IFS= builtin read -r -d '' v < \"$__conch_sf\"; :; }}; }} || k=c; \
-         builtin printf -v s '%s\\nbuiltin cd -- %q' \"$v\" \"$PWD\"; if (( ${{#s}} > {STATE_MAX} )); then k=c; \
-         builtin printf -v s 'builtin cd -- %q' \"$PWD\"; fi; [[ $k$s == \"${{__conch_ls-}}\" ]] && return 0; \
-         __conch_ls=$k$s; builtin printf '\\n%s_STATE_%s:%s:%q__\\n' {TAG} \"$1\" \"$k\" \"$s\"; }}; \
          __conch_s() {{ __conch_frame=$1; __conch_run=1; __conch_x=; if [[ $- == *x* ]]; then builtin set +x; \
          __conch_x=$'builtin set -x\\n'; fi; builtin printf '\\n%s_START_%s__\\n' {TAG} \"$1\"; }}; \
          __conch_e() {{ __conch_rc=$?; __conch_run=; if [[ -n ${{__conch_frame-}} ]]; then \
@@ -233,6 +237,11 @@ mod tests {
         let w = frame("echo hi", "abc", true);
         assert!(!w.contains(markers::start("abc").trim_end()));
         assert!(!w.contains(markers::end("abc").trim_start()));
+    }
+
+    #[test]
+    fn the_state_report_caps_its_script_at_state_max() {
+        assert!(INIT.contains(&format!("(( ${{#s}} > {STATE_MAX} ))")), "{INIT}");
     }
 
     #[test]
