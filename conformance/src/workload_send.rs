@@ -67,8 +67,10 @@ impl Burners {
         Self(
             (0..n)
                 .map(|_| {
+                    // Spins while the process that started it lives: a test process that is
+                    // killed (no Drop runs) leaves no busy loop behind.
                     Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
+                        .args(["-c", "while kill -0 \"$PPID\" 2>/dev/null; do :; done"])
                         .stdin(Stdio::null())
                         .spawn()
                         .expect("spawn a CPU burner")
