@@ -167,7 +167,7 @@ fn the_remote_composition_passes_against_a_real_daemon() {
     let rows = passes("remote-sandbox", &daemon.env(), &["terminal", "sandbox"]);
     assert!(rows.iter().any(|r| r["suite"] == "shell" && r["result"] == "PASS"));
     // The processes ran on the daemon: its log names the spawns it hosted.
-    assert!(daemon.stderr().contains("spawn{program="), "{}", daemon.stderr());
+    daemon.stderr_with("spawn{program=");
 }
 
 #[test]

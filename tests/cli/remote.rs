@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::{conch, pid_gone};
@@ -19,7 +19,8 @@ pub(crate) struct Daemon {
     addr: String,
     pub(crate) token: String,
     token_file: PathBuf,
-    stderr: Arc<Mutex<String>>,
+    /// Everything the daemon wrote to stderr so far, and a signal for each new line.
+    stderr: Arc<(Mutex<String>, Condvar)>,
     /// Fires once the daemon's stderr reached EOF (it exited).
     stderr_closed: mpsc::Receiver<()>,
     _dir: tempfile::TempDir,
@@ -47,7 +48,7 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new((Mutex::new(String::new()), Condvar::new()));
         let (first_tx, first_rx) = mpsc::channel();
         let (closed_tx, stderr_closed) = mpsc::channel();
         {
@@ -66,7 +67,8 @@ impl Daemon {
                         let _ = first_tx.send(line.clone());
                         first = false;
                     }
-                    stderr.lock().unwrap().push_str(&line);
+                    stderr.0.lock().unwrap().push_str(&line);
+                    stderr.1.notify_all();
                 }
                 let _ = closed_tx.send(());
             });
@@ -105,7 +107,20 @@ impl Daemon {
     }
 
     pub(crate) fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.stderr.0.lock().unwrap().clone()
+    }
+
+    /// The daemon's stderr once it holds `needle`: its reader thread reads the pipe on its own
+    /// schedule, and a line the daemon wrote before a client finished may not be read yet.
+    /// Panics with what it holds when the line has not come within `LIMIT`.
+    pub(crate) fn stderr_with(&self, needle: &str) -> String {
+        let (text, line) = &*self.stderr;
+        let held = line
+            .wait_timeout_while(text.lock().unwrap(), LIMIT, |t| !t.contains(needle))
+            .unwrap()
+            .0;
+        assert!(held.contains(needle), "no {needle:?} in the daemon's stderr:\n{held}");
+        held.clone()
     }
 
     /// SIGKILL: the daemon dies on the spot (a crash, the OOM killer), with no teardown;
@@ -347,9 +362,8 @@ fn a_wrong_token_fails_the_cli_as_unauthenticated_and_no_token_is_logged() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "yes\n");
-    let log = daemon.stderr();
+    let log = daemon.stderr_with("stream connection open");
     assert!(log.contains("DEBUG"), "debug logging is on: {log}");
-    assert!(log.contains("stream connection open"), "{log}");
     assert!(!log.contains(&daemon.token), "the token leaked into the daemon's log:\n{log}");
     assert!(!log.contains("s3cr3t"), "part of the token leaked:\n{log}");
 }
@@ -381,14 +395,7 @@ fn client_and_daemon_debug_logs_show_the_spawn_and_no_token_or_managed_value() {
     assert!(client.contains("tool_call{tool=\"bash\"}"), "{client}");
     assert!(client.contains("spawn{program=\"bash\" remote=true pid="), "{client}");
     // The daemon's log is read once it has written the spawn (the call returned first).
-    let deadline = std::time::Instant::now() + LIMIT;
-    while !daemon.stderr().contains("spawn{program=\"bash\"")
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let log = daemon.stderr();
-    assert!(log.contains("spawn{program=\"bash\" pid="), "{log}");
+    let log = daemon.stderr_with("spawn{program=\"bash\" pid=");
     for (side, text) in [("client", &client), ("daemon", &log)] {
         assert!(!text.contains(&daemon.token), "the token leaked into the {side}'s log:\n{text}");
         assert!(!text.contains("s3cr3t"), "part of the token leaked into the {side}'s log");
@@ -506,15 +513,18 @@ fn a_killed_daemon_is_known_gone_for_the_running_call_the_next_one_and_the_job()
     let next = client.call(&call("bash", serde_json::json!({"command": "echo again"})));
     expect_world_gone("the next call", &next, &["REMOTE_GONE"]);
 
-    let listed = client.call(&call("job_list", serde_json::json!({})));
-    let jobs = listed["structured"]["jobs"].as_array().cloned().unwrap_or_default();
-    assert_eq!(jobs.len(), 1, "{listed:?}");
-    assert_eq!(jobs[0]["status"], "lost", "{listed:?}");
-    let output = client.call(&call("job_output", serde_json::json!({"job_id": "bash-1"})));
+    // The job settles when its own stream learns the world is gone, which may come just
+    // after the calls did: its output is awaited, then the list agrees.
+    let wait = serde_json::json!({"job_id": "bash-1", "wait": true});
+    let output = client.call(&call("job_output", wait));
     assert_eq!(output["structured"]["status"], "lost", "{output:?}");
     let detail = output["structured"]["detail"].as_str().unwrap_or_default();
     assert!(detail.starts_with("remote_unavailable: REMOTE_GONE: "), "{output:?}");
     assert!(output["text"].as_str().unwrap().starts_with("[job bash-1: lost; "), "{output:?}");
+    let listed = client.call(&call("job_list", serde_json::json!({})));
+    let jobs = listed["structured"]["jobs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(jobs.len(), 1, "{listed:?}");
+    assert_eq!(jobs[0]["status"], "lost", "{listed:?}");
 
     drop(client);
     for pid in pids {

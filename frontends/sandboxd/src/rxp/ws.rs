@@ -89,11 +89,12 @@ async fn session(state: Arc<State>, client: String, socket: WebSocket) {
     };
     let hb = state.cfg.heartbeat;
     let ms = u64::try_from(hb.as_millis()).unwrap_or(u64::MAX);
+    // Logged before the answer, so the line precedes anything the client does with it.
+    tracing::debug!(client = %client, "stream connection open");
     if !send_msg(&tx, &ServerMsg::Hello { boot_id: state.boot_id.clone(), heartbeat_ms: ms }).await
     {
         return;
     }
-    tracing::debug!(client = %client, "stream connection open");
 
     let mut attached: HashMap<String, JoinHandle<()>> = HashMap::new();
     let mut last_rx = Instant::now();
