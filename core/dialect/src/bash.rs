@@ -69,7 +69,7 @@ pub const STATE_MAX: usize = 256 * 1024;
 /// shell's state (its exports and working directory) differs from what it last reported:
 /// `export -p` is written to a scratch file (chosen here by writing it) and read back with
 /// `read` (no process is started per call), and the script that restores both goes out as one
-/// `printf %q` word. A replacement shell gets that script from [`frame_restoring`].
+/// `printf %q` word. A replacement shell gets that script from [`frame`].
 ///
 /// `trap` (listing) leaves these traps out: they are the shell's machinery, not the user's.
 ///
@@ -147,22 +147,23 @@ pub const INIT: &str = concat!(
 /// - `__conch_e` ends a frame whose line ran to its end: the end marker with the `eval`
 ///   status, and the prompt hook put back in front of PROMPT_COMMAND when the command
 ///   replaced it (direnv, conda and starship assign it), so the next frame still ends.
-/// - Both ends of a frame then call `__conch_snap NONCE` (defined by [`INIT`]).
+/// - Both print the end marker through `__conch_end`, which then calls `__conch_snap NONCE`
+///   (defined by [`INIT`]) and clears the frame.
 /// - The first prompt of a shell (a fresh one, or one started by `exec bash`) turns history
 ///   expansion off (`!` in a command is text) and prints the fresh-shell marker, which ends a
 ///   frame whose shell was replaced.
 pub fn prompt_command(ps1: &str, session_nonce: &str) -> String {
     format!(
         "{{ __conch_rc=$?; __conch_run=; \
+         __conch_end() {{ builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
+         __conch_snap \"$__conch_frame\"; __conch_frame=; }}; \
          __conch_pc() {{ if [[ -n ${{__conch_frame-}} ]]; then \
          if [[ -n ${{__conch_status-}} ]]; then __conch_rc=$__conch_status:e; fi; \
-         builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
-         __conch_snap \"$__conch_frame\"; __conch_frame=; fi; __conch_status=; PS1='{ps1}'; }}; \
+         __conch_end; fi; __conch_status=; PS1='{ps1}'; }}; \
          __conch_s() {{ __conch_frame=$1; __conch_run=1; __conch_x=; if [[ $- == *x* ]]; then builtin set +x; \
          __conch_x=$'builtin set -x\\n'; fi; builtin printf '\\n%s_START_%s__\\n' {TAG} \"$1\"; }}; \
          __conch_e() {{ __conch_rc=$?; __conch_run=; if [[ -n ${{__conch_frame-}} ]]; then \
-         builtin printf '\\n%s_END_%s:%s__\\n' {TAG} \"$__conch_frame\" \"$__conch_rc\"; \
-         __conch_snap \"$__conch_frame\"; __conch_frame=; fi; [[ ${{PROMPT_COMMAND[*]-}} == *__conch_pc* ]] || \
+         __conch_end; fi; [[ ${{PROMPT_COMMAND[*]-}} == *__conch_pc* ]] || \
          PROMPT_COMMAND=\"$__conch_hook${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}\"; }}; \
          if [[ -z ${{__conch_hook-}} ]]; then __conch_hook=$PROMPT_COMMAND; __conch_sn={session_nonce}; \
          builtin set +H; \
@@ -192,16 +193,13 @@ fn ansi_c_quote(data: &[u8]) -> String {
 /// The single line typed into the shell for `command` under `nonce`; `init` prepends the
 /// errexit emulation (the session's first frame). `eval` runs at the top level, not inside
 /// the starter, so `local`, `return` and `$1` mean what they mean at a prompt.
-pub fn frame(command: &str, nonce: &str, init: bool) -> String {
-    frame_restoring(command, nonce, init, None)
-}
-
-/// [`frame`], first restoring `state` (a state marker's script, see [`prompt_command`]): its
-/// exported variables, then its working directory. The new shell keeps its own prompt
+///
+/// With `state` (a state marker's script, see [`INIT`]), the frame first restores a replaced
+/// shell's exported variables, then its working directory. The new shell keeps its own prompt
 /// settings (PS1, PS2 and PROMPT_COMMAND are exported to every managed shell, with the old
 /// session's marker in them). Only a failed `cd` prints anything, a note that starts the
 /// command's output, since the shell then starts somewhere else.
-pub fn frame_restoring(command: &str, nonce: &str, init: bool, state: Option<&str>) -> String {
+pub fn frame(command: &str, nonce: &str, init: bool, state: Option<&str>) -> String {
     let restore = match state {
         Some(script) => format!(
             "{{ __conch_k=(\"$PS1\" \"$PS2\" \"$PROMPT_COMMAND\"); eval {script}; __conch_k[3]=$?; \
@@ -228,13 +226,13 @@ mod tests {
     fn ansi_c_quoting_escapes_everything_a_line_could_break_on() {
         assert_eq!(ansi_c_quote(b"echo 'a' \\ $x"), "$'echo \\'a\\' \\\\ $x'");
         assert_eq!(ansi_c_quote("é\n\x1b".as_bytes()), "$'\\xc3\\xa9\\x0a\\x1b'");
-        let line = frame("a\nb\r\n", "n", true);
+        let line = frame("a\nb\r\n", "n", true, None);
         assert!(!line.contains('\n') && !line.contains('\r'), "one typed line: {line}");
     }
 
     #[test]
     fn the_echoed_frame_never_contains_a_whole_marker() {
-        let w = frame("echo hi", "abc", true);
+        let w = frame("echo hi", "abc", true, None);
         assert!(!w.contains(markers::start("abc").trim_end()));
         assert!(!w.contains(markers::end("abc").trim_start()));
     }

@@ -126,9 +126,17 @@ impl Dialect {
     /// framing: [`bash::prompt_command`], [`pwsh::session_script`]) to run `command` as the
     /// frame `nonce`. `first`: the session's first frame, which for bash also defines the
     /// helpers the frame relies on ([`bash::frame`]); pwsh's come with its startup script.
-    pub fn framed_line(self, command: &str, nonce: &str, first: bool) -> String {
+    /// `restore`: a replaced shell's state script, which bash restores first; pwsh reports no
+    /// state, so it never gets one.
+    pub fn framed_line(
+        self,
+        command: &str,
+        nonce: &str,
+        first: bool,
+        restore: Option<&str>,
+    ) -> String {
         match self {
-            Dialect::Bash => bash::frame(command, nonce, first),
+            Dialect::Bash => bash::frame(command, nonce, first, restore),
             Dialect::Pwsh => pwsh::frame(command, nonce),
         }
     }

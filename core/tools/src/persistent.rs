@@ -267,7 +267,7 @@ impl Tool for PersistentShellTool {
             }
             Err(e) => Err(e),
         };
-        let outcome = match ran {
+        let mut outcome = match ran {
             Ok(o) => o,
             Err(e) => {
                 // Only a reset whose result says so hands the state on.
@@ -284,14 +284,11 @@ impl Tool for PersistentShellTool {
                 format!("the {} tool call was aborted", self.dialect.name()),
             ));
         }
-        match outcome.end {
+        if outcome.end == CommandEnd::SessionExited {
             // The shell is gone by its own hand: the next one starts as new shells do.
-            CommandEnd::SessionExited => *state = None,
-            _ => {
-                if let Some(s) = &outcome.state {
-                    *state = Some(s.clone());
-                }
-            }
+            *state = None;
+        } else if let Some(s) = outcome.state.take() {
+            *state = Some(s);
         }
         let kept = state.as_ref().map(|s| s.exports);
         let (mut text, reset) =

@@ -221,6 +221,18 @@ impl LocalSubprocess {
         }
     }
 
+    /// Before something that may add spills: frees what the limits no longer allow, and makes
+    /// sure the age sweep runs.
+    fn make_spill_room(&self) {
+        self.spills.sweep();
+        self.ensure_sweeper();
+    }
+
+    /// Where this provider's spills go, and the registry that bounds them.
+    fn spill_place(&self) -> process::SpillPlace<'_> {
+        process::SpillPlace { root: &self.spill_root, registry: &self.spills }
+    }
+
     /// Starts the periodic age sweep unless it runs already. Growth, seals and spawns
     /// enforce the limits too; the sweep is what frees the disk of an idle provider.
     fn ensure_sweeper(&self) {
@@ -372,10 +384,8 @@ impl Subprocess for LocalSubprocess {
     }
 
     async fn keep_spill(&self, text: Vec<u8>) -> Result<Option<SpillRef>> {
-        self.spills.sweep();
-        self.ensure_sweeper();
-        let place = process::SpillPlace { root: &self.spill_root, registry: &self.spills };
-        Ok(process::keep_spill(&text, &place))
+        self.make_spill_room();
+        Ok(process::keep_spill(&text, &self.spill_place()))
     }
 
     async fn spawn(&self, spec: SpawnSpec) -> Result<Arc<dyn Process>> {
@@ -383,12 +393,10 @@ impl Subprocess for LocalSubprocess {
             |o: &conch_seams::OutputSpec| matches!(o, conch_seams::OutputSpec::Collect { .. });
         let collecting = collects(&spec.stdout) || collects(&spec.stderr);
         if collecting {
-            // Each spawn may add spills, so it first frees what the limits no longer allow.
-            self.spills.sweep();
-            self.ensure_sweeper();
+            self.make_spill_room();
         }
         self.sweep_crashed_runs();
-        let place = process::SpillPlace { root: &self.spill_root, registry: &self.spills };
+        let place = self.spill_place();
         // The program's name only: the rest of argv and the environment can hold secrets.
         let span = spawn_span("spawn", spec.argv.first());
         let _entered = span.enter();

@@ -60,8 +60,8 @@ impl FrameScanner {
 
     /// The state the shell reported after the end marker: whether it holds the exports, and
     /// the script that restores it (see [`markers::state`]).
-    pub(crate) fn state(&self) -> Option<(bool, String)> {
-        self.state.clone()
+    pub(crate) fn take_state(&mut self) -> Option<(bool, String)> {
+        self.state.take()
     }
 
     /// Looks for the state marker in text after the end marker. It is the shell's next line
@@ -145,11 +145,11 @@ impl FrameScanner {
 
     /// Feeds parsed text.
     pub(crate) fn push(&mut self, text: &str) {
-        if self.code.is_some() && !self.replaced {
-            self.scan_state(text);
+        if self.exited || self.replaced {
             return;
         }
-        if self.code.is_some() || self.exited {
+        if self.code.is_some() {
+            self.scan_state(text);
             return;
         }
         self.window.push_str(text);
@@ -285,7 +285,7 @@ mod tests {
             s.push(&stream[cut..]);
             assert_eq!(s.code(), Some(0), "cut at {cut}");
             let want = "$'declare -x A=\"1\"\\nbuiltin cd -- /t'".to_string();
-            assert_eq!(s.state(), Some((true, want)), "cut at {cut}");
+            assert_eq!(s.take_state(), Some((true, want)), "cut at {cut}");
         }
         // Another frame's state, an unknown kind, or a control character is no state.
         for bad in [
@@ -296,7 +296,7 @@ mod tests {
             let mut s = FrameScanner::new("n", "sn");
             s.push("\n__CONCH_PB_START_n__\n\n__CONCH_PB_END_n:0__\n");
             s.push(bad);
-            assert_eq!(s.state(), None, "{bad:?}");
+            assert_eq!(s.take_state(), None, "{bad:?}");
         }
     }
 
@@ -304,7 +304,7 @@ mod tests {
     fn the_scanner_finds_markers_split_anywhere_and_counts_the_body() {
         let stream = format!(
             "$ {}\n\n{TAG}_START_n1__\nhéllo\nworld\n\n{TAG}_END_n1:3__\n$ ",
-            frame("x", "n1", false)
+            frame("x", "n1", false, None)
         );
         for piece in 1..stream.len() {
             let mut s = FrameScanner::new("n1", "sn");
@@ -364,7 +364,7 @@ mod tests {
     fn extract_returns_output_between_markers() {
         let acc = format!(
             "# {}\n\n{TAG}_START_n1__\nhello\n\n{TAG}_END_n1:3__\n# ",
-            frame("x", "n1", false)
+            frame("x", "n1", false, None)
         );
         assert_eq!(extract(&acc, "n1", "sn", true, false), "hello\n");
         let cut = format!("99\n100\n\n{TAG}_END_n1:0__\n# ");

@@ -136,8 +136,8 @@ struct State {
     screen: vt100::Parser<Answers>,
     /// Output of the active send (None when no send is active): the newest bytes, bounded.
     op: Option<TextRetainer>,
-    /// The same output in full, spilled once it passes its memory bound (sessions whose
-    /// world reads this machine's files only).
+    /// The same output in full, staged in a spill once it passes its memory bound (see
+    /// [`Spills`]).
     op_spill: Option<Collector>,
     /// Where in the line rendering's current line the active op began (`None` once a line
     /// ended after that, or when the op began on a fresh line).
@@ -303,9 +303,9 @@ impl State {
 
     /// Starts an op whose own prompt is the first beyond `floor` (at least the current
     /// count, see [`ShellSession::owed_prompt`]); returns the count it waits to exceed.
-    fn begin_op(&mut self, cap: usize, floor: Option<u64>, spill: Option<Collector>) -> u64 {
+    fn begin_op(&mut self, cap: usize, floor: Option<u64>, spill: Collector) -> u64 {
         self.op = Some(TextRetainer::new(Strategy::Tail, cap));
-        self.op_spill = spill;
+        self.op_spill = Some(spill);
         self.op_from = Some(self.parser.live_column());
         self.last_output = Instant::now();
         self.echo = None;
@@ -576,9 +576,7 @@ impl Spills {
         cfg.registry = Some(Arc::clone(&self.registry));
         Collector::new(cfg)
     }
-}
 
-impl Spills {
     /// Deletes every spill and the directory that holds them.
     pub(crate) fn remove(&self) {
         self.root.remove();
@@ -1299,7 +1297,7 @@ impl TerminalSession for ShellSession {
         let cfg = &self.shared.config;
         let cap =
             req.max_output_bytes.map_or(cfg.max_read_bytes, |m| m.clamp(1, cfg.max_read_bytes));
-        let spill = Some(self.shared.spills.collector(cap));
+        let spill = self.shared.spills.collector(cap);
         let (start_prompts, bytes) = {
             let mut st = self.shared.lock();
             let p = st.begin_op(cap, floor, spill);
@@ -1377,17 +1375,12 @@ impl TerminalSession for ShellSession {
         let floor = self.owed_prompt(&cancel).await?;
         let nonce = crate::marker_nonce();
         let init = !self.shared.framing_ready.swap(true, Ordering::AcqRel);
-        // Only bash reports and restores state; a state of another dialect is not its text.
-        let restore = match init {
-            true => self.shared.restore.locked().take(),
-            false => None,
-        };
-        let framed = match (self.shared.dialect, restore) {
-            (Dialect::Bash, Some(r)) if r.dialect == Dialect::Bash => {
-                conch_dialect::bash::frame_restoring(command, &nonce, init, Some(&r.script))
-            }
-            (d, _) => d.framed_line(command, &nonce, init),
-        };
+        // A replaced shell's state goes with this shell's first frame, when it is text in
+        // this shell's dialect.
+        let dialect = self.shared.dialect;
+        let restore = if init { self.shared.restore.locked().take() } else { None };
+        let script = restore.as_ref().filter(|r| r.dialect == dialect).map(|r| r.script.as_str());
+        let framed = dialect.framed_line(command, &nonce, init, script);
         // Pasted where readline takes pastes: it then inserts the whole line and echoes it
         // at once, where typed it echoes (and the pump takes in) one byte at a time.
         let paste = match self.shared.dialect {
@@ -1397,7 +1390,7 @@ impl TerminalSession for ShellSession {
         let start_prompts = {
             let mut st = self.shared.lock();
             st.frame = Some(FrameScanner::new(&nonce, &self.shared.nonce));
-            let spill = Some(self.shared.spills.collector(COMMAND_SPILL_AT));
+            let spill = self.shared.spills.collector(COMMAND_SPILL_AT);
             let p = st.begin_op(self.shared.config.max_read_bytes, floor, spill);
             st.expect_echo(&framed);
             p
@@ -1449,7 +1442,7 @@ impl TerminalSession for ShellSession {
         };
         // A command still running after cancellation (or one that could not be stopped) is
         // left to the caller: closing the session stops it within the close grace.
-        let frame = self.shared.lock().frame.take();
+        let mut frame = self.shared.lock().frame.take();
         if frame.as_ref().is_some_and(FrameScanner::replaced_shell) {
             // `exec bash`: the new shell has the prompt hook (from the environment) but not
             // the framed commands' helpers.
@@ -1474,8 +1467,8 @@ impl TerminalSession for ShellSession {
         // The state is the shell's own report at its prompt; a shell that did not get back
         // there (or was replaced) reported none.
         let state = frame
-            .as_ref()
-            .and_then(FrameScanner::state)
+            .as_mut()
+            .and_then(FrameScanner::take_state)
             .map(|(exports, script)| ShellState { dialect: self.shared.dialect, exports, script });
         let state = match end {
             CommandEnd::Exited(_) | CommandEnd::Stopped(_) => state,
