@@ -15,8 +15,8 @@ use std::sync::Arc;
 use conch_config::{Composition, CompositionError};
 use conch_env::ShellEnv;
 use conch_seams::{
-    Approval, Error, ErrorCode, Jobs, Owner, Sandbox, SandboxPolicy, ShellExecutor, Subprocess,
-    TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
+    Approval, Error, ErrorCode, Files, Jobs, Owner, Sandbox, SandboxPolicy, ShellExecutor,
+    Subprocess, TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
 };
 use conch_sync::LockExt;
 use futures::future::BoxFuture;
@@ -46,6 +46,8 @@ pub enum SeamId {
     Terminals,
     /// `Approval` (escalation decisions).
     Approval,
+    /// `Files` (the world's filesystem).
+    Files,
 }
 
 impl SeamId {
@@ -59,6 +61,7 @@ impl SeamId {
             SeamId::TerminalBackend => "terminal-backend",
             SeamId::Terminals => "terminals",
             SeamId::Approval => "approval",
+            SeamId::Files => "files",
         }
     }
 }
@@ -86,6 +89,8 @@ pub enum SeamHandle {
     Terminals(Arc<dyn Terminals>),
     /// An approver.
     Approval(Arc<dyn Approval>),
+    /// A files provider.
+    Files(Arc<dyn Files>),
 }
 
 impl SeamHandle {
@@ -98,6 +103,7 @@ impl SeamHandle {
             SeamHandle::TerminalBackend(_) => SeamId::TerminalBackend,
             SeamHandle::Terminals(_) => SeamId::Terminals,
             SeamHandle::Approval(_) => SeamId::Approval,
+            SeamHandle::Files(_) => SeamId::Files,
         }
     }
 }
@@ -189,6 +195,8 @@ pub struct Seams {
     pub terminals: Option<Arc<dyn Terminals>>,
     /// Who decides escalations out of the sandbox, when the composition binds one.
     pub approval: Option<Arc<dyn Approval>>,
+    /// The world's filesystem.
+    pub files: Option<Arc<dyn Files>>,
 }
 
 impl Seams {
@@ -201,6 +209,7 @@ impl Seams {
             SeamHandle::TerminalBackend(x) => self.terminal_backend = Some(x),
             SeamHandle::Terminals(x) => self.terminals = Some(x),
             SeamHandle::Approval(x) => self.approval = Some(x),
+            SeamHandle::Files(x) => self.files = Some(x),
         }
     }
 }
@@ -286,6 +295,14 @@ impl BuildContext<'_> {
     /// The approval seam, when present.
     pub fn approval(&self) -> Option<Arc<dyn Approval>> {
         self.seams.approval.clone()
+    }
+
+    /// The files seam.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn files(&self) -> Result<Arc<dyn Files>, Error> {
+        self.seams.files.clone().ok_or_else(|| unbound(self.plugin, SeamId::Files))
     }
 
     /// The composition's default sandbox policy, when it has a `sandbox-policy` entry.

@@ -63,6 +63,14 @@ pub enum ErrorCode {
     /// The sandbox cannot be enforced here (no Landlock, no bubblewrap, a blocked user
     /// namespace) or its runner failed to launch; never answered by running unconfined.
     SandboxUnavailable,
+    /// A path was used as a directory but names something else (a file, say).
+    NotADirectory,
+    /// A path names a directory where a file was expected.
+    IsADirectory,
+    /// A file, read or transfer is larger than the operation accepts.
+    TooLarge,
+    /// A directory is not empty (removing it needs `recursive`).
+    DirectoryNotEmpty,
 }
 
 impl ErrorCode {
@@ -91,6 +99,10 @@ impl ErrorCode {
         ErrorCode::Unauthenticated,
         ErrorCode::RemoteUnavailable,
         ErrorCode::SandboxUnavailable,
+        ErrorCode::NotADirectory,
+        ErrorCode::IsADirectory,
+        ErrorCode::TooLarge,
+        ErrorCode::DirectoryNotEmpty,
     ];
 
     /// The stable snake_case spelling shown to models and scripts.
@@ -119,6 +131,10 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::RemoteUnavailable => "remote_unavailable",
             ErrorCode::SandboxUnavailable => "sandbox_unavailable",
+            ErrorCode::NotADirectory => "not_a_directory",
+            ErrorCode::IsADirectory => "is_a_directory",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::DirectoryNotEmpty => "directory_not_empty",
         }
     }
 
@@ -310,6 +326,25 @@ impl Error {
     /// An [`ErrorCode::Io`] error wrapping an `std::io::Error`.
     pub fn io(what: impl fmt::Display, err: std::io::Error) -> Self {
         Self::new(ErrorCode::Io, format!("{what}: {err}")).with_source(err)
+    }
+
+    /// A filesystem error about `path`, coded by what the OS said: `ENOENT` is `not_found`,
+    /// `ENOTDIR` `not_a_directory`, `EISDIR` `is_a_directory`, `EEXIST` `already_exists`,
+    /// `EACCES`/`EPERM`/`EROFS` `permission_denied`, `ENOTEMPTY` `directory_not_empty`,
+    /// `EFBIG` `too_large`, anything else `io`. The message names the path.
+    pub fn fs(what: &str, path: &std::path::Path, err: std::io::Error) -> Self {
+        use std::io::ErrorKind as K;
+        let code = match err.kind() {
+            K::NotFound => ErrorCode::NotFound,
+            K::NotADirectory => ErrorCode::NotADirectory,
+            K::IsADirectory => ErrorCode::IsADirectory,
+            K::AlreadyExists => ErrorCode::AlreadyExists,
+            K::PermissionDenied | K::ReadOnlyFilesystem => ErrorCode::PermissionDenied,
+            K::DirectoryNotEmpty => ErrorCode::DirectoryNotEmpty,
+            K::FileTooLarge => ErrorCode::TooLarge,
+            _ => ErrorCode::Io,
+        };
+        Self::new(code, format!("{what} {}: {err}", path.display())).with_source(err)
     }
 
     /// Sets the typed reason (shown in front of the message).
@@ -535,6 +570,10 @@ mod tests {
             "unauthenticated",
             "remote_unavailable",
             "sandbox_unavailable",
+            "not_a_directory",
+            "is_a_directory",
+            "too_large",
+            "directory_not_empty",
         ];
         let got: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         assert_eq!(got, pinned);

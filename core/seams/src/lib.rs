@@ -3,8 +3,8 @@
 //! Tools consume these traits only; providers implement them; the registry wires them.
 //!
 //! The vocabulary: `Subprocess`, `Process`, `TerminalProcess`, `ShellExecutor`, `ShellProcess`,
-//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Tool`, the `Owner` scope
-//! and `Signal`.
+//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Files`, `Tool`, the
+//! `Owner` scope and `Signal`.
 //!
 //! `Process::kill`, `release` and `close_stdin` and `Subprocess::which` are async and fallible: a
 //! request a provider could not deliver is the caller's error (a failed job kill is reported by
@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod files;
 pub mod jobs;
 mod owner;
 pub mod sandbox;
@@ -34,6 +35,10 @@ pub mod tools;
 
 pub use conch_dialect::Dialect;
 pub use error::{Error, ErrorBody, ErrorCode, ErrorReason, Result};
+pub use files::{
+    ByteStream, FileChunk, FileKind, FileStat, FileWriter, Files, FilesCapabilities, ListSpec,
+    Listing, TarSink, WatchEvent, WatchStream, WriteMode, WriteSpec,
+};
 pub use jobs::{
     JobCancel, JobHooks, JobInfo, JobOutput, JobRead, JobRun, JobSettlement, JobStart, JobStatus,
     Jobs,
