@@ -60,6 +60,9 @@ impl Http {
         let mut backoff = FIRST_BACKOFF;
         let url = format!("{}{path}", self.base);
         let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        // The last refusal the daemon itself gave (a 503, say): when the final try is cut by
+        // the deadline instead, the error still says what the daemon last answered.
+        let mut last_answer: Option<String> = None;
         loop {
             // Subscribed before the attempt, so a verdict reached meanwhile is not missed.
             let verdict = self.health.changed();
@@ -100,7 +103,10 @@ impl Http {
                             }
                             return r;
                         }
-                        Answer::Retry(why) => why,
+                        Answer::Retry(why) => {
+                            last_answer = Some(why.clone());
+                            why
+                        }
                     }
                 }
                 Err(e) => {
@@ -119,6 +125,12 @@ impl Http {
             // While refusals pile up the verdict is near: retry soon rather than back off.
             let pause = if self.health.refusing() { backoff.min(REFUSED_RETRY) } else { backoff };
             if started.elapsed() + pause > self.give_up {
+                let why = match &last_answer {
+                    Some(answer) if *answer != why => {
+                        format!("{why} (the daemon's last answer before it: {answer})")
+                    }
+                    _ => why,
+                };
                 return Err(unavailable(
                     &self.base,
                     self.give_up_setting,

@@ -155,6 +155,33 @@ async fn a_typed_401_body_keeps_the_daemons_code_and_message() {
     assert!(err.to_string().contains("the bearer token is wrong"), "{err}");
 }
 
+/// The soak once saw the retries' last try cut by the deadline on a loaded machine, and the
+/// error then named only the timeout: what the daemon last answered (a 503) was lost. A
+/// daemon that answers 503 once and then hangs forces that order every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_cut_by_the_deadline_still_names_the_daemons_last_answer() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/info"))
+        .respond_with(ResponseTemplate::new(503).set_body_string("upstream busy"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/info"))
+        .respond_with(ResponseTemplate::new(503).set_delay(Duration::from_secs(3600)))
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let cfg = RemoteConfig { connect_timeout_ms: 1500, ..config(&server) };
+    let err = connect_err(cfg).await;
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("timed out"), "the last try was cut by the deadline: {msg}");
+    assert!(msg.contains("the daemon's last answer before it: HTTP 503"), "{msg}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_at_connect_is_retried_then_remote_unavailable() {
     let server = MockServer::start().await;
