@@ -12,6 +12,7 @@ use conch_provider_remote::{RemoteConfig, RemoteSubprocess};
 mod client_errors;
 mod daemon;
 mod faults;
+mod files;
 mod security;
 
 /// A daemon hosting a fresh subprocess-local on an ephemeral port, in a thread and runtime
@@ -31,6 +32,15 @@ impl Daemon {
 
     /// A daemon on `addr` (a fixed loopback port, to stand in for a restarted daemon).
     pub(crate) fn start_at(addr: &str, cfg: ServerConfig) -> Self {
+        Self::start_hosting(addr, cfg, None)
+    }
+
+    /// A daemon on `addr` that also hosts `files` on `/v1/files`.
+    pub(crate) fn start_hosting(
+        addr: &str,
+        cfg: ServerConfig,
+        files: Option<Arc<dyn conch_seams::Files>>,
+    ) -> Self {
         let listener = std::net::TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -45,7 +55,7 @@ impl Daemon {
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
-                let state = State::new(sub, cfg);
+                let state = State::with_files(sub, files, cfg);
                 state_tx.send(Arc::clone(&state)).unwrap();
                 rxp::serve(listener, state, async move {
                     let _ = rx.await;
