@@ -629,4 +629,32 @@ mod tests {
             ClientMsg::Attach { id: "x".into(), from: BTreeMap::from([(Stream::Stdout, 5)]) }
         );
     }
+
+    #[test]
+    fn file_messages_are_tagged_as_the_protocol_page_shows() {
+        let w = ClientMsg::Watch { id: "w1".into(), path: "/srv".into(), recursive: true };
+        assert_eq!(
+            serde_json::to_value(&w).unwrap(),
+            serde_json::json!({"t": "watch", "id": "w1", "path": "/srv", "recursive": true})
+        );
+        let e = ServerMsg::FileEvent {
+            id: "w1".into(),
+            event: WatchEvent::Created { path: "/srv/a".into() },
+        };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"t": "file_event", "id": "w1",
+                "event": {"kind": "created", "path": "/srv/a"}})
+        );
+        let u: UploadReq = serde_json::from_value(serde_json::json!({"id": "u1",
+            "kind": {"kind": "tar", "path": "/srv/x"}}))
+        .unwrap();
+        assert_eq!(u.kind, UploadKind::Tar { path: "/srv/x".into() });
+        // An older daemon's info has no `files`: still parsed.
+        let c: Capabilities = serde_json::from_value(serde_json::json!({
+            "subprocess": SubprocessCapabilities::default(),
+            "leases": true, "stdin_offsets": true, "resume": true}))
+        .unwrap();
+        assert_eq!(c.files, None);
+    }
 }
