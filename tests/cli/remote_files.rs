@@ -83,9 +83,18 @@ fn a_gigabyte_round_trips_through_the_daemon_with_flat_memory_on_both_sides() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stderr.take().unwrap()).read_line(&mut first).unwrap();
+    // The daemon logs to stderr for as long as it runs: drain it (a closed pipe would end
+    // it), and hand over the first line, which names the address.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
     let daemon = Killed(child);
+    let first = rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
     let addr = first.trim().strip_prefix("listening on ").expect("the first line names the address");
     let pid = daemon.0.id();
     let cfg = RemoteConfig {
