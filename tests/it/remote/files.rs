@@ -423,3 +423,42 @@ async fn watch_events_arrive_in_order_over_the_websocket() {
     assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
 }
+
+/// The shipped remote composition's files seam is `files-remote` over its remote-sandbox's
+/// connection: one client identity for processes and files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_remote_composition_binds_files_remote_over_the_same_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(HostFiles::local(dir.path()));
+    conch::link_all();
+    let yaml = format!(
+        "plugins:\n  remote-sandbox:\n    url: {}\n  files-remote: {{}}\n",
+        d.url()
+    );
+    let rt = tokio::task::spawn_blocking(move || {
+        let c = conch_config::Composition::from_yaml("comp.yaml", &yaml).unwrap();
+        conch_registry::Runtime::build(&c, conch_env::ShellEnv::new("/tmp/conch-test-home".into()))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let files = rt.seams().files.clone().expect("a files seam");
+    assert_eq!(files.provider_name(), "files-remote");
+    write_all(files.as_ref(), WriteSpec::new("r.txt", WriteMode::Create), b"via runtime")
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(dir.path().join("r.txt")).unwrap(), b"via runtime");
+    rt.shutdown().await;
+    // Over another subprocess provider it has no connection to share: refused, clearly.
+    conch::link_all();
+    let c = conch_config::Composition::from_yaml(
+        "comp.yaml",
+        "plugins:\n  subprocess-local: {}\n  files-remote: {}\n",
+    )
+    .unwrap();
+    let err = conch_registry::Runtime::build(&c, conch_env::ShellEnv::new("/tmp/conch-test-home".into()))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidComposition, "{err}");
+    assert!(err.to_string().contains("subprocess-local"), "{err}");
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}
