@@ -454,6 +454,10 @@ pub struct MkdirReq {
     pub path: PathBuf,
     /// Make missing parents (an existing directory is then no error).
     pub parents: bool,
+    /// Client-chosen operation id: a resend with the id of an operation the daemon already
+    /// ran (or is running) gets that run's answer instead of a second run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
 }
 
 /// `POST /v1/files/rename`.
@@ -465,6 +469,10 @@ pub struct RenameReq {
     pub to: PathBuf,
     /// Replace an existing `to`.
     pub overwrite: bool,
+    /// Client-chosen operation id: a resend with the id of an operation the daemon already
+    /// ran (or is running) gets that run's answer instead of a second run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
 }
 
 /// `POST /v1/files/remove`.
@@ -474,6 +482,10 @@ pub struct RemoveReq {
     pub path: PathBuf,
     /// Remove a directory with its content.
     pub recursive: bool,
+    /// Client-chosen operation id: a resend with the id of an operation the daemon already
+    /// ran (or is running) gets that run's answer instead of a second run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
 }
 
 /// What an upload feeds.

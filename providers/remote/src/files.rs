@@ -186,17 +186,21 @@ impl Files for RemoteFiles {
     }
 
     async fn make_dir(&self, path: &Path, parents: bool) -> Result<()> {
-        let req = proto::MkdirReq { path: path.to_path_buf(), parents };
+        let op = Some(self.shared.new_id("op"));
+        let req = proto::MkdirReq { path: path.to_path_buf(), parents, op };
         self.call::<serde_json::Value>("/v1/files/mkdir", &req).await.map(drop)
     }
 
     async fn rename(&self, from: &Path, to: &Path, overwrite: bool) -> Result<()> {
-        let req = proto::RenameReq { from: from.to_path_buf(), to: to.to_path_buf(), overwrite };
+        let op = Some(self.shared.new_id("op"));
+        let req =
+            proto::RenameReq { from: from.to_path_buf(), to: to.to_path_buf(), overwrite, op };
         self.call::<serde_json::Value>("/v1/files/rename", &req).await.map(drop)
     }
 
     async fn remove(&self, path: &Path, recursive: bool) -> Result<()> {
-        let req = proto::RemoveReq { path: path.to_path_buf(), recursive };
+        let op = Some(self.shared.new_id("op"));
+        let req = proto::RemoveReq { path: path.to_path_buf(), recursive, op };
         self.call::<serde_json::Value>("/v1/files/remove", &req).await.map(drop)
     }
 

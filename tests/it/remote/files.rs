@@ -462,3 +462,28 @@ async fn the_remote_composition_binds_files_remote_over_the_same_connection() {
     assert!(err.to_string().contains("subprocess-local"), "{err}");
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
 }
+
+/// A mkdir, rename and remove whose answers are lost (the work done, the client not told)
+/// are resent with the same operation id: the daemon answers the first run's result, so
+/// the caller sees success, not `already_exists` or `not_found` from a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resent_metadata_operations_run_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(HostFiles::local(dir.path()));
+    let proxy = Proxy::start(d.addr).await;
+    let sub = client_via(&d, &proxy, |_| {}).await;
+    let files = RemoteFiles::new(&sub);
+    proxy.swallow_responses("POST /v1/files/mkdir", 1);
+    files.make_dir(Path::new("m"), false).await.unwrap();
+    proxy.swallow_responses("POST /v1/files/rename", 1);
+    files.rename(Path::new("m"), Path::new("n"), false).await.unwrap();
+    proxy.swallow_responses("POST /v1/files/remove", 1);
+    files.remove(Path::new("n"), false).await.unwrap();
+    assert_eq!(proxy.swallowed(), 3, "every armed answer was lost, and the call resent");
+    assert!(!dir.path().join("m").exists() && !dir.path().join("n").exists());
+    // A fresh operation id runs again: the error is the second run's own.
+    let err = files.remove(Path::new("n"), false).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    drop(proxy);
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}

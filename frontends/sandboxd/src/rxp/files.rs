@@ -25,7 +25,7 @@
 //! most `max_body_bytes`; paths travel as JSON strings, so a path that is not UTF-8 cannot
 //! be named.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -52,6 +52,9 @@ use conch_provider_remote_proto::{self as proto, Accepted};
 /// Open uploads plus exports one client may hold.
 pub const MAX_TRANSFERS: usize = 64;
 
+/// Metadata operations whose answers are kept per client, for resends.
+const OPS_KEPT: usize = 256;
+
 type Shared = Arc<State>;
 type Key = (String, String);
 
@@ -61,7 +64,12 @@ pub(crate) struct FilesHost {
     pub(crate) files: Option<Arc<dyn Files>>,
     uploads: Mutex<HashMap<Key, Arc<Upload>>>,
     exports: Mutex<HashMap<Key, Arc<Export>>>,
+    /// The latest metadata operations per client, by operation id, with their answers.
+    ops: Mutex<HashMap<String, VecDeque<(String, OpCell)>>>,
 }
+
+/// One metadata operation's answer, set once by the first run.
+type OpCell = Arc<tokio::sync::OnceCell<std::result::Result<(), ErrorBody>>>;
 
 impl FilesHost {
     pub(crate) fn new(files: Option<Arc<dyn Files>>) -> Self {
@@ -135,8 +143,24 @@ impl FilesHost {
         }
     }
 
+    /// The answer slot of `client`'s operation `op` (the last [`OPS_KEPT`] are kept).
+    fn op_cell(&self, client: &str, op: &str) -> OpCell {
+        let mut ops = self.ops.locked();
+        let kept = ops.entry(client.to_owned()).or_default();
+        if let Some((_, cell)) = kept.iter().find(|(id, _)| id == op) {
+            return Arc::clone(cell);
+        }
+        let cell = OpCell::default();
+        kept.push_back((op.to_owned(), Arc::clone(&cell)));
+        if kept.len() > OPS_KEPT {
+            kept.pop_front();
+        }
+        cell
+    }
+
     /// Discards what `client` holds (it left).
     pub(crate) fn drop_client(&self, client: &str) {
+        self.ops.locked().remove(client);
         self.uploads.locked().retain(|(c, _), _| c != client);
         self.exports.locked().retain(|(c, _), _| c != client);
     }
@@ -145,6 +169,7 @@ impl FilesHost {
     pub(crate) fn clear(&self) {
         self.uploads.locked().clear();
         self.exports.locked().clear();
+        self.ops.locked().clear();
     }
 }
 
@@ -270,17 +295,51 @@ pub(super) async fn list(
     Ok(axum::Json(host(&state)?.list(spec).await?))
 }
 
+/// Runs a metadata operation in a task of its own (it finishes even when the client drops
+/// the request), once per operation id: a resend of `op` gets the first run's answer, even
+/// while that run is still going.
+async fn once<F, Fut>(
+    state: &State,
+    client: &str,
+    op: Option<String>,
+    f: F,
+) -> ApiResult<serde_json::Value>
+where
+    F: FnOnce(Arc<dyn Files>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let files = host(state)?;
+    let Some(op) = op else {
+        detached(f(files)).await?;
+        return Ok(ok());
+    };
+    check_id(&op)?;
+    let cell = state.files.op_cell(client, &op);
+    let answer = detached(async move {
+        let r = cell.get_or_init(|| async move { f(files).await.map_err(|e| e.to_body()) }).await;
+        Ok::<_, ApiError>(r.clone())
+    })
+    .await?;
+    answer.map_err(|b| err(Error::from_body(b)))?;
+    Ok(ok())
+}
+
 /// `POST /v1/files/mkdir`.
 pub(super) async fn mkdir(
     AxState(state): AxState<Shared>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<serde_json::Value> {
-    client_of(&state, &headers)?;
+    let client = client_of(&state, &headers)?;
     let req: proto::MkdirReq = json_body(&state, body).await?;
-    let files = host(&state)?;
-    detached(async move { files.make_dir(&req.path, req.parents).await }).await?;
-    Ok(ok())
+    let op = req.op.clone();
+    once(
+        &state,
+        &client,
+        op,
+        move |files| async move { files.make_dir(&req.path, req.parents).await },
+    )
+    .await
 }
 
 /// `POST /v1/files/rename`.
@@ -289,11 +348,13 @@ pub(super) async fn rename(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<serde_json::Value> {
-    client_of(&state, &headers)?;
+    let client = client_of(&state, &headers)?;
     let req: proto::RenameReq = json_body(&state, body).await?;
-    let files = host(&state)?;
-    detached(async move { files.rename(&req.from, &req.to, req.overwrite).await }).await?;
-    Ok(ok())
+    let op = req.op.clone();
+    once(&state, &client, op, move |files| async move {
+        files.rename(&req.from, &req.to, req.overwrite).await
+    })
+    .await
 }
 
 /// `POST /v1/files/remove`.
@@ -302,11 +363,16 @@ pub(super) async fn remove(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<serde_json::Value> {
-    client_of(&state, &headers)?;
+    let client = client_of(&state, &headers)?;
     let req: proto::RemoveReq = json_body(&state, body).await?;
-    let files = host(&state)?;
-    detached(async move { files.remove(&req.path, req.recursive).await }).await?;
-    Ok(ok())
+    let op = req.op.clone();
+    once(
+        &state,
+        &client,
+        op,
+        move |files| async move { files.remove(&req.path, req.recursive).await },
+    )
+    .await
 }
 
 /// `POST /v1/files/uploads`: opens a write or a tar import (idempotent by id).
