@@ -70,7 +70,10 @@ fn a_gigabyte_round_trips_through_the_daemon_with_flat_memory_on_both_sides() {
     let composition = dir.path().join("daemon.yaml");
     std::fs::write(
         &composition,
-        format!("plugins:\n  subprocess-local: {{}}\n  files-local:\n    root: {}\n", work.display()),
+        format!(
+            "plugins:\n  subprocess-local: {{}}\n  files-local:\n    root: {}\n",
+            work.display()
+        ),
     )
     .unwrap();
     let mut child = conch()
@@ -95,7 +98,8 @@ fn a_gigabyte_round_trips_through_the_daemon_with_flat_memory_on_both_sides() {
     });
     let daemon = Killed(child);
     let first = rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
-    let addr = first.trim().strip_prefix("listening on ").expect("the first line names the address");
+    let addr =
+        first.trim().strip_prefix("listening on ").expect("the first line names the address");
     let pid = daemon.0.id();
     let cfg = RemoteConfig {
         url: format!("http://{addr}"),
@@ -104,7 +108,8 @@ fn a_gigabyte_round_trips_through_the_daemon_with_flat_memory_on_both_sides() {
     };
     let sub = Arc::new(RemoteSubprocess::connect(&cfg).unwrap());
     let files = RemoteFiles::new(&sub);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let block = block();
     let me = std::process::id();
     rt.block_on(async {

@@ -12,9 +12,7 @@ use conch_frontend_sandboxd::rxp::ServerConfig;
 use conch_provider_files::HostFiles;
 use conch_provider_remote::{RemoteFiles, RemoteSubprocess};
 use conch_seams::files::{MAX_READ_CHUNK, SANDBOX_MARKER, read_all, write_all};
-use conch_seams::{
-    ErrorCode, Files, SandboxMode, SandboxPolicy, WatchEvent, WriteMode, WriteSpec,
-};
+use conch_seams::{ErrorCode, Files, SandboxMode, SandboxPolicy, WatchEvent, WriteMode, WriteSpec};
 use sha2::{Digest as _, Sha256};
 
 use super::Daemon;
@@ -73,15 +71,15 @@ async fn the_daemon_advertises_its_files_provider_and_serves_it() {
     assert_eq!(stat.path, dir.path().join("a.txt"));
     assert_eq!(stat.size, 3);
     assert_eq!(std::fs::read(dir.path().join("a.txt")).unwrap(), b"abc");
-    let err = write_all(&files, WriteSpec::new("a.txt", WriteMode::Create), b"x").await.unwrap_err();
+    let err =
+        write_all(&files, WriteSpec::new("a.txt", WriteMode::Create), b"x").await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
     let err = files.stat(Path::new("nope")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
     assert!(err.message().contains("nope"), "names the path: {err}");
     files.make_dir(Path::new("d/e"), true).await.unwrap();
     files.rename(Path::new("a.txt"), Path::new("d/e/b.txt"), false).await.unwrap();
-    let listing =
-        files.list(conch_seams::ListSpec::new(dir.path()).with_depth(3)).await.unwrap();
+    let listing = files.list(conch_seams::ListSpec::new(dir.path()).with_depth(3)).await.unwrap();
     let names: Vec<PathBuf> = listing.entries.iter().map(|e| e.path.clone()).collect();
     assert_eq!(
         names,
@@ -189,7 +187,8 @@ async fn a_chunk_at_the_wrong_offset_is_refused_with_where_the_upload_is() {
     let target = dir.path().join("t.bin");
     let open = serde_json::json!({"id": "u1", "kind": {"kind": "write",
         "spec": {"path": target, "mode": "create", "atomic": true}}});
-    let r: serde_json::Value = post("/v1/files/uploads", open.clone()).await.unwrap().json().await.unwrap();
+    let r: serde_json::Value =
+        post("/v1/files/uploads", open.clone()).await.unwrap().json().await.unwrap();
     assert_eq!(r, serde_json::json!({"id": "u1", "next_offset": 0, "created": true}));
     let put = |offset: u64, body: &'static [u8]| {
         http.put(format!("{}/v1/files/uploads/u1?offset={offset}", d.url()))
@@ -215,12 +214,13 @@ async fn a_chunk_at_the_wrong_offset_is_refused_with_where_the_upload_is() {
     assert!(!target.exists());
     let resp = post("/v1/files/uploads/u1/finish", serde_json::json!({"size": 10})).await.unwrap();
     assert_eq!(resp.status(), 400, "a finish short of what was accepted is refused");
-    let done: serde_json::Value = post("/v1/files/uploads/u1/finish", serde_json::json!({"size": 11}))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let done: serde_json::Value =
+        post("/v1/files/uploads/u1/finish", serde_json::json!({"size": 11}))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
     assert_eq!(done["stat"]["size"], 11, "{done}");
     let again: serde_json::Value =
         post("/v1/files/uploads/u1/finish", serde_json::json!({"size": 11}))
@@ -384,7 +384,8 @@ async fn a_denial_under_a_sandboxed_daemon_keeps_its_code_and_marker() {
     assert_eq!(sub.info().capabilities.files.as_ref().unwrap().provider, "files-sandbox");
     write_all(&files, WriteSpec::new("inside.txt", WriteMode::Create), b"ok").await.unwrap();
     let denied = outside.join("nope.txt");
-    let err = write_all(&files, WriteSpec::new(&denied, WriteMode::Create), b"no").await.unwrap_err();
+    let err =
+        write_all(&files, WriteSpec::new(&denied, WriteMode::Create), b"no").await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::SandboxDenied, "{err}");
     assert!(err.message().starts_with(SANDBOX_MARKER), "{err}");
     assert!(!denied.exists());
@@ -431,10 +432,7 @@ async fn the_remote_composition_binds_files_remote_over_the_same_connection() {
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(HostFiles::local(dir.path()));
     conch::link_all();
-    let yaml = format!(
-        "plugins:\n  remote-sandbox:\n    url: {}\n  files-remote: {{}}\n",
-        d.url()
-    );
+    let yaml = format!("plugins:\n  remote-sandbox:\n    url: {}\n  files-remote: {{}}\n", d.url());
     let rt = tokio::task::spawn_blocking(move || {
         let c = conch_config::Composition::from_yaml("comp.yaml", &yaml).unwrap();
         conch_registry::Runtime::build(&c, conch_env::ShellEnv::new("/tmp/conch-test-home".into()))
@@ -456,8 +454,9 @@ async fn the_remote_composition_binds_files_remote_over_the_same_connection() {
         "plugins:\n  subprocess-local: {}\n  files-remote: {}\n",
     )
     .unwrap();
-    let err = conch_registry::Runtime::build(&c, conch_env::ShellEnv::new("/tmp/conch-test-home".into()))
-        .unwrap_err();
+    let err =
+        conch_registry::Runtime::build(&c, conch_env::ShellEnv::new("/tmp/conch-test-home".into()))
+            .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidComposition, "{err}");
     assert!(err.to_string().contains("subprocess-local"), "{err}");
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
