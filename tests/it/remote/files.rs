@@ -272,7 +272,7 @@ async fn a_read_cut_mid_file_resumes_at_the_exact_offset() {
     let mut offset = 0u64;
     let mut cuts = 0;
     loop {
-        if offset > 0 && offset % (16 << 20) == 0 {
+        if offset > 0 && offset.is_multiple_of(16 << 20) {
             cuts += proxy.cut_all().links;
         }
         if offset == 8 << 20 || offset == 40 << 20 {
