@@ -313,11 +313,10 @@ async fn session(
         }
     }
     // Watches again: what changed while the connection was down was not seen, which the
-    // slot reports as an overflow (rescan) once it is back.
+    // slot reports as an overflow (rescan) once the daemon confirms it.
     let subscribed: Vec<(String, Arc<WatchSlot>)> =
         lock_watches(watches).iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect();
     for (id, w) in subscribed {
-        w.resubscribing();
         if let Err(e) = ws.send(watch_msg(&id, &w)).await {
             return End::Lost(format!("watching failed: {e}"), Attempt::Failed);
         }

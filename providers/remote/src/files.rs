@@ -17,7 +17,9 @@
 //!   the exact offset; a tar import is an upload like a write.
 //! - A watch is a subscription on the stream connection (`conn.rs`): events arrive in order
 //!   into a bounded queue; a full queue, or a reconnect (changes while the connection was
-//!   down were not seen), yields one `overflow` after the events kept.
+//!   down were not seen), yields one `overflow` after the events kept. After a reconnect
+//!   the overflow comes once the daemon confirmed the watch again, so every change after it
+//!   is reported.
 //!
 //! Limits: paths travel as JSON strings (a non-UTF-8 path cannot be named); a daemon
 //! without a files provider makes every call `unsupported`.
@@ -471,16 +473,15 @@ impl WatchSlot {
         }
     }
 
+    /// The daemon confirmed the watch. A confirmation after a reconnect is an overflow:
+    /// what changed while the connection was down was not seen; from here on every change
+    /// is reported again.
     pub(crate) fn established(&self) {
-        self.update(|s| s.established = true);
-    }
-
-    /// The connection is subscribing again: what changed meanwhile was not seen.
-    pub(crate) fn resubscribing(&self) {
         self.update(|s| {
             if s.established {
                 s.overflowed = true;
             }
+            s.established = true;
         });
     }
 
@@ -593,3 +594,36 @@ register_plugin!(PluginEntry {
                   connection (RXP/1)",
     build,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn created(i: usize) -> WatchEvent {
+        WatchEvent::Created { path: PathBuf::from(format!("/w/{i}")) }
+    }
+
+    #[tokio::test]
+    async fn a_lagging_consumer_gets_what_was_kept_then_one_overflow() {
+        let slot = WatchSlot::new("/w".into(), false);
+        slot.established();
+        for i in 0..WATCH_QUEUE + 10 {
+            slot.push(created(i));
+        }
+        let next = |s: &mut SlotState| {
+            s.queue.pop_front().map(Some).or_else(|| {
+                std::mem::take(&mut s.overflowed).then_some(Some(WatchEvent::Overflow))
+            })
+        };
+        for i in 0..WATCH_QUEUE {
+            assert_eq!(slot.wait(next).await, Some(created(i)));
+        }
+        assert_eq!(slot.wait(next).await, Some(WatchEvent::Overflow));
+        // Events after the overflow was reported are kept again, in order.
+        slot.push(created(9999));
+        assert_eq!(slot.wait(next).await, Some(created(9999)));
+        // A confirmation after a reconnect is an overflow too: changes were missed.
+        slot.established();
+        assert_eq!(slot.wait(next).await, Some(WatchEvent::Overflow));
+    }
+}

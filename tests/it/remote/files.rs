@@ -486,3 +486,36 @@ async fn resent_metadata_operations_run_once() {
     drop(proxy);
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
 }
+
+/// A watch lives on the stream connection: when it is cut, the client subscribes again and,
+/// once the daemon confirmed it, reports an overflow (what changed meanwhile was not seen),
+/// then every change again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_survives_a_cut_connection_with_an_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(HostFiles::local(dir.path()));
+    let proxy = Proxy::start(d.addr).await;
+    let sub = client_via(&d, &proxy, |_| {}).await;
+    let files = RemoteFiles::new(&sub);
+    let mut w = files.watch(dir.path(), false).await.unwrap();
+    std::fs::write(dir.path().join("a"), b"1").unwrap();
+    let first = within("the first event", w.next_event()).await.unwrap().unwrap();
+    assert_eq!(first, WatchEvent::Created { path: dir.path().join("a") });
+    let cut = proxy.cut_all();
+    assert!(cut.ws >= 1, "the stream connection was cut");
+    loop {
+        let ev = within("the overflow", w.next_event()).await.unwrap().unwrap();
+        if ev == WatchEvent::Overflow {
+            break;
+        }
+        // Whatever of `a` was still on its way before the cut.
+        assert!(matches!(ev, WatchEvent::Modified { .. }), "{ev:?}");
+    }
+    // The overflow comes once the watch is in place again: the next change is reported.
+    let b = dir.path().join("b");
+    std::fs::write(&b, b"2").unwrap();
+    let ev = within("an event after the reconnect", w.next_event()).await.unwrap().unwrap();
+    assert_eq!(ev, WatchEvent::Created { path: b });
+    drop(proxy);
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}
