@@ -96,20 +96,20 @@ fn files_local_builds_from_a_composition_with_its_root() {
         "plugins:\n  files-local:\n    root: relative\n",
         ShellEnv::new("/tmp/conch-test-home".into()),
     );
-    let err = bad.err().expect("a relative root is refused").to_string();
+    let Err(err) = bad else { panic!("a relative root is refused") };
+    let err = err.to_string();
     assert!(err.contains("root") && err.contains("absolute"), "{err}");
 }
 
 #[test]
 fn files_sandbox_without_a_policy_says_what_it_needs() {
-    let err = conch::build_runtime_from_yaml(
+    let built = conch::build_runtime_from_yaml(
         "nopolicy.yaml",
         "plugins:\n  files-sandbox: {}\n",
         ShellEnv::new("/tmp/conch-test-home".into()),
-    )
-    .err()
-    .expect("files-sandbox needs sandbox-policy")
-    .to_string();
+    );
+    let Err(err) = built else { panic!("files-sandbox needs sandbox-policy") };
+    let err = err.to_string();
     assert!(err.contains("sandbox-policy"), "{err}");
 }
 
