@@ -17,7 +17,11 @@
 //! - An atomic write goes to an unguessable temp file in the target's directory, is fsynced
 //!   and renamed over the target on finish; dropped unfinished, the temp file is removed.
 //!
+//! Linux only (`openat2`, `renameat2`, inotify): elsewhere the crate is empty.
+//!
 //! [`spawn_blocking`]: tokio::task::spawn_blocking
+
+#![cfg(target_os = "linux")]
 
 mod guard;
 mod ops;
