@@ -322,4 +322,13 @@ mod tests {
         assert!(err.message().starts_with(conch_seams::files::SANDBOX_MARKER), "{err}");
         assert!(!dir.path().join("out.txt").exists());
     }
+
+    #[tokio::test]
+    async fn a_fifo_is_refused_at_once_instead_of_blocking_a_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = HostFiles::local(dir.path()).read(&fifo, 0, 10).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    }
 }
