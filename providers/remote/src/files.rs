@@ -611,9 +611,10 @@ mod tests {
             slot.push(created(i));
         }
         let next = |s: &mut SlotState| {
-            s.queue.pop_front().map(Some).or_else(|| {
-                std::mem::take(&mut s.overflowed).then_some(Some(WatchEvent::Overflow))
-            })
+            s.queue
+                .pop_front()
+                .map(Some)
+                .or_else(|| std::mem::take(&mut s.overflowed).then_some(Some(WatchEvent::Overflow)))
         };
         for i in 0..WATCH_QUEUE {
             assert_eq!(slot.wait(next).await, Some(created(i)));
