@@ -478,7 +478,13 @@ async fn resent_metadata_operations_run_once() {
     files.rename(Path::new("m"), Path::new("n"), false).await.unwrap();
     proxy.swallow_responses("POST /v1/files/remove", 1);
     files.remove(Path::new("n"), false).await.unwrap();
-    assert_eq!(proxy.swallowed(), 3, "every armed answer was lost, and the call resent");
+    // An upload's open and finish too: a `create` write is opened once, finished once.
+    proxy.swallow_responses("POST /v1/files/uploads", 2);
+    let stat =
+        write_all(&files, WriteSpec::new("c.txt", WriteMode::Create), b"once").await.unwrap();
+    assert_eq!(stat.size, 4);
+    assert_eq!(std::fs::read(dir.path().join("c.txt")).unwrap(), b"once");
+    assert_eq!(proxy.swallowed(), 5, "every armed answer was lost, and the call resent");
     assert!(!dir.path().join("m").exists() && !dir.path().join("n").exists());
     // A fresh operation id runs again: the error is the second run's own.
     let err = files.remove(Path::new("n"), false).await.unwrap_err();

@@ -92,7 +92,10 @@ impl FilesHost {
     }
 
     fn room(&self, client: &str) -> Result<()> {
-        let n = self.transfers_of(client);
+        Self::check_room(self.transfers_of(client))
+    }
+
+    fn check_room(n: usize) -> Result<()> {
         if n >= MAX_TRANSFERS {
             return Err(Error::new(
                 ErrorCode::LimitExceeded,
@@ -202,6 +205,9 @@ struct UploadInner {
 struct Upload {
     /// The lock also serialises chunks: a resent chunk waits for the cut one to end.
     inner: tokio::sync::Mutex<UploadInner>,
+    /// How opening the provider's writer went, set once by the first open: a resent open
+    /// waits for it instead of opening a second writer.
+    opened: tokio::sync::OnceCell<std::result::Result<(), ErrorBody>>,
     last_used: Mutex<Instant>,
 }
 
@@ -385,32 +391,58 @@ pub(super) async fn open_upload(
     let req: proto::UploadReq = json_body(&state, body).await?;
     check_id(&req.id)?;
     let files = host(&state)?;
-    if let Ok(up) = state.files.upload(&client, &req.id) {
-        let next_offset = up.inner.lock().await.accepted;
-        return Ok(axum::Json(proto::UploadState { id: req.id, next_offset, created: false }));
-    }
-    state.files.room(&client)?;
-    let kind = req.kind;
-    let sink = detached(async move {
-        match kind {
-            proto::UploadKind::Write { spec } => files.write(spec).await.map(Sink::Write),
-            proto::UploadKind::Tar { path } => files.import_tar(&path).await.map(Sink::Tar),
+    let key = (client.clone(), req.id.clone());
+    // The entry first, so an open resent while this one still runs finds it and waits.
+    let (up, created) = {
+        let mut ups = state.files.uploads.locked();
+        match ups.get(&key) {
+            Some(up) => (Arc::clone(up), false),
+            None => {
+                let held = ups.keys().filter(|(c, _)| *c == client).count()
+                    + state.files.exports.locked().keys().filter(|(c, _)| *c == client).count();
+                FilesHost::check_room(held)?;
+                let up = Arc::new(Upload {
+                    inner: tokio::sync::Mutex::default(),
+                    opened: tokio::sync::OnceCell::new(),
+                    last_used: Mutex::new(Instant::now()),
+                });
+                ups.insert(key.clone(), Arc::clone(&up));
+                (up, true)
+            }
         }
+    };
+    let opening = Arc::clone(&up);
+    let kind = req.kind;
+    let opened = detached(async move {
+        let r = opening
+            .opened
+            .get_or_init(|| async {
+                let sink = match kind {
+                    proto::UploadKind::Write { spec } => files.write(spec).await.map(Sink::Write),
+                    proto::UploadKind::Tar { path } => files.import_tar(&path).await.map(Sink::Tar),
+                };
+                match sink {
+                    Ok(sink) => {
+                        opening.inner.lock().await.sink = Some(sink);
+                        Ok(())
+                    }
+                    Err(e) => Err(e.to_body()),
+                }
+            })
+            .await;
+        Ok::<_, ApiError>(r.clone())
     })
     .await?;
-    let up = Arc::new(Upload {
-        inner: tokio::sync::Mutex::new(UploadInner { sink: Some(sink), ..UploadInner::default() }),
-        last_used: Mutex::new(Instant::now()),
-    });
-    let key = (client, req.id.clone());
-    // A concurrent open of the same id won: keep the first (ours is dropped unfinished).
-    let created = {
+    if let Err(e) = opened {
+        // A refused open leaves nothing behind: the same id may be opened again.
         let mut ups = state.files.uploads.locked();
-        let fresh = !ups.contains_key(&key);
-        ups.entry(key).or_insert(up);
-        fresh
-    };
-    Ok(axum::Json(proto::UploadState { id: req.id, next_offset: 0, created }))
+        if ups.get(&key).is_some_and(|u| Arc::ptr_eq(u, &up)) {
+            ups.remove(&key);
+        }
+        return Err(err(Error::from_body(e)));
+    }
+    let next_offset = up.inner.lock().await.accepted;
+    Ok(axum::Json(proto::UploadState { id: req.id, next_offset, created }))
 }
 
 #[derive(Deserialize)]
@@ -466,7 +498,7 @@ pub(super) async fn upload_chunk(
             let r = match inner.sink.as_mut() {
                 Some(Sink::Write(w)) => w.write(&bytes).await,
                 Some(Sink::Tar(t)) => t.write(&bytes).await,
-                None => Err(Error::internal("an upload without a sink")),
+                None => Err(Error::invalid("this upload is not open yet")),
             };
             if let Err(e) = r {
                 inner.sink = None;
@@ -510,7 +542,7 @@ pub(super) async fn finish_upload(
             Some(Sink::Tar(t)) => {
                 t.finish().await.map(|n| proto::Finished { stat: None, entries: Some(n) })
             }
-            None => Err(Error::internal("an upload without a sink")),
+            None => Err(Error::invalid("this upload is not open yet")),
         };
         match r {
             Ok(f) => {
