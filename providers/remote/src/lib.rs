@@ -20,6 +20,9 @@
 //!   delivered is the caller's error, never assumed done.
 //! - The token is never logged or shown (`Debug` redacts it).
 //!
+//! `files.rs` is `files-remote`, the files seam of the daemon's composition over this
+//! provider's connection.
+//!
 //! `tests/it/remote.rs` runs all four conformance suites over `remote-sandbox` against an
 //! in-process daemon; `tests/it/remote/` holds the daemon's promises, fault injection, client
 //! error paths (wiremock) and security tests.

@@ -525,3 +525,51 @@ async fn a_watch_survives_a_cut_connection_with_an_overflow() {
     drop(proxy);
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
 }
+
+/// An upload nobody uses for a lease is discarded: its writer is dropped unfinished, so an
+/// atomic write's temporary file goes and the target stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_unused_for_a_lease_is_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("kept.txt");
+    std::fs::write(&target, b"old").unwrap();
+    let cfg = ServerConfig { lease: Duration::from_millis(300), ..ServerConfig::default() };
+    let d = Daemon::start_hosting("127.0.0.1:0", cfg, Some(Arc::new(HostFiles::local(dir.path()))));
+    let http = reqwest::Client::new();
+    let open = serde_json::json!({"id": "u1", "kind": {"kind": "write",
+        "spec": {"path": target, "mode": "truncate", "atomic": true}}});
+    let r = http
+        .post(format!("{}/v1/files/uploads", d.url()))
+        .header("x-conch-client", "quiet")
+        .json(&open)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .put(format!("{}/v1/files/uploads/u1?offset=0", d.url()))
+        .header("x-conch-client", "quiet")
+        .body(vec![7u8; 1 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "the target and its temp");
+    // The client goes quiet; the daemon's lease check drops the writer and its temp.
+    within("the temp file to go after the lease", async {
+        while std::fs::read_dir(dir.path()).unwrap().count() > 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(std::fs::read(&target).unwrap(), b"old");
+    let r = http
+        .put(format!("{}/v1/files/uploads/u1?offset={}", d.url(), 1 << 20))
+        .header("x-conch-client", "quiet")
+        .body(vec![7u8; 10])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "the upload is gone");
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}

@@ -1,4 +1,6 @@
-//! `conch sandboxd`: hosts one subprocess provider's world over RXP/1.
+//! `conch sandboxd`: hosts one subprocess provider's world over RXP/1, and the composition's
+//! files provider when it has one (`files.rs`: ranged reads, offset-addressed uploads,
+//! staged tar exports; watches ride the WebSocket in `ws.rs`).
 //!
 //! # Invariants
 //! - No process lifetime depends on a request or a connection: starts, kills and teardowns
