@@ -21,8 +21,9 @@
 //!   the overflow comes once the daemon confirmed the watch again, so every change after it
 //!   is reported.
 //!
-//! Limits: paths travel as JSON strings (a non-UTF-8 path cannot be named); a daemon
-//! without a files provider makes every call `unsupported`.
+//! Limits: paths travel as JSON strings, so a non-UTF-8 path is refused `invalid_argument`
+//! before anything is sent; a daemon without a files provider makes every call
+//! `unsupported`.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -120,6 +121,18 @@ impl RemoteFiles {
     }
 }
 
+/// RXP/1 names paths as JSON strings: a path that is not UTF-8 cannot cross.
+fn named(path: &Path) -> Result<()> {
+    if path.to_str().is_some() {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "{} is not UTF-8, and RXP/1 names paths as JSON strings; rename it on the daemon's side",
+        path.display()
+    ))
+    .with_provider(FILES_NAME))
+}
+
 fn header<'a>(raw: &'a Raw, name: &str) -> Option<&'a str> {
     raw.headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -143,10 +156,12 @@ impl Files for RemoteFiles {
     }
 
     async fn stat(&self, path: &Path) -> Result<FileStat> {
+        named(path)?;
         self.call("/v1/files/stat", &proto::PathReq { path: path.to_path_buf() }).await
     }
 
     async fn read(&self, path: &Path, offset: u64, max_bytes: usize) -> Result<FileChunk> {
+        named(path)?;
         self.ready()?;
         let req = proto::ReadReq {
             path: path.to_path_buf(),
@@ -180,20 +195,25 @@ impl Files for RemoteFiles {
     }
 
     async fn write(&self, spec: WriteSpec) -> Result<Box<dyn FileWriter>> {
+        named(&spec.path)?;
         Ok(Box::new(self.open_upload(proto::UploadKind::Write { spec }).await?))
     }
 
     async fn list(&self, spec: ListSpec) -> Result<Listing> {
+        named(&spec.path)?;
         self.call("/v1/files/list", &spec).await
     }
 
     async fn make_dir(&self, path: &Path, parents: bool) -> Result<()> {
+        named(path)?;
         let op = Some(self.shared.new_id("op"));
         let req = proto::MkdirReq { path: path.to_path_buf(), parents, op };
         self.call::<serde_json::Value>("/v1/files/mkdir", &req).await.map(drop)
     }
 
     async fn rename(&self, from: &Path, to: &Path, overwrite: bool) -> Result<()> {
+        named(from)?;
+        named(to)?;
         let op = Some(self.shared.new_id("op"));
         let req =
             proto::RenameReq { from: from.to_path_buf(), to: to.to_path_buf(), overwrite, op };
@@ -201,12 +221,14 @@ impl Files for RemoteFiles {
     }
 
     async fn remove(&self, path: &Path, recursive: bool) -> Result<()> {
+        named(path)?;
         let op = Some(self.shared.new_id("op"));
         let req = proto::RemoveReq { path: path.to_path_buf(), recursive, op };
         self.call::<serde_json::Value>("/v1/files/remove", &req).await.map(drop)
     }
 
     async fn export_tar(&self, path: &Path) -> Result<Box<dyn ByteStream>> {
+        named(path)?;
         let id = self.shared.new_id("x");
         let req = proto::ExportReq { id: id.clone(), path: path.to_path_buf() };
         let _: proto::ExportState = self.call("/v1/files/exports", &req).await?;
@@ -214,10 +236,12 @@ impl Files for RemoteFiles {
     }
 
     async fn import_tar(&self, path: &Path) -> Result<Box<dyn TarSink>> {
+        named(path)?;
         Ok(Box::new(self.open_upload(proto::UploadKind::Tar { path: path.to_path_buf() }).await?))
     }
 
     async fn watch(&self, path: &Path, recursive: bool) -> Result<Box<dyn WatchStream>> {
+        named(path)?;
         let info = self.ready()?;
         if !info.watch {
             return Err(Error::new(

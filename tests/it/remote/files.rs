@@ -3,6 +3,7 @@
 //! `tests/it/remote.rs` instantiates): exact resume of reads and uploads across cut
 //! connections, refusals before anything happens, typed denials, watches on the WebSocket.
 
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +88,11 @@ async fn the_daemon_advertises_its_files_provider_and_serves_it() {
     );
     let err = files.remove(Path::new("d"), false).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::DirectoryNotEmpty, "{err}");
+    // A path that is not UTF-8 cannot cross as JSON: refused here, naming it.
+    let odd = std::ffi::OsStr::from_bytes(b"odd-\xff");
+    let err = files.stat(Path::new(odd)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(err.message().contains("odd-"), "{err}");
     // A tar export, unpacked by a tar import elsewhere: the same tree.
     let mut out = files.export_tar(Path::new("d")).await.unwrap();
     let mut sink = files.import_tar(Path::new("copy")).await.unwrap();
