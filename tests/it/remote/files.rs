@@ -579,3 +579,28 @@ async fn an_upload_unused_for_a_lease_is_discarded() {
     assert_eq!(r.status(), 404, "the upload is gone");
     tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
 }
+
+/// Files share remote-sandbox's verdicts: a restarted daemon (new boot id) refuses file
+/// calls `BOOT_CHANGED`, not retryable, and nothing is written in the new world.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_fails_file_calls_boot_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = daemon(HostFiles::local(dir.path()));
+    let addr = first.addr;
+    let (_sub, files) = client(&first).await;
+    files.stat(dir.path()).await.unwrap();
+    tokio::task::spawn_blocking(move || first.stop()).await.unwrap();
+    let cfg = ServerConfig { heartbeat: Duration::from_millis(500), ..ServerConfig::default() };
+    let second =
+        Daemon::start_hosting(&addr.to_string(), cfg, Some(Arc::new(HostFiles::local(dir.path()))));
+    let err = within("a write on the restarted daemon", async {
+        write_all(&files, WriteSpec::new("new.txt", WriteMode::Create), b"x").await
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
+    assert_eq!(err.reason(), Some(conch_seams::ErrorReason::BootChanged), "{err}");
+    assert!(!err.retryable(), "{err}");
+    assert!(!dir.path().join("new.txt").exists(), "nothing was written in the new world");
+    tokio::task::spawn_blocking(move || second.stop()).await.unwrap();
+}
