@@ -1,6 +1,6 @@
 //! `conch sandboxd`: the daemon front end (`conch_frontend_sandboxd`) over this binary's
 //! composition: the flags are checked first, then the composition is built and its
-//! subprocess provider served until SIGTERM or SIGINT.
+//! subprocess provider (and files provider, when it has one) served until SIGTERM or SIGINT.
 
 use anyhow::bail;
 use conch_frontend_sandboxd::Args;
@@ -23,7 +23,13 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
             signal.await;
         }
     };
-    conch_frontend_sandboxd::run(listen, sub, stop).await?;
+    // The composition's files provider, when it has one (`files-local`, `files-sandbox`);
+    // `files-remote` would only be this daemon again.
+    let files = runtime.seams().files.clone();
+    if files.as_ref().is_some_and(|f| f.provider_name() == conch_provider_remote::FILES_NAME) {
+        bail!("the daemon cannot host files-remote itself; use a local composition");
+    }
+    conch_frontend_sandboxd::run(listen, sub, files, stop).await?;
     runtime.shutdown().await;
     tracing::info!("stopped");
     Ok(())

@@ -465,6 +465,7 @@ mod conformance;
 mod logs;
 mod mcp;
 mod remote;
+mod remote_files;
 mod schemas;
 
 /// `conch sandbox-exec` is the runners' helper: it confines before it execs (a write inside

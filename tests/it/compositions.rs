@@ -27,6 +27,9 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "approval-prompt",
             "bash-local",
             "bash-sandbox",
+            "files-local",
+            "files-remote",
+            "files-sandbox",
             "jobs",
             "pwsh-local",
             "pwsh-sandbox",
@@ -193,7 +196,10 @@ fn unknown_plugin_is_named_with_a_suggestion() {
     assert!(msg.contains("`bash-locl`"), "{msg}");
     assert!(msg.contains("did you mean `bash-local`"), "{msg}");
     assert!(msg.contains("available: approval-allowlist, approval-deny"), "{msg}");
-    assert!(msg.contains("bash-local, bash-sandbox, jobs"), "{msg}");
+    assert!(
+        msg.contains("bash-local, bash-sandbox, files-local, files-remote, files-sandbox, jobs"),
+        "{msg}"
+    );
 }
 
 // A second real subprocess provider, registered only in this test binary, so a composition

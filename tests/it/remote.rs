@@ -1,5 +1,6 @@
 //! The remote substrate: every conformance suite over `remote-sandbox` against a real
-//! `sandboxd` on 127.0.0.1, plus the daemon's own promises (auth, limits, leases, resume).
+//! `sandboxd` on 127.0.0.1 (and both files suites over `files-remote`), plus the daemon's own
+//! promises (auth, limits, leases, resume).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use conch_provider_remote::{RemoteConfig, RemoteSubprocess};
 mod client_errors;
 mod daemon;
 mod faults;
+mod files;
 mod security;
 
 /// A daemon hosting a fresh subprocess-local on an ephemeral port, in a thread and runtime
@@ -31,6 +33,15 @@ impl Daemon {
 
     /// A daemon on `addr` (a fixed loopback port, to stand in for a restarted daemon).
     pub(crate) fn start_at(addr: &str, cfg: ServerConfig) -> Self {
+        Self::start_hosting(addr, cfg, None)
+    }
+
+    /// A daemon on `addr` that also hosts `files` on `/v1/files`.
+    pub(crate) fn start_hosting(
+        addr: &str,
+        cfg: ServerConfig,
+        files: Option<Arc<dyn conch_seams::Files>>,
+    ) -> Self {
         let listener = std::net::TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -45,7 +56,7 @@ impl Daemon {
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
-                let state = State::new(sub, cfg);
+                let state = State::with_files(sub, files, cfg);
                 state_tx.send(Arc::clone(&state)).unwrap();
                 rxp::serve(listener, state, async move {
                     let _ = rx.await;
@@ -160,4 +171,60 @@ mod terminal_bash_remote {
     }
 
     conch_conformance::terminal_suite!(make);
+}
+
+/// `files-remote` over a fresh daemon hosting `files` (kept for the case), and what keeps
+/// it all alive: the client (dropping it closes the connection) and the daemon.
+fn remote_files(
+    files: conch_provider_files::HostFiles,
+) -> (Arc<dyn conch_seams::Files>, (Arc<RemoteSubprocess>, Daemon)) {
+    let d = Daemon::start_hosting(
+        "127.0.0.1:0",
+        ServerConfig { heartbeat: Duration::from_millis(500), ..ServerConfig::default() },
+        Some(Arc::new(files)),
+    );
+    let sub = d.client();
+    let remote: Arc<dyn conch_seams::Files> =
+        Arc::new(conch_provider_remote::RemoteFiles::new(&sub));
+    (remote, (sub, d))
+}
+
+/// The files suite over `files-remote`, with the daemon hosting `files-local`.
+mod files_remote {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use conch_provider_files::HostFiles;
+    use conch_seams::Files;
+
+    type Keep = (tempfile::TempDir, (Arc<conch_provider_remote::RemoteSubprocess>, super::Daemon));
+
+    fn make() -> (Arc<dyn Files>, PathBuf, Keep) {
+        let t = tempfile::tempdir().unwrap();
+        let (files, keep) = super::remote_files(HostFiles::local(t.path()));
+        let base = t.path().to_owned();
+        (files, base, (t, keep))
+    }
+
+    conch_conformance::files_suite!(make);
+}
+
+/// The files sandbox suite over `files-remote`, with the daemon hosting `files-sandbox`: a
+/// denial crosses the wire with its code and marker, and nothing escapes.
+mod files_remote_sandbox {
+    use std::sync::Arc;
+
+    use conch_provider_files::HostFiles;
+    use conch_seams::{Files, SandboxMode, SandboxPolicy};
+
+    type Keep = (tempfile::TempDir, (Arc<conch_provider_remote::RemoteSubprocess>, super::Daemon));
+
+    fn make() -> (Arc<dyn Files>, SandboxPolicy, Keep) {
+        let t = tempfile::tempdir().unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, t.path());
+        let (files, keep) = super::remote_files(HostFiles::sandboxed(t.path(), &policy));
+        (files, policy, (t, keep))
+    }
+
+    conch_conformance::files_sandbox_suite!(make);
 }

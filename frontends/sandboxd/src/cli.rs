@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conch_seams::Subprocess;
+use conch_seams::{Files, Subprocess};
 
 use crate::rxp::{self, ServerConfig};
 
@@ -149,8 +149,8 @@ fn read_token(path: &PathBuf) -> Result<String, DaemonError> {
     Ok(token)
 }
 
-/// Binds, prints `listening on <addr>` as the first stderr line, and serves `sub` over RXP/1
-/// until the future that `stop` returns resolves, then kills and reaps every process it
+/// Binds, prints `listening on <addr>` as the first stderr line, and serves `sub` (and
+/// `files`, when the composition has a files provider) over RXP/1 until the future that `stop` returns resolves, then kills and reaps every process it
 /// holds.
 ///
 /// `stop` is called after the bind and before that line, so a signal handler it installs
@@ -161,6 +161,7 @@ fn read_token(path: &PathBuf) -> Result<String, DaemonError> {
 pub async fn run<S>(
     listen: Listen,
     sub: Arc<dyn Subprocess>,
+    files: Option<Arc<dyn Files>>,
     stop: impl FnOnce() -> S,
 ) -> Result<(), DaemonError>
 where
@@ -174,9 +175,11 @@ where
     let signal = stop();
     // The first stderr line, which scripts and tests wait for.
     eprintln!("listening on {bound}");
-    let state = rxp::State::new(Arc::clone(&sub), cfg);
+    let files_provider = files.as_ref().map_or("none", |f| f.provider_name());
+    let state = rxp::State::with_files(Arc::clone(&sub), files, cfg);
     tracing::info!(
         provider = sub.provider_name(),
+        files = files_provider,
         auth = if state.has_token() { "bearer" } else { "none (loopback)" },
         "conch sandboxd serving RXP/1"
     );

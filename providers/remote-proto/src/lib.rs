@@ -11,12 +11,13 @@
 //! `[1][stream][id_len][id][offset][bytes]`.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use base64::Engine as _;
 use conch_seams::{
-    CollectedOutput, ErrorBody, ExitStatus, ForegroundTarget, Leftover, Probe, Signal, SpawnSpec,
-    SpillRef, StreamId, SubprocessCapabilities, TerminalObservation, TerminalSize,
-    TerminalSpawnSpec,
+    CollectedOutput, ErrorBody, ExitStatus, FileStat, ForegroundTarget, Leftover, Probe, Signal,
+    SpawnSpec, SpillRef, StreamId, SubprocessCapabilities, TerminalObservation, TerminalSize,
+    TerminalSpawnSpec, WatchEvent, WriteSpec,
 };
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +70,23 @@ pub struct Capabilities {
     pub stdin_offsets: bool,
     /// Streams resume from a byte offset after a reconnect.
     pub resume: bool,
+    /// The hosted files provider, when the daemon's composition has one (the `/v1/files`
+    /// endpoints answer `unsupported` otherwise). Absent from an older daemon's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<FilesInfo>,
+}
+
+/// What the daemon's files provider is and can do (`capabilities.files` of `GET /v1/info`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FilesInfo {
+    /// The hosted files provider's name (`files-local`, `files-sandbox`).
+    pub provider: String,
+    /// Watches work (`watch` messages on the WebSocket).
+    pub watch: bool,
+    /// The directory relative paths are resolved against, on the daemon.
+    pub default_dir: PathBuf,
+    /// The most bytes one upload chunk (`PUT /v1/files/uploads/{id}`) may carry.
+    pub max_chunk_bytes: u64,
 }
 
 /// Limits the server enforces and advertises.
@@ -297,6 +315,21 @@ pub enum ClientMsg {
     },
     /// Heartbeat (also renews the client's lease).
     Hb,
+    /// Watches a directory on the daemon's files provider; events arrive as `file_event`
+    /// messages with this id, in order, until `watch_end` (or an `error` with this id).
+    Watch {
+        /// Client-chosen watch id (a watch with this id on this connection is replaced).
+        id: String,
+        /// The directory.
+        path: PathBuf,
+        /// Its subdirectories too.
+        recursive: bool,
+    },
+    /// Ends a watch.
+    Unwatch {
+        /// The watch id.
+        id: String,
+    },
 }
 
 /// Server → client text messages.
@@ -370,6 +403,160 @@ pub enum ServerMsg {
     /// Sent at the daemon's heartbeat interval, so a client can tell a quiet connection from a
     /// dead one.
     Hb,
+    /// The watch is in place: every change after this message is reported.
+    Watching {
+        /// The watch id.
+        id: String,
+    },
+    /// One event of a watch, in order (`overflow` when events were dropped).
+    FileEvent {
+        /// The watch id.
+        id: String,
+        /// What happened.
+        event: WatchEvent,
+    },
+    /// The watch ended (its directory is gone, or the provider shut down); no more events.
+    WatchEnd {
+        /// The watch id.
+        id: String,
+    },
+}
+
+/// Header of a file or export read's answer: the file's size when it was read (for an
+/// export, the archive's size once it is complete; absent before).
+pub const SIZE_HEADER: &str = "x-conch-file-size";
+/// Header of a file or export read's answer: `true` when the bytes reach the end.
+pub const EOF_HEADER: &str = "x-conch-eof";
+
+/// `POST /v1/files/stat`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PathReq {
+    /// The path (relative ones are resolved against the provider's default directory).
+    pub path: PathBuf,
+}
+
+/// `POST /v1/files/read`: the answer is the raw bytes, with [`SIZE_HEADER`] and
+/// [`EOF_HEADER`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReadReq {
+    /// The file.
+    pub path: PathBuf,
+    /// The offset of the first byte wanted.
+    pub offset: u64,
+    /// The most bytes wanted (the provider returns at most 8 MiB).
+    pub max_bytes: u64,
+}
+
+/// `POST /v1/files/mkdir`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MkdirReq {
+    /// The directory.
+    pub path: PathBuf,
+    /// Make missing parents (an existing directory is then no error).
+    pub parents: bool,
+    /// Client-chosen operation id: a resend with the id of an operation the daemon already
+    /// ran (or is running) gets that run's answer instead of a second run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+}
+
+/// `POST /v1/files/rename`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RenameReq {
+    /// The old path.
+    pub from: PathBuf,
+    /// The new path.
+    pub to: PathBuf,
+    /// Replace an existing `to`.
+    pub overwrite: bool,
+    /// Client-chosen operation id: a resend with the id of an operation the daemon already
+    /// ran (or is running) gets that run's answer instead of a second run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+}
+
+/// `POST /v1/files/remove`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RemoveReq {
+    /// The path.
+    pub path: PathBuf,
+    /// Remove a directory with its content.
+    pub recursive: bool,
+    /// Client-chosen operation id: a resend with the id of an operation the daemon already
+    /// ran (or is running) gets that run's answer instead of a second run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+}
+
+/// What an upload feeds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum UploadKind {
+    /// A file write.
+    Write {
+        /// Where and how.
+        spec: WriteSpec,
+    },
+    /// A tar archive unpacked into a directory.
+    Tar {
+        /// The directory (made when missing).
+        path: PathBuf,
+    },
+}
+
+/// `POST /v1/files/uploads`: opens an upload (idempotent by id).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UploadReq {
+    /// Client-chosen id: opening an id this client holds answers that upload.
+    pub id: String,
+    /// What it feeds.
+    pub kind: UploadKind,
+}
+
+/// Where an upload stands.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UploadState {
+    /// The id.
+    pub id: String,
+    /// Bytes accepted so far: the offset the next chunk must start at.
+    pub next_offset: u64,
+    /// False when the id already existed.
+    pub created: bool,
+}
+
+/// `POST /v1/files/uploads/{id}/finish`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FinishReq {
+    /// Every byte the client sent: a finish with fewer accepted is refused (with
+    /// `next_offset`), so a lost chunk never finishes a short file.
+    pub size: u64,
+}
+
+/// The answer to a finish (a repeated finish gets the same answer).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Finished {
+    /// The written file's facts (a write).
+    pub stat: Option<FileStat>,
+    /// How many entries were unpacked (a tar import).
+    pub entries: Option<u64>,
+}
+
+/// `POST /v1/files/exports`: stages a tar archive of `path` on the daemon (idempotent by id).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExportReq {
+    /// Client-chosen id.
+    pub id: String,
+    /// The tree to archive.
+    pub path: PathBuf,
+}
+
+/// The answer to an export's start.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExportState {
+    /// The id.
+    pub id: String,
+    /// False when the id already existed.
+    pub created: bool,
 }
 
 /// Binary frame layout: `[kind=1][stream][id_len u16 BE][id][offset u64 BE][bytes…]`.
@@ -453,5 +640,33 @@ mod tests {
             c,
             ClientMsg::Attach { id: "x".into(), from: BTreeMap::from([(Stream::Stdout, 5)]) }
         );
+    }
+
+    #[test]
+    fn file_messages_are_tagged_as_the_protocol_page_shows() {
+        let w = ClientMsg::Watch { id: "w1".into(), path: "/srv".into(), recursive: true };
+        assert_eq!(
+            serde_json::to_value(&w).unwrap(),
+            serde_json::json!({"t": "watch", "id": "w1", "path": "/srv", "recursive": true})
+        );
+        let e = ServerMsg::FileEvent {
+            id: "w1".into(),
+            event: WatchEvent::Created { path: "/srv/a".into() },
+        };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"t": "file_event", "id": "w1",
+                "event": {"kind": "created", "path": "/srv/a"}})
+        );
+        let u: UploadReq = serde_json::from_value(serde_json::json!({"id": "u1",
+            "kind": {"kind": "tar", "path": "/srv/x"}}))
+        .unwrap();
+        assert_eq!(u.kind, UploadKind::Tar { path: "/srv/x".into() });
+        // An older daemon's info has no `files`: still parsed.
+        let c: Capabilities = serde_json::from_value(serde_json::json!({
+            "subprocess": SubprocessCapabilities::default(),
+            "leases": true, "stdin_offsets": true, "resume": true}))
+        .unwrap();
+        assert_eq!(c.files, None);
     }
 }

@@ -32,11 +32,15 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 
+use super::files::WatchSlot;
 use super::mirror::Mirror;
 use conch_provider_remote_proto::{self as proto, ClientMsg, ServerMsg};
 
 /// Ids this provider streams, by id.
 pub(crate) type Mirrors = Arc<Mutex<HashMap<String, Weak<Mirror>>>>;
+
+/// Watches of the files provider, by watch id.
+pub(crate) type Watches = Arc<Mutex<HashMap<String, Arc<WatchSlot>>>>;
 
 pub(crate) fn lock(m: &Mirrors) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Mirror>>> {
     m.locked()
@@ -49,6 +53,10 @@ pub(crate) enum Cmd {
     Attach(String),
     /// Stop streaming it.
     Detach(String),
+    /// Subscribe this watch (now, if connected; otherwise at the next connect).
+    Watch(String),
+    /// End it.
+    Unwatch(String),
 }
 
 /// How the connection task reaches the daemon.
@@ -81,6 +89,7 @@ enum End {
 pub(crate) async fn run(
     dial: Dial,
     mirrors: Mirrors,
+    watches: Watches,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     stop: CancellationToken,
     health: Arc<Health>,
@@ -99,7 +108,8 @@ pub(crate) async fn run(
         let up = AtomicBool::new(false);
         let mut armed = !gave_up;
         let outcome = {
-            let attempt = session(&dial, &mirrors, &mut cmds, &stop, &health, &mut down_since, &up);
+            let links = Links { mirrors: &mirrors, watches: &watches };
+            let attempt = session(&dial, links, &mut cmds, &stop, &health, &mut down_since, &up);
             tokio::pin!(attempt);
             loop {
                 tokio::select! {
@@ -111,7 +121,7 @@ pub(crate) async fn run(
                             gave_up = true;
                             let why = format!("{last_why}; reconnecting is still under way");
                             tracing::warn!(cause = %why, "sandbox daemon unreachable past give_up_ms; failing pending calls");
-                            fail_pending(&dial, &mirrors, since.elapsed(), &why);
+                            fail_pending(&dial, &mirrors, &watches, since.elapsed(), &why);
                         }
                     }
                 }
@@ -124,13 +134,16 @@ pub(crate) async fn run(
                 if let Some(gone) = health.failed(attempt, &why) {
                     // Known gone: again after every attempt, so ids started meanwhile fail too.
                     health.fail_pending(&gone);
+                    for w in lock_watches(&watches).values() {
+                        w.fail(&gone);
+                    }
                 } else if since.elapsed() >= dial.give_up {
                     if !gave_up {
                         tracing::warn!(cause = %why, "sandbox daemon unreachable past give_up_ms; failing pending calls");
                     }
                     gave_up = true;
                     // Again after every attempt: ids started meanwhile fail too.
-                    fail_pending(&dial, &mirrors, since.elapsed(), &why);
+                    fail_pending(&dial, &mirrors, &watches, since.elapsed(), &why);
                 } else {
                     gave_up = false;
                     tracing::debug!(cause = %why, "stream connection lost; reconnecting");
@@ -162,13 +175,34 @@ pub(crate) async fn run(
 
 /// Fails every pending wait `remote_unavailable` (reconnecting goes on, for ids started
 /// later).
-fn fail_pending(dial: &Dial, mirrors: &Mirrors, down_for: Duration, why: &str) {
+fn fail_pending(dial: &Dial, mirrors: &Mirrors, watches: &Watches, down_for: Duration, why: &str) {
     let e = super::http::unavailable(&dial.base, "give_up_ms", dial.give_up, down_for, why);
     for m in live(mirrors) {
         if !m.finished() {
             m.fail(&e);
         }
     }
+    for w in lock_watches(watches).values() {
+        w.fail(&e);
+    }
+}
+
+pub(crate) fn lock_watches(
+    w: &Watches,
+) -> std::sync::MutexGuard<'_, HashMap<String, Arc<WatchSlot>>> {
+    w.locked()
+}
+
+/// What a session routes messages to.
+#[derive(Clone, Copy)]
+struct Links<'a> {
+    mirrors: &'a Mirrors,
+    watches: &'a Watches,
+}
+
+fn watch_msg(id: &str, w: &WatchSlot) -> Message {
+    let msg = ClientMsg::Watch { id: id.to_owned(), path: w.path.clone(), recursive: w.recursive };
+    Message::Text(serde_json::to_string(&msg).unwrap_or_default().into())
 }
 
 pub(crate) fn live(mirrors: &Mirrors) -> Vec<Arc<Mirror>> {
@@ -184,7 +218,7 @@ fn attach_msg(m: &Mirror) -> Message {
 
 async fn session(
     dial: &Dial,
-    mirrors: &Mirrors,
+    links: Links<'_>,
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     stop: &CancellationToken,
     health: &Health,
@@ -195,6 +229,7 @@ async fn session(
         Ok(r) => r,
         Err(e) => return End::Lost(e.to_string(), Attempt::Failed),
     };
+    let Links { mirrors, watches } = links;
     let headers = req.headers_mut();
     if let Some(t) = &dial.token
         && let Ok(v) = format!("Bearer {t}").parse()
@@ -277,6 +312,15 @@ async fn session(
             return End::Lost(format!("attaching failed: {e}"), Attempt::Failed);
         }
     }
+    // Watches again: what changed while the connection was down was not seen, which the
+    // slot reports as an overflow (rescan) once the daemon confirms it.
+    let subscribed: Vec<(String, Arc<WatchSlot>)> =
+        lock_watches(watches).iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect();
+    for (id, w) in subscribed {
+        if let Err(e) = ws.send(watch_msg(&id, &w)).await {
+            return End::Lost(format!("watching failed: {e}"), Attempt::Failed);
+        }
+    }
     let mut last_rx = Instant::now();
     let mut tick = tokio::time::interval(dial.heartbeat.min(server_hb));
     let mut last_hb = Instant::now();
@@ -304,6 +348,26 @@ async fn session(
                         Ok(ServerMsg::Hb | ServerMsg::Hello { .. }) => {}
                         Ok(ServerMsg::Error { id: None, error }) => {
                             tracing::warn!(error = %Error::from_body(error), "daemon reported a stream error");
+                        }
+                        Ok(ServerMsg::Watching { id }) => {
+                            if let Some(w) = lock_watches(watches).get(&id) {
+                                w.established();
+                            }
+                        }
+                        Ok(ServerMsg::FileEvent { id, event }) => {
+                            if let Some(w) = lock_watches(watches).get(&id) {
+                                w.push(event);
+                            }
+                        }
+                        Ok(ServerMsg::WatchEnd { id }) => {
+                            if let Some(w) = lock_watches(watches).get(&id) {
+                                w.end();
+                            }
+                        }
+                        Ok(ServerMsg::Error { id: Some(id), error }) if lock_watches(watches).contains_key(&id) => {
+                            if let Some(w) = lock_watches(watches).get(&id) {
+                                w.fail(&Error::from_body(error));
+                            }
                         }
                         Ok(msg) => {
                             let id = msg_id(&msg).map(str::to_owned);
@@ -336,6 +400,16 @@ async fn session(
                     }
                     Some(Cmd::Detach(id)) => {
                         Message::Text(serde_json::to_string(&ClientMsg::Detach { id }).unwrap_or_default().into())
+                    }
+                    Some(Cmd::Watch(id)) => {
+                        let w = lock_watches(watches).get(&id).cloned();
+                        match w {
+                            Some(w) => watch_msg(&id, &w),
+                            None => continue,
+                        }
+                    }
+                    Some(Cmd::Unwatch(id)) => {
+                        Message::Text(serde_json::to_string(&ClientMsg::Unwatch { id }).unwrap_or_default().into())
                     }
                 };
                 if let Err(e) = ws.send(msg).await {
@@ -371,6 +445,10 @@ fn msg_id(m: &ServerMsg) -> Option<&str> {
         | ServerMsg::Settled { id, .. }
         | ServerMsg::GroupGone { id } => Some(id),
         ServerMsg::Error { id, .. } => id.as_deref(),
-        ServerMsg::Hello { .. } | ServerMsg::Hb => None,
+        ServerMsg::Hello { .. }
+        | ServerMsg::Hb
+        | ServerMsg::Watching { .. }
+        | ServerMsg::FileEvent { .. }
+        | ServerMsg::WatchEnd { .. } => None,
     }
 }

@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use conch_seams::{Error, ErrorCode, Result};
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
@@ -53,13 +54,43 @@ impl Http {
         body: Option<&(impl Serialize + Sync)>,
         extra: Duration,
     ) -> Result<T> {
+        let body = match body {
+            Some(b) => Some((
+                Bytes::from(serde_json::to_vec(b).map_err(|e| {
+                    Error::internal(format!("encoding a request body failed: {e}"))
+                })?),
+                "application/json",
+            )),
+            None => None,
+        };
+        let endpoint = endpoint_of(&method, path);
+        let raw = self.exchange(method, path, body, extra).await?;
+        serde_json::from_slice(&raw.bytes).map_err(|e| {
+            Error::new(
+                ErrorCode::Protocol,
+                format!("the daemon's answer to {endpoint} is not what RXP/1 defines: {e}"),
+            )
+            .with_provider(super::NAME)
+        })
+    }
+
+    /// Calls `method path` with an optional body of the given content type and returns the
+    /// successful answer's headers and bytes (the file endpoints' raw ranges and chunks);
+    /// retried, and its errors typed, as [`Http::call`].
+    pub(crate) async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Bytes, &'static str)>,
+        extra: Duration,
+    ) -> Result<Raw> {
         if let Some(dead) = self.health.dead() {
             return Err(dead);
         }
         let started = Instant::now();
         let mut backoff = FIRST_BACKOFF;
         let url = format!("{}{path}", self.base);
-        let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let endpoint = endpoint_of(&method, path);
         // The last refusal the daemon itself gave (a 503, say): when the final try is cut by
         // the deadline instead, the error still says what the daemon last answered.
         let mut last_answer: Option<String> = None;
@@ -83,8 +114,8 @@ impl Http {
             if let Some(b) = &self.boot_id {
                 req = req.header(BOOT_HEADER, b);
             }
-            if let Some(b) = body {
-                req = req.json(b);
+            if let Some((b, content_type)) = &body {
+                req = req.header(reqwest::header::CONTENT_TYPE, *content_type).body(b.clone());
             }
             let sent = tokio::select! {
                 r = req.send() => r,
@@ -152,12 +183,9 @@ impl Http {
         }
     }
 
-    async fn answer<T: DeserializeOwned>(
-        &self,
-        resp: reqwest::Response,
-        endpoint: &str,
-    ) -> Answer<T> {
+    async fn answer(&self, resp: reqwest::Response, endpoint: &str) -> Answer<Raw> {
         let status = resp.status();
+        let headers = resp.headers().clone();
         let bytes = match resp.bytes().await {
             Ok(b) => b,
             Err(e) => {
@@ -165,13 +193,7 @@ impl Http {
             }
         };
         if status.is_success() {
-            return Answer::Done(serde_json::from_slice(&bytes).map_err(|e| {
-                Error::new(
-                    ErrorCode::Protocol,
-                    format!("the daemon's answer to {endpoint} is not what RXP/1 defines: {e}"),
-                )
-                .with_provider(super::NAME)
-            }));
+            return Answer::Done(Ok(Raw { headers, bytes }));
         }
         if let Ok(reply) = serde_json::from_slice::<ErrorReply>(&bytes) {
             if reply.error.code == ErrorCode::Unauthenticated {
@@ -197,6 +219,17 @@ impl Http {
             .with_provider(super::NAME))),
         }
     }
+}
+
+/// A successful answer: its headers and body.
+#[derive(Debug)]
+pub(crate) struct Raw {
+    pub(crate) headers: reqwest::header::HeaderMap,
+    pub(crate) bytes: Bytes,
+}
+
+fn endpoint_of(method: &Method, path: &str) -> String {
+    format!("{method} {}", path.split('?').next().unwrap_or(path))
 }
 
 enum Answer<T> {

@@ -20,11 +20,15 @@
 //!   delivered is the caller's error, never assumed done.
 //! - The token is never logged or shown (`Debug` redacts it).
 //!
+//! `files.rs` is `files-remote`, the files seam of the daemon's composition over this
+//! provider's connection.
+//!
 //! `tests/it/remote.rs` runs all four conformance suites over `remote-sandbox` against an
 //! in-process daemon; `tests/it/remote/` holds the daemon's promises, fault injection, client
 //! error paths (wiremock) and security tests.
 
 mod conn;
+mod files;
 mod health;
 mod http;
 mod input;
@@ -53,6 +57,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub use files::{FILES_NAME, RemoteFiles};
 pub use process::RemoteProcess;
 pub use terminal::RemoteTerminal;
 
@@ -147,6 +152,7 @@ pub(crate) struct Shared {
     dial: Dial,
     info: Info,
     mirrors: Mirrors,
+    watches: conn::Watches,
     conn: Mutex<Option<mpsc::UnboundedSender<Cmd>>>,
     stop: CancellationToken,
     /// The verdict on the daemon (gone, or dead for good once replaced or refusing us).
@@ -169,6 +175,7 @@ impl Shared {
             tokio::spawn(conn::run(
                 self.dial.clone(),
                 Arc::clone(&self.mirrors),
+                Arc::clone(&self.watches),
                 rx,
                 self.stop.clone(),
                 Arc::clone(&self.health),
@@ -292,6 +299,7 @@ impl RemoteSubprocess {
                 health: Arc::clone(&http.health),
                 http,
                 mirrors,
+                watches: conn::Watches::default(),
                 conn: Mutex::new(None),
                 stop: CancellationToken::new(),
             }),
@@ -595,6 +603,7 @@ fn query_escape(s: &str) -> String {
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: RemoteConfig = ctx.config()?;
     let provider = Arc::new(RemoteSubprocess::connect(&config).map_err(|e| ctx.locate(e))?);
+    files::register_connection(&provider);
     let for_teardown = Arc::clone(&provider);
     Ok(PluginOutput::seam(SeamHandle::Subprocess(provider))
         .with_teardown(move || Box::pin(async move { for_teardown.shutdown().await })))

@@ -169,7 +169,11 @@ impl Mirror {
                 // An error about one id ends it: the server cannot stream it any more.
                 self.facts().failed.get_or_insert(error);
             }
-            ServerMsg::Hello { .. } | ServerMsg::Hb => return,
+            ServerMsg::Hello { .. }
+            | ServerMsg::Hb
+            | ServerMsg::Watching { .. }
+            | ServerMsg::FileEvent { .. }
+            | ServerMsg::WatchEnd { .. } => return,
         }
         self.changed();
     }

@@ -27,7 +27,13 @@ fn info() -> Info {
         boot_id: "mock-boot-1".into(),
         server: "conch-sandboxd mock".into(),
         provider: "subprocess-local".into(),
-        capabilities: Capabilities { subprocess, leases: true, stdin_offsets: true, resume: true },
+        capabilities: Capabilities {
+            subprocess,
+            leases: true,
+            stdin_offsets: true,
+            resume: true,
+            files: None,
+        },
         limits: Limits {
             max_body_bytes: 1 << 20,
             max_frame_bytes: 1 << 20,

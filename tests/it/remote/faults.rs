@@ -33,7 +33,7 @@ use super::Daemon;
 /// upstream connection; the test can cut all live ones at once, swallow chosen HTTP
 /// responses (the daemon did the work, the client never hears), freeze forwarding
 /// (a peer that neither answers nor closes), or go away for good.
-struct Proxy {
+pub(super) struct Proxy {
     addr: SocketAddr,
     shared: Arc<ProxyShared>,
     accept: AbortHandle,
@@ -68,9 +68,9 @@ struct LinkState {
 
 /// What one `cut_all` cut.
 #[derive(Debug, Clone, Copy, Default)]
-struct Cut {
-    links: usize,
-    ws: usize,
+pub(super) struct Cut {
+    pub(super) links: usize,
+    pub(super) ws: usize,
 }
 
 const METHODS: [&[u8]; 4] = [b"GET /", b"POST /", b"PUT /", b"DELETE /"];
@@ -119,7 +119,7 @@ impl ProxyShared {
 }
 
 impl Proxy {
-    async fn start(upstream: SocketAddr) -> Self {
+    pub(super) async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(ProxyShared::default());
@@ -139,12 +139,12 @@ impl Proxy {
         Self { addr, shared, accept }
     }
 
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Cuts every live connection (both sides see the socket close mid-whatever).
-    fn cut_all(&self) -> Cut {
+    pub(super) fn cut_all(&self) -> Cut {
         let links: Vec<Link> = self.shared.links.lock().unwrap().drain().map(|(_, l)| l).collect();
         let mut cut = Cut::default();
         for l in links {
@@ -160,11 +160,11 @@ impl Proxy {
     /// The daemon's answers to the next `n` requests whose request line contains
     /// `pattern` are dropped and their connections cut: the work is done, the client
     /// does not know.
-    fn swallow_responses(&self, pattern: &str, n: usize) {
+    pub(super) fn swallow_responses(&self, pattern: &str, n: usize) {
         *self.shared.swallow.lock().unwrap() = (pattern.to_owned(), n);
     }
 
-    fn swallowed(&self) -> usize {
+    pub(super) fn swallowed(&self) -> usize {
         self.shared.swallowed.load(Ordering::SeqCst)
     }
 
@@ -260,7 +260,7 @@ async fn link(
 // ---------------------------------------------------------------------------------------
 
 /// A client of `d` that reaches it only through `proxy`.
-async fn client_via(
+pub(super) async fn client_via(
     d: &Daemon,
     proxy: &Proxy,
     tune: impl FnOnce(&mut RemoteConfig),

@@ -26,7 +26,7 @@ use conch_provider_remote_proto::{
 type Shared = Arc<State>;
 
 /// A handler's failure: a typed error that becomes a JSON body with a matching status.
-pub(crate) struct ApiError(Box<Error>, StatusCode);
+pub(crate) struct ApiError(pub(crate) Box<Error>, pub(crate) StatusCode);
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
@@ -44,7 +44,11 @@ pub(crate) fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorCode::PermissionDenied | ErrorCode::SandboxDenied => StatusCode::FORBIDDEN,
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
-        ErrorCode::AlreadyExists | ErrorCode::ForeignOwner => StatusCode::CONFLICT,
+        ErrorCode::AlreadyExists | ErrorCode::ForeignOwner | ErrorCode::DirectoryNotEmpty => {
+            StatusCode::CONFLICT
+        }
+        ErrorCode::NotADirectory | ErrorCode::IsADirectory => StatusCode::BAD_REQUEST,
+        ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorCode::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::SpawnFailed => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorCode::Unsupported => StatusCode::NOT_IMPLEMENTED,
@@ -86,6 +90,23 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/terms/{id}/signal", post(term_signal))
         .route("/v1/terms/{id}/resize", post(term_resize))
         .route("/v1/terms/{id}/terminate", post(term_terminate))
+        .route("/v1/files/stat", post(super::files::stat))
+        .route("/v1/files/read", post(super::files::read))
+        .route("/v1/files/list", post(super::files::list))
+        .route("/v1/files/mkdir", post(super::files::mkdir))
+        .route("/v1/files/rename", post(super::files::rename))
+        .route("/v1/files/remove", post(super::files::remove))
+        .route("/v1/files/uploads", post(super::files::open_upload))
+        .route(
+            "/v1/files/uploads/{id}",
+            axum::routing::put(super::files::upload_chunk).delete(super::files::delete_upload),
+        )
+        .route("/v1/files/uploads/{id}/finish", post(super::files::finish_upload))
+        .route("/v1/files/exports", post(super::files::open_export))
+        .route(
+            "/v1/files/exports/{id}",
+            get(super::files::read_export).delete(super::files::delete_export),
+        )
         .route("/v1/leave", post(leave))
         .route("/v1/ws", any(super::ws::upgrade))
         .fallback(not_found)
@@ -202,7 +223,10 @@ pub(crate) fn client_of(state: &State, headers: &HeaderMap) -> Result<String, Ap
 }
 
 /// Reads and parses a JSON body under the daemon's size limit.
-async fn json_body<T: DeserializeOwned>(state: &State, body: Body) -> Result<T, ApiError> {
+pub(crate) async fn json_body<T: DeserializeOwned>(
+    state: &State,
+    body: Body,
+) -> Result<T, ApiError> {
     let limit = state.cfg.max_body_bytes;
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
         let e = Error::new(
@@ -217,7 +241,7 @@ async fn json_body<T: DeserializeOwned>(state: &State, body: Body) -> Result<T, 
 }
 
 /// Runs `f` in a task of its own: the work finishes even when the client drops the request.
-async fn detached<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
+pub(crate) async fn detached<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
     f: impl std::future::Future<Output = Result<T, E>> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::spawn(f)
@@ -246,7 +270,7 @@ fn term_of(e: &Entry) -> Result<&TermEntry, ApiError> {
     }
 }
 
-fn check_id(id: &str) -> Result<(), ApiError> {
+pub(crate) fn check_id(id: &str) -> Result<(), ApiError> {
     let ok = !id.is_empty()
         && id.len() <= 128
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));

@@ -1,4 +1,6 @@
-//! `conch sandboxd`: hosts one subprocess provider's world over RXP/1.
+//! `conch sandboxd`: hosts one subprocess provider's world over RXP/1, and the composition's
+//! files provider when it has one (`files.rs`: ranged reads, offset-addressed uploads,
+//! staged tar exports; watches ride the WebSocket in `ws.rs`).
 //!
 //! # Invariants
 //! - No process lifetime depends on a request or a connection: starts, kills and teardowns
@@ -19,6 +21,7 @@
 //! replayed what it missed.
 
 mod api;
+mod files;
 mod ws;
 
 use std::collections::HashMap;
@@ -28,7 +31,8 @@ use std::time::{Duration, Instant};
 
 use conch_output::{Collector, CollectorConfig};
 use conch_seams::{
-    Error, ErrorCode, OutputSpec, Process, Result, SignalDelivery, Subprocess, TerminalProcess,
+    Error, ErrorCode, Files, OutputSpec, Process, Result, SignalDelivery, Subprocess,
+    TerminalProcess,
 };
 use conch_sync::LockExt;
 use tokio::sync::watch;
@@ -36,6 +40,7 @@ use tokio::sync::watch;
 use conch_provider_remote_proto::{self as proto, Capabilities, Info, Limits};
 
 pub use api::router;
+pub use files::MAX_TRANSFERS;
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -122,6 +127,8 @@ pub struct State {
     pub(crate) sub: Arc<dyn Subprocess>,
     pub(crate) cfg: ServerConfig,
     pub(crate) boot_id: String,
+    /// The hosted files provider (when the composition has one) and its transfers.
+    pub(crate) files: files::FilesHost,
     clients: Mutex<HashMap<String, ClientState>>,
     /// Set once shutdown began: no new work.
     closing: watch::Sender<bool>,
@@ -130,10 +137,21 @@ pub struct State {
 impl State {
     /// State hosting `sub`; call [`State::run_leases`] (or [`serve`]) to enforce leases.
     pub fn new(sub: Arc<dyn Subprocess>, cfg: ServerConfig) -> Arc<Self> {
+        Self::with_files(sub, None, cfg)
+    }
+
+    /// State hosting `sub` and, when given, a files provider for `/v1/files` (without one
+    /// those endpoints answer `unsupported`).
+    pub fn with_files(
+        sub: Arc<dyn Subprocess>,
+        files: Option<Arc<dyn Files>>,
+        cfg: ServerConfig,
+    ) -> Arc<Self> {
         Arc::new(Self {
             sub,
             cfg,
             boot_id: proto::random_id(),
+            files: files::FilesHost::new(files),
             clients: Mutex::default(),
             closing: watch::Sender::new(false),
         })
@@ -152,6 +170,12 @@ impl State {
                 leases: true,
                 stdin_offsets: true,
                 resume: true,
+                files: self.files.files.as_ref().map(|f| proto::FilesInfo {
+                    provider: f.provider_name().into(),
+                    watch: f.capabilities().watch,
+                    default_dir: f.default_dir().to_path_buf(),
+                    max_chunk_bytes: self.cfg.max_body_bytes as u64,
+                }),
             },
             limits: Limits {
                 max_body_bytes: self.cfg.max_body_bytes as u64,
@@ -334,6 +358,7 @@ impl State {
     /// Kills everything `client` holds, awaiting each teardown; the entries stay readable
     /// (retired) for one more lease.
     pub(crate) async fn drop_client(&self, client: &str) {
+        self.files.drop_client(client);
         let entries = self.retire_client(client);
         futures::future::join_all(entries.iter().map(|e| stop(e))).await;
     }
@@ -348,6 +373,7 @@ impl State {
                 _ = closing.wait_for(|c| *c) => return,
             }
             let lease = self.cfg.lease;
+            self.files.sweep(lease);
             let mut expired = Vec::new();
             {
                 let mut clients = self.lock();
@@ -375,6 +401,7 @@ impl State {
         self.closing.send_replace(true);
         let all: Vec<String> = self.lock().keys().cloned().collect();
         futures::future::join_all(all.iter().map(|c| self.drop_client(c))).await;
+        self.files.clear();
         self.sub.shutdown().await;
     }
 

@@ -97,6 +97,7 @@ async fn session(state: Arc<State>, client: String, socket: WebSocket) {
     }
 
     let mut attached: HashMap<String, JoinHandle<()>> = HashMap::new();
+    let mut watches: HashMap<String, JoinHandle<()>> = HashMap::new();
     let mut last_rx = Instant::now();
     let mut ticker = tokio::time::interval(hb.min(client_hb));
     let mut closing = state.closing();
@@ -133,6 +134,26 @@ async fn session(state: Arc<State>, client: String, socket: WebSocket) {
                             }
                         }
                         Ok(ClientMsg::Hb) => {}
+                        Ok(ClientMsg::Watch { id, path, recursive }) => {
+                            if let Some(old) = watches.remove(&id) {
+                                old.abort();
+                            }
+                            match state.files.provider() {
+                                Ok(files) => {
+                                    let task = tokio::spawn(pump_watch(files, id.clone(), path, recursive, tx.clone()));
+                                    watches.insert(id, task);
+                                }
+                                Err(e) => {
+                                    let msg = ServerMsg::Error { id: Some(id), error: e.to_body() };
+                                    if !send_msg(&tx, &msg).await { break }
+                                }
+                            }
+                        }
+                        Ok(ClientMsg::Unwatch { id }) => {
+                            if let Some(old) = watches.remove(&id) {
+                                old.abort();
+                            }
+                        }
                         Ok(ClientMsg::Hello { .. }) | Err(_) => {
                             // A confused client gets told, and the connection goes on.
                             let e = Error::new(ErrorCode::Protocol, "unexpected or malformed message");
@@ -166,7 +187,7 @@ async fn session(state: Arc<State>, client: String, socket: WebSocket) {
             () = &mut closed => break,
         }
     }
-    for (_, t) in attached.drain() {
+    for (_, t) in attached.drain().chain(watches.drain()) {
         t.abort();
     }
     drop(tx);
@@ -179,6 +200,45 @@ async fn close_bad(tx: Tx, writer: JoinHandle<()>, why: &str) {
     let _ = send_msg(&tx, &ServerMsg::Error { id: None, error: e.to_body() }).await;
     drop(tx);
     let _ = writer.await;
+}
+
+/// One watch's events, in order, through the connection's queue: a client that lags slows
+/// this pump, and the provider's own bounded queue turns what it cannot hold into an
+/// `overflow` event.
+async fn pump_watch(
+    files: Arc<dyn conch_seams::Files>,
+    id: String,
+    path: std::path::PathBuf,
+    recursive: bool,
+    tx: Tx,
+) {
+    let err = |id: &str, e: Error| ServerMsg::Error { id: Some(id.into()), error: e.to_body() };
+    let mut watch = match files.watch(&path, recursive).await {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = send_msg(&tx, &err(&id, e)).await;
+            return;
+        }
+    };
+    if !send_msg(&tx, &ServerMsg::Watching { id: id.clone() }).await {
+        return;
+    }
+    loop {
+        let msg = match watch.next_event().await {
+            Ok(Some(event)) => ServerMsg::FileEvent { id: id.clone(), event },
+            Ok(None) => {
+                let _ = send_msg(&tx, &ServerMsg::WatchEnd { id }).await;
+                return;
+            }
+            Err(e) => {
+                let _ = send_msg(&tx, &err(&id, e)).await;
+                return;
+            }
+        };
+        if !send_msg(&tx, &msg).await {
+            return;
+        }
+    }
 }
 
 /// Where a pump reads from: a process stream or a terminal's retained output.
