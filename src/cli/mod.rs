@@ -55,6 +55,9 @@ pub enum BenchSuite {
     Remote,
     /// bash-sandbox under each runner next to bash-local.
     Sandbox,
+    /// The files seam: 1 GiB through files-local next to `cat`, remote next to local, and a
+    /// small `file_edit` round trip remote next to local.
+    Files,
 }
 
 #[derive(Subcommand)]

@@ -16,8 +16,10 @@ use async_trait::async_trait;
 
 use crate::Result;
 
-/// What a denial's message starts with, for files and shells alike.
-pub const SANDBOX_MARKER: &str = "conch-sandbox:";
+/// What a sandbox denial's message starts with: the first words of the marker a shell result
+/// carries for a file denial ([`denial_marker`](crate::sandbox::denial_marker)`("file access",
+/// mode)`, which goes on ` under <mode> mode]`).
+pub const SANDBOX_MARKER: &str = "[sandbox: file access denied";
 
 /// The most bytes one [`Files::read`] returns, whatever the caller asks.
 pub const MAX_READ_CHUNK: usize = 8 << 20;

@@ -121,6 +121,13 @@ impl SandboxPolicy {
     }
 }
 
+/// The marker a model reads where the sandbox denied `what` (`file access`, `network
+/// access`) under `mode`: `[sandbox: file access denied under workspace-write mode]`. Shell
+/// results and the files seam's refusals carry the same words.
+pub fn denial_marker(what: &str, mode: SandboxMode) -> String {
+    format!("[sandbox: {what} denied under {mode} mode]")
+}
+
 /// A command line before or after wrapping: what a subprocess seam spawns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -269,7 +269,7 @@ pub fn sandbox_marker(info: &SandboxInfo) -> Option<String> {
         SandboxVerdict::Denied(Some(Denial::File) | None) => "file access",
         SandboxVerdict::Clean | SandboxVerdict::RunnerFailed => return None,
     };
-    Some(format!("[sandbox: {what} denied under {} mode]", info.mode))
+    Some(conch_seams::sandbox::denial_marker(what, info.mode))
 }
 
 fn sandbox_json(info: &SandboxInfo) -> serde_json::Value {

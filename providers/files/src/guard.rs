@@ -19,7 +19,8 @@
 //!    ancestor (`.git`) away.
 //!
 //! In read-only mode every write is denied. Every denial is `sandbox_denied`, its message
-//! starting with [`SANDBOX_MARKER`] and naming the path and why.
+//! starting with the shell's marker for a file denial
+//! (`[sandbox: file access denied under workspace-write mode]`) and naming the path and why.
 //!
 //! Holes, stated: a hard link inside a root to a file outside it is written through (as the
 //! confined shell would); a path that reaches a root only through a symlink outside it is
@@ -30,7 +31,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use conch_seams::files::SANDBOX_MARKER;
+use conch_seams::sandbox::denial_marker;
 use conch_seams::{Error, ErrorCode, Result, SandboxMode, SandboxPolicy};
 use nix::errno::Errno;
 use nix::fcntl::AtFlags;
@@ -65,11 +66,12 @@ pub(crate) struct Guard {
     read_only: Vec<PathBuf>,
 }
 
-/// A `sandbox_denied` error for `path`, marked.
-pub(crate) fn denied(what: &str, path: &Path, why: &str) -> Error {
+/// A `sandbox_denied` error for `path`, marked as a shell result's file denial is
+/// (`[sandbox: file access denied under <mode> mode]`).
+pub(crate) fn denied(mode: SandboxMode, what: &str, path: &Path, why: &str) -> Error {
     Error::new(
         ErrorCode::SandboxDenied,
-        format!("{SANDBOX_MARKER} {what} {} denied: {why}", path.display()),
+        format!("{} {what} {}: {why}", denial_marker("file access", mode), path.display()),
     )
 }
 
@@ -132,17 +134,17 @@ impl Guard {
 
     fn locate(&self, what: &str, path: &Path, intent: Intent) -> Result<Loc> {
         if self.mode == SandboxMode::ReadOnly {
-            return Err(denied(what, path, "the sandbox is read-only"));
+            return Err(denied(self.mode, what, path, "the sandbox is read-only"));
         }
         let Some((root, rel)) = self.root_of(path) else {
-            return Err(denied(what, path, "outside the writable roots"));
+            return Err(denied(self.mode, what, path, "outside the writable roots"));
         };
         let (parent_rel, name) = match (rel.parent(), rel.components().next_back()) {
             (Some(p), Some(Component::Normal(n))) => (p, n.to_owned()),
             (_, None) => {
-                return Err(denied(what, path, "it is a writable root itself"));
+                return Err(denied(self.mode, what, path, "it is a writable root itself"));
             }
-            _ => return Err(denied(what, path, "its last component is not a name")),
+            _ => return Err(denied(self.mode, what, path, "its last component is not a name")),
         };
         let root_fd = open(
             root.as_path(),
@@ -159,13 +161,14 @@ impl Guard {
             Ok(fd) => fd,
             Err(Errno::EXDEV | Errno::ELOOP) => {
                 return Err(denied(
+                    self.mode,
                     what,
                     path,
                     "it resolves outside the writable roots (through a symlink or `..`)",
                 ));
             }
             Err(Errno::ENOSYS) => {
-                return Err(denied(what, path, "this kernel has no openat2 to resolve it safely"));
+                return Err(denied(self.mode, what, path, "this kernel has no openat2 to resolve it safely"));
             }
             Err(e) => return Err(sys(what, path.parent().unwrap_or(path), e)),
         };
@@ -182,7 +185,7 @@ impl Guard {
         let resolved: Vec<Resolved<'_>> =
             self.read_only.iter().map(|p| resolve_read_only(p)).collect();
         let deny = |r: &Resolved<'_>, how: &str| {
-            denied(what, &loc.path, &format!("{how} read-only path {}", r.path.display()))
+            denied(self.mode, what, &loc.path, &format!("{how} read-only path {}", r.path.display()))
         };
         // The parent and its ancestors, up to the filesystem root.
         let mut cur = fstat(loc.dir.as_fd()).map_err(|e| sys(what, &loc.path, e))?;

@@ -573,30 +573,29 @@ impl Drop for RemoteWatch {
     }
 }
 
-/// The `remote-sandbox` connections built in this process, by the address of their
-/// provider: `files-remote` finds the one its composition's subprocess seam is. (The
-/// registry hands a plugin its seams as trait objects; this is how one learns which
-/// remote-sandbox it got.)
-static CONNECTIONS: Mutex<Vec<(usize, Weak<Shared>)>> = Mutex::new(Vec::new());
-
-/// The key of a provider: the address its `Arc` points at.
-fn key_of<T: ?Sized>(p: &Arc<T>) -> usize {
-    Arc::as_ptr(p).cast::<()>() as usize
-}
+/// The `remote-sandbox` providers built in this process: `files-remote` finds the one its
+/// composition's subprocess seam is. (The registry hands a plugin its seams as trait
+/// objects; this is how one learns which remote-sandbox it got.) Entries are weak and matched
+/// only while alive, so an address a dropped provider left behind never matches a newer one.
+static CONNECTIONS: Mutex<Vec<Weak<RemoteSubprocess>>> = Mutex::new(Vec::new());
 
 /// Records a built remote-sandbox, so `files-remote` can share its connection.
 pub(crate) fn register_connection(provider: &Arc<RemoteSubprocess>) {
     let mut all = CONNECTIONS.locked();
-    all.retain(|(_, w)| w.strong_count() > 0);
-    all.push((key_of(provider), Arc::downgrade(&provider.shared)));
+    all.retain(|w| w.strong_count() > 0);
+    all.push(Arc::downgrade(provider));
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let _: conch_registry::NoConfig = ctx.config()?;
     let sub = ctx.subprocess()?;
-    let key = key_of(&sub);
-    let shared =
-        CONNECTIONS.locked().iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade());
+    // `sub` is alive while we look, so at most one live entry shares its address.
+    let shared = CONNECTIONS
+        .locked()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|p| std::ptr::addr_eq(Arc::as_ptr(p), Arc::as_ptr(&sub)))
+        .map(|p| Arc::clone(&p.shared));
     let Some(shared) = shared else {
         return Err(ctx.locate(Error::new(
             ErrorCode::InvalidComposition,

@@ -7,9 +7,10 @@
 //!
 //! `bench.rs` holds the `oneshot` and `terminal` suites, `floors.rs` the `floors` suite and
 //! the goal rows the others share, `remote_bench.rs` the `remote` suite and
-//! `sandbox_bench.rs` the `sandbox` suite.
+//! `sandbox_bench.rs` the `sandbox` suite and `files_bench.rs` the `files` suite.
 
 mod bench;
+mod files_bench;
 mod floors;
 mod remote_bench;
 mod sandbox_bench;
@@ -85,6 +86,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
     match suite {
         BenchSuite::Remote => remote_bench::run(iterations, json).await,
         BenchSuite::Sandbox => sandbox_bench::run(iterations, json).await,
+        BenchSuite::Files => files_bench::run(iterations, json).await,
         BenchSuite::Floors => floors::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
         BenchSuite::Oneshot => {

@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::floors::{Goal, Row, e, median, owner, paired, render, terminal_send, timed};
 
 /// An in-process daemon on 127.0.0.1 with a fresh token.
-struct Daemon {
+pub(crate) struct Daemon {
     url: String,
     token: String,
     host: Runtime,
@@ -24,12 +24,14 @@ struct Daemon {
 }
 
 impl Daemon {
-    async fn start() -> anyhow::Result<Self> {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
         let host = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
         let sub = host.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
+        let files = host.seams().files.clone();
         let token = conch_provider_remote_proto::random_id();
-        let state = rxp::State::new(
+        let state = rxp::State::with_files(
             sub,
+            files,
             ServerConfig { token: Some(token.clone()), ..ServerConfig::default() },
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -42,7 +44,7 @@ impl Daemon {
     }
 
     /// The embedded composition `name`, pointed at this daemon.
-    fn runtime(&self, name: &str) -> anyhow::Result<Runtime> {
+    pub(crate) fn runtime(&self, name: &str) -> anyhow::Result<Runtime> {
         let yaml = conch::EMBEDDED
             .iter()
             .find(|(n, _)| *n == name)
@@ -60,7 +62,7 @@ impl Daemon {
         .map_err(|e| anyhow!("{e}"))
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -71,7 +73,7 @@ impl Daemon {
 }
 
 /// Resident memory of this process in MiB (client and daemon both live here).
-fn rss_mib() -> f64 {
+pub(crate) fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let kib = status
         .lines()
@@ -83,7 +85,7 @@ fn rss_mib() -> f64 {
 
 /// Runs `f` while sampling resident memory; returns its result and the growth over the
 /// starting value at the highest sample, in MiB.
-async fn with_peak_rss<T>(
+pub(crate) async fn with_peak_rss<T>(
     f: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<(T, f64)> {
     let base = rss_mib();

@@ -1,0 +1,220 @@
+//! `conch bench --suite files`: the files seam next to floors measured in the same run.
+//!
+//! - 1 GiB written through `files-local` next to `cp` of a 1 GiB file, and read back next
+//!   to `cat FILE > /dev/null` (goal: at most 1.2x each). Both sides use the same
+//!   directory, a fresh target per round, and a source already in the page cache.
+//! - The same GiB written and read through `files-remote` (a `conch sandboxd` on loopback in
+//!   this process, hosting `files-local`) next to `files-local` (goal: at least half the
+//!   local rate, so a time ratio of at most 2), and the process's peak memory growth while
+//!   it streams (client and daemon both live here; goal: flat, at most 64 MiB).
+//! - A small-file `file_edit` round trip, remote next to local (goal: at most 2x + 1 ms).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context as _, anyhow, ensure};
+use conch_registry::Runtime;
+use conch_seams::{Files, WriteMode, WriteSpec};
+use serde_json::json;
+
+use crate::floors::{Goal, Row, e, median, owner, render};
+use crate::remote_bench::{Daemon, with_peak_rss};
+
+const GIB: u64 = 1 << 30;
+const CHUNK: usize = conch_seams::files::MAX_READ_CHUNK;
+
+fn files_of(rt: &Runtime, what: &str) -> anyhow::Result<Arc<dyn Files>> {
+    rt.seams().files.clone().ok_or_else(|| anyhow!("{what} has no files seam"))
+}
+
+/// Writes 1 GiB to `path` through the seam, one chunk-sized buffer at a time.
+async fn write_gib(files: &dyn Files, path: &Path) -> anyhow::Result<()> {
+    let buf = vec![b'x'; CHUNK];
+    let mut w = files.write(WriteSpec::new(path, WriteMode::Truncate)).await.map_err(e)?;
+    for _ in 0..GIB / CHUNK as u64 {
+        w.write(&buf).await.map_err(e)?;
+    }
+    let st = w.finish().await.map_err(e)?;
+    ensure!(st.size == GIB, "wrote {} bytes, not 1 GiB", st.size);
+    Ok(())
+}
+
+/// Reads all of `path` through the seam in the largest chunks it gives.
+async fn read_gib(files: &dyn Files, path: &Path) -> anyhow::Result<()> {
+    let mut offset = 0u64;
+    loop {
+        let chunk = files.read(path, offset, CHUNK).await.map_err(e)?;
+        offset += chunk.data.len() as u64;
+        if chunk.eof {
+            break;
+        }
+        ensure!(!chunk.data.is_empty(), "an empty read before the end at {offset}");
+    }
+    ensure!(offset == GIB, "read {offset} bytes, not 1 GiB");
+    Ok(())
+}
+
+/// Runs `sh -c script` and fails unless it exits 0.
+async fn sh(script: &str) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .status()
+        .await
+        .with_context(|| format!("running {script}"))?;
+    ensure!(status.success(), "{script} exited {status}");
+    Ok(())
+}
+
+/// Times `f` once per round after `prepare` (untimed); returns the median in ms.
+async fn rounds<P, PF, F, FF>(n: usize, mut prepare: P, mut f: F) -> anyhow::Result<f64>
+where
+    P: FnMut() -> PF,
+    PF: Future<Output = anyhow::Result<()>>,
+    F: FnMut() -> FF,
+    FF: Future<Output = anyhow::Result<()>>,
+{
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        prepare().await?;
+        let t0 = Instant::now();
+        f().await?;
+        v.push(t0.elapsed());
+    }
+    Ok(median(v))
+}
+
+fn quoted(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+/// One `file_edit` that swaps `from` for `to` in `path`.
+async fn edit(rt: &Runtime, o: &Arc<conch_seams::Owner>, path: &str, from: &str, to: &str)
+-> anyhow::Result<()> {
+    let args = json!({"path": path, "old_string": from, "new_string": to});
+    rt.call(o, "file_edit", args).await.map_err(e)?;
+    Ok(())
+}
+
+/// Runs the suite and renders the table (or JSON).
+///
+/// # Errors
+/// When a runtime or the daemon cannot be built, or a measured operation fails.
+pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<String> {
+    let n = iterations.clamp(1, 5);
+    let dir = tempfile::tempdir().context("a scratch directory")?;
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (src, by_seam, by_tool) = (path("source"), path("seam"), path("tool"));
+    let mut rows = Vec::new();
+
+    let local = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+    let files = files_of(&local, "the standard composition")?;
+    write_gib(files.as_ref(), &src).await?;
+    // The source in the page cache before anything is timed.
+    sh(&format!("cat {} > /dev/null", quoted(&src))).await?;
+
+    let gone = |p: PathBuf| move || {
+        let p = p.clone();
+        async move {
+            match tokio::fs::remove_file(&p).await {
+                Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err.into()),
+                _ => Ok(()),
+            }
+        }
+    };
+    let cp = format!("cp {} {}", quoted(&src), quoted(&by_tool));
+    let floor_w = rounds(n, gone(by_tool.clone()), || sh(&cp)).await?;
+    let seam_w = rounds(n, gone(by_seam.clone()), || write_gib(files.as_ref(), &by_seam)).await?;
+    rows.push(Row {
+        path: "1 GiB written through files-local",
+        unit: "ms",
+        measured: seam_w,
+        floor: Some(floor_w),
+        floor_name: "`cp` of a 1 GiB file",
+        goal: Goal::Ratio(1.2),
+    });
+    let cat = format!("cat {} > /dev/null", quoted(&by_seam));
+    let nothing = || async { Ok(()) };
+    let floor_r = rounds(n, nothing, || sh(&cat)).await?;
+    let seam_r = rounds(n, nothing, || read_gib(files.as_ref(), &by_seam)).await?;
+    rows.push(Row {
+        path: "1 GiB read through files-local",
+        unit: "ms",
+        measured: seam_r,
+        floor: Some(floor_r),
+        floor_name: "`cat` of the same file to /dev/null",
+        goal: Goal::Ratio(1.2),
+    });
+
+    let daemon = Daemon::start().await?;
+    let remote = daemon.runtime("remote-sandbox")?;
+    let rfiles = files_of(&remote, "the remote-sandbox composition")?;
+    let remote_w = rounds(n, gone(by_seam.clone()), || write_gib(rfiles.as_ref(), &by_seam)).await?;
+    let local_w = rounds(n, gone(by_seam.clone()), || write_gib(files.as_ref(), &by_seam)).await?;
+    rows.push(Row {
+        path: "1 GiB written through files-remote",
+        unit: "ms",
+        measured: remote_w,
+        floor: Some(local_w),
+        floor_name: "the same write, files-local",
+        goal: Goal::Ratio(2.0),
+    });
+    let (remote_r, grown) =
+        with_peak_rss(rounds(n, nothing, || read_gib(rfiles.as_ref(), &by_seam))).await?;
+    let local_r = rounds(n, nothing, || read_gib(files.as_ref(), &by_seam)).await?;
+    rows.push(Row {
+        path: "1 GiB read through files-remote",
+        unit: "ms",
+        measured: remote_r,
+        floor: Some(local_r),
+        floor_name: "the same read, files-local",
+        goal: Goal::Ratio(2.0),
+    });
+    let (_, grown_w) = with_peak_rss(write_gib(rfiles.as_ref(), &by_seam)).await?;
+    rows.push(Row {
+        path: "peak memory growth while 1 GiB goes each way, remote",
+        unit: "MiB",
+        measured: grown.max(grown_w),
+        floor: None,
+        floor_name: "",
+        goal: Goal::AtMost(64.0),
+    });
+    tokio::fs::remove_file(&by_seam).await.ok();
+    tokio::fs::remove_file(&src).await.ok();
+
+    // A small source file, edited back and forth.
+    let small = path("small.rs");
+    let text: String = (0..200).map(|i| format!("let line_{i} = {i};\n")).collect();
+    tokio::fs::write(&small, text).await?;
+    let small = small.display().to_string();
+    let o = owner();
+    let (mut l, mut r) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    // In alternation: local turns 100 into 101, remote turns it back.
+    let (a, b) = ("let line_100 = 100;", "let line_100 = 101;");
+    for _ in 0..n.max(5) {
+        let t0 = Instant::now();
+        edit(&local, &o, &small, a, b).await?;
+        l.push(t0.elapsed());
+        let t0 = Instant::now();
+        edit(&remote, &o, &small, b, a).await?;
+        r.push(t0.elapsed());
+    }
+    rows.push(Row {
+        path: "file_edit of a 200-line file, remote",
+        unit: "ms",
+        measured: median(r),
+        floor: Some(median(l)),
+        floor_name: "the same edit, local",
+        goal: Goal::RatioPlusMs(2.0, 1.0),
+    });
+
+    o.dispose().await;
+    for rt in [&local, &remote] {
+        rt.shutdown().await;
+    }
+    daemon.stop().await?;
+    render(&rows, n, as_json)
+}
