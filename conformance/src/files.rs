@@ -574,6 +574,11 @@ pub async fn watch_reports_created_modified_renamed_removed(
     .await;
     files.remove(&g, false).await.unwrap();
     until(&mut w, "removed", |e| *e == WatchEvent::Removed { path: g.clone() }).await;
+    // A directory made after the watch began is watched too, with nothing made in it lost.
+    files.make_dir(&dir.join("later"), false).await.unwrap();
+    let h = dir.join("later/h");
+    put(files, &h, b"x").await;
+    until(&mut w, "created in a new dir", |e| *e == WatchEvent::Created { path: h.clone() }).await;
     // A subdirectory's removal is reported too.
     files.remove(&dir.join("sub"), false).await.unwrap();
     until(&mut w, "dir removed", |e| *e == WatchEvent::Removed { path: dir.join("sub") }).await;
