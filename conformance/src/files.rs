@@ -586,7 +586,16 @@ pub async fn watch_reports_created_modified_renamed_removed(
         code_of("watch missing", files.watch(&dir.join("nope"), false)).await,
         ErrorCode::NotFound
     );
-    drop(w);
+    // A move out of the watch is a rename to nowhere.
+    let away = dir.with_extension("away");
+    files.rename(&h, &away, false).await.unwrap();
+    until(&mut w, "moved out", |e| *e == WatchEvent::Renamed { from: Some(h.clone()), to: None })
+        .await;
+    files.remove(&away, false).await.unwrap();
+    // The watched directory's removal ends the stream.
     done(files, &dir).await;
+    until(&mut w, "the root removed", |e| *e == WatchEvent::Removed { path: dir.clone() }).await;
+    let end = within("the watch to end", w.next_event()).await.unwrap();
+    assert_eq!(end, None, "the stream ends after its directory's removal");
     Ok(())
 }
