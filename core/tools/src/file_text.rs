@@ -327,7 +327,7 @@ pub(crate) fn render_snippet(plan: &EditPlan) -> String {
                 return out;
             }
             let end = starts.get(n).map_or(text.len(), |&s| s - 1);
-            let line = text[starts[n - 1]..end].as_bytes();
+            let line = &text.as_bytes()[starts[n - 1]..end];
             let (shown_text, _) = show_line(line, line.len() as u64);
             out.push_str(&numbered(n as u64, &shown_text));
             shown += 1;

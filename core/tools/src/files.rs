@@ -172,15 +172,15 @@ impl Tool for FileReadTool {
             }
             let chunk = self.files.read(path, offset, READ_CHUNK).await?;
             size = chunk.size;
-            if offset == 0 {
-                if let Some(why) = sniff(&chunk.data, chunk.eof) {
-                    return Err(Error::invalid(format!(
-                        "{} is a binary file ({size} bytes; {} in its first {SNIFF_BYTES} \
-                         bytes): file_read shows text only",
-                        shown_path.display(),
-                        why.describe()
-                    )));
-                }
+            if offset == 0
+                && let Some(why) = sniff(&chunk.data, chunk.eof)
+            {
+                return Err(Error::invalid(format!(
+                    "{} is a binary file ({size} bytes; {} in its first {SNIFF_BYTES} \
+                     bytes): file_read shows text only",
+                    shown_path.display(),
+                    why.describe()
+                )));
             }
             offset += chunk.data.len() as u64;
             if pager.feed(&chunk.data) {
