@@ -233,10 +233,9 @@ fn render_read(path: &Path, pager: &Pager, size: u64) -> Result<ToolOutput> {
         if !text.ends_with('\n') {
             text.push('\n');
         }
-        text.push_str(&format!(
-            "[{} lines longer than {LINE_MAX_BYTES} bytes were cut]",
-            pager.cut_lines()
-        ));
+        let n = pager.cut_lines();
+        let (lines, were) = if n == 1 { ("line", "was") } else { ("lines", "were") };
+        text.push_str(&format!("[{n} {lines} longer than {LINE_MAX_BYTES} bytes {were} cut]"));
     }
     let structured = json!({
         "path": path,
