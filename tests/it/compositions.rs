@@ -173,7 +173,19 @@ fn a_tool_pointing_to_a_tool_the_composition_lacks_is_refused_naming_the_fix() {
 async fn standard_has_bash_and_job_tools_in_dependency_order() {
     let rt = crate::standard();
     let names: Vec<&str> = rt.tools().iter().map(|t| t.name()).collect();
-    assert_eq!(names, ["bash", "job_output", "job_list", "job_kill"]);
+    assert_eq!(
+        names,
+        [
+            "bash",
+            "job_output",
+            "job_list",
+            "job_kill",
+            "file_read",
+            "file_write",
+            "file_edit",
+            "file_list"
+        ]
+    );
     let plan =
         conch_registry::plan(&Composition::from_yaml("s", conch::EMBEDDED[0].1).unwrap()).unwrap();
     let order = plan.names();
