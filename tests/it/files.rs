@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use conch_registry::Runtime;
-use conch_seams::{Error, ErrorCode, Owner, SANDBOX_MARKER, ToolOutput};
+use conch_seams::files::SANDBOX_MARKER;
+use conch_seams::{Error, ErrorCode, Owner, ToolOutput};
 use conch_tools::{EDIT_MAX_BYTES, LIST_MAX_ENTRIES, READ_MAX_BYTES};
 use serde_json::{Value, json};
 
@@ -165,7 +166,8 @@ async fn read_stops_at_the_byte_cap_and_names_the_offset_that_continues() {
             shown + 1
         )
     );
-    let out = ok(&rt, &o, "file_read", json!({"path": path, "offset": shown + 1, "limit": 1})).await;
+    let out =
+        ok(&rt, &o, "file_read", json!({"path": path, "offset": shown + 1, "limit": 1})).await;
     assert_eq!(out.text.lines().next().unwrap(), format!("{:>6}\t{line}", shown + 1));
     rt.shutdown().await;
 }
@@ -352,8 +354,9 @@ async fn edit_refuses_absent_empty_unchanged_and_ambiguous_strings_and_leaves_th
     args["replace_all"] = json!(false);
     assert_eq!(fail(&rt, &o, "file_edit", args).await.code(), ErrorCode::InvalidArgument);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), content, "untouched by refusals");
-    let e = fail(&rt, &o, "file_edit", json!({"path": "nope", "old_string": "a", "new_string": "b"}))
-        .await;
+    let e =
+        fail(&rt, &o, "file_edit", json!({"path": "nope", "old_string": "a", "new_string": "b"}))
+            .await;
     assert_eq!(e.code(), ErrorCode::NotFound);
     assert!(e.message().contains("nope does not exist"), "{e}");
     let e = fail(&rt, &o, "file_edit", json!({"path": ".", "old_string": "a", "new_string": "b"}))
@@ -429,7 +432,10 @@ async fn list_shows_type_size_and_name_to_the_depth_asked() {
     let s = out.structured.unwrap();
     assert_eq!(s["depth"], 1);
     assert_eq!(s["truncated"], false);
-    assert_eq!(s["entries"][0], json!({"name": "README", "type": "file", "size": 5, "symlink_target": null}));
+    assert_eq!(
+        s["entries"][0],
+        json!({"name": "README", "type": "file", "size": 5, "symlink_target": null})
+    );
     let out = ok(&rt, &o, "file_list", json!({"path": root.join("src"), "depth": 2})).await;
     assert_eq!(
         out.text,
