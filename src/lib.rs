@@ -9,6 +9,8 @@ use conch_registry::{RegistryError, Runtime};
 
 // Referencing each provider crate keeps its plugin registrations in the final binary.
 use conch_jobs as _;
+#[cfg(target_os = "linux")]
+use conch_provider_files as _;
 #[cfg(unix)]
 use conch_provider_local as _;
 use conch_provider_remote as _;
@@ -32,6 +34,8 @@ pub fn link_all() {
     conch_terminals::register();
     conch_provider_sandbox::register();
     conch_provider_approval::register();
+    #[cfg(target_os = "linux")]
+    conch_provider_files::register();
 }
 
 /// Loads a composition by embedded name or path and builds it with the process's CONCH_HOME.

@@ -1,0 +1,252 @@
+//! Where a write may land: every mutating operation first turns its path into a [`Loc`], an
+//! open directory descriptor and one final name, and then acts only through `*at` calls on
+//! that descriptor, so what was checked is what is used.
+//!
+//! Without confinement (`files-local`, and `files-sandbox` in danger-full-access) the parent is
+//! opened as the host resolves it. Under a workspace-write policy:
+//! 1. The path must lie lexically beneath a writable root (the longest that matches); the
+//!    root itself is never a target (it cannot be removed, renamed or replaced).
+//! 2. The parent is opened with `openat2(root_fd, rel, RESOLVE_BENEATH |
+//!    RESOLVE_NO_MAGICLINKS)`: the kernel refuses `..` above the root, absolute symlinks,
+//!    relative symlinks that climb out and `/proc/self/root`-style magic links, at the moment
+//!    of use. A directory swapped for a symlink after this point changes nothing: the
+//!    descriptor names the directory that was resolved.
+//! 3. Read-only paths are compared by identity, not by spelling, as they resolve now: the
+//!    parent and each of its ancestors (walked up through `..` on descriptors) must not be a
+//!    read-only path; (parent, final name) must not be a read-only path's (parent, name), so a
+//!    missing `.git/hooks` cannot be created; the target itself must not be one (a hard link
+//!    to `.git/config` included); and a removal or rename must not take a read-only path's
+//!    ancestor (`.git`) away.
+//!
+//! In read-only mode every write is denied. Every denial is `sandbox_denied`, its message
+//! starting with [`SANDBOX_MARKER`] and naming the path and why.
+//!
+//! Holes, stated: a hard link inside a root to a file outside it is written through (as the
+//! confined shell would); a path that reaches a root only through a symlink outside it is
+//! refused (the roots are matched as spelled); a directory moved out of a root by someone
+//! unconfined while a write holds its descriptor receives that write.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use conch_seams::files::SANDBOX_MARKER;
+use conch_seams::{Error, ErrorCode, Result, SandboxMode, SandboxPolicy};
+use nix::errno::Errno;
+use nix::fcntl::AtFlags;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat, openat2};
+use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
+
+/// What an operation does to its target, for the read-only checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Intent {
+    /// Creates or writes the target.
+    Write,
+    /// Removes or renames the target (so also whatever it holds).
+    Destroy,
+}
+
+/// A checked place: the parent directory, held open, and the final name in it.
+#[derive(Debug)]
+pub(crate) struct Loc {
+    /// The parent directory (`O_PATH`).
+    pub dir: OwnedFd,
+    /// The final component.
+    pub name: OsString,
+    /// The absolute path, for messages and results.
+    pub path: PathBuf,
+}
+
+/// The confinement a `files-sandbox` enforces (absent for `files-local`).
+#[derive(Clone, Debug)]
+pub(crate) struct Guard {
+    mode: SandboxMode,
+    roots: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
+}
+
+/// A `sandbox_denied` error for `path`, marked.
+pub(crate) fn denied(what: &str, path: &Path, why: &str) -> Error {
+    Error::new(
+        ErrorCode::SandboxDenied,
+        format!("{SANDBOX_MARKER} {what} {} denied: {why}", path.display()),
+    )
+}
+
+/// An errno as the seam's error for `what` on `path`.
+pub(crate) fn sys(what: &str, path: &Path, errno: Errno) -> Error {
+    Error::fs(what, path, std::io::Error::from(errno))
+}
+
+type Id = (u64, u64);
+
+fn id(st: &FileStat) -> Id {
+    (st.st_dev, st.st_ino)
+}
+
+fn is_dir(st: &FileStat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// A read-only path as it resolves now: its own identity (when it exists), its parent's, and
+/// every ancestor's above that.
+struct Resolved<'a> {
+    path: &'a Path,
+    own: Option<Id>,
+    parent: Option<Id>,
+    name: Option<&'a OsStr>,
+    ancestors: Vec<Id>,
+}
+
+fn stat_follow(path: &Path) -> Option<Id> {
+    nix::sys::stat::stat(path).ok().map(|s| id(&s))
+}
+
+fn resolve_read_only(path: &Path) -> Resolved<'_> {
+    let own = nix::sys::stat::lstat(path).ok().map(|s| id(&s));
+    let parent = path.parent().and_then(stat_follow);
+    let ancestors = path.ancestors().skip(1).filter_map(stat_follow).collect();
+    Resolved { path, own, parent, name: path.file_name(), ancestors }
+}
+
+impl Guard {
+    /// The guard for `policy`, or `None` when it does not confine writes.
+    pub(crate) fn for_policy(policy: &SandboxPolicy) -> Option<Self> {
+        match policy.mode {
+            SandboxMode::DangerFullAccess => None,
+            mode => Some(Self {
+                mode,
+                roots: policy.writable(),
+                read_only: policy.read_only_paths.clone(),
+            }),
+        }
+    }
+
+    /// The writable root `path` lies beneath (the longest), and the rest of the path.
+    fn root_of<'p>(&self, path: &'p Path) -> Option<(&PathBuf, &'p Path)> {
+        self.roots
+            .iter()
+            .filter_map(|r| path.strip_prefix(r).ok().map(|rest| (r, rest)))
+            .max_by_key(|(r, _)| r.as_os_str().len())
+    }
+
+    fn locate(&self, what: &str, path: &Path, intent: Intent) -> Result<Loc> {
+        if self.mode == SandboxMode::ReadOnly {
+            return Err(denied(what, path, "the sandbox is read-only"));
+        }
+        let Some((root, rel)) = self.root_of(path) else {
+            return Err(denied(what, path, "outside the writable roots"));
+        };
+        let (parent_rel, name) = match (rel.parent(), rel.components().next_back()) {
+            (Some(p), Some(Component::Normal(n))) => (p, n.to_owned()),
+            (_, None) => {
+                return Err(denied(what, path, "it is a writable root itself"));
+            }
+            _ => return Err(denied(what, path, "its last component is not a name")),
+        };
+        let root_fd = open(
+            root.as_path(),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| sys(what, root, e))?;
+        let rel_parent: &Path =
+            if parent_rel.as_os_str().is_empty() { Path::new(".") } else { parent_rel };
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let dir = match openat2(&root_fd, rel_parent, how) {
+            Ok(fd) => fd,
+            Err(Errno::EXDEV | Errno::ELOOP) => {
+                return Err(denied(
+                    what,
+                    path,
+                    "it resolves outside the writable roots (through a symlink or `..`)",
+                ));
+            }
+            Err(Errno::ENOSYS) => {
+                return Err(denied(what, path, "this kernel has no openat2 to resolve it safely"));
+            }
+            Err(e) => return Err(sys(what, path.parent().unwrap_or(path), e)),
+        };
+        let loc = Loc { dir, name, path: path.to_owned() };
+        self.check_read_only(what, &loc, intent)?;
+        Ok(loc)
+    }
+
+    /// Denies `loc` when it is, is under, or (for a destroy) holds a read-only path.
+    pub(crate) fn check_read_only(&self, what: &str, loc: &Loc, intent: Intent) -> Result<()> {
+        if self.read_only.is_empty() {
+            return Ok(());
+        }
+        let resolved: Vec<Resolved<'_>> =
+            self.read_only.iter().map(|p| resolve_read_only(p)).collect();
+        let deny = |r: &Resolved<'_>, how: &str| {
+            denied(what, &loc.path, &format!("{how} read-only path {}", r.path.display()))
+        };
+        // The parent and its ancestors, up to the filesystem root.
+        let mut cur = fstat(loc.dir.as_fd()).map_err(|e| sys(what, &loc.path, e))?;
+        let parent_id = id(&cur);
+        let mut fd: Option<OwnedFd> = None;
+        loop {
+            if let Some(r) = resolved.iter().find(|r| r.own == Some(id(&cur))) {
+                return Err(deny(r, "it lies under the"));
+            }
+            let up = openat(
+                fd.as_ref().map_or(loc.dir.as_fd(), |f| f.as_fd()),
+                "..",
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| sys(what, &loc.path, e))?;
+            let next = fstat(up.as_fd()).map_err(|e| sys(what, &loc.path, e))?;
+            if id(&next) == id(&cur) {
+                break;
+            }
+            cur = next;
+            fd = Some(up);
+        }
+        if let Some(r) = resolved
+            .iter()
+            .find(|r| r.parent == Some(parent_id) && r.name == Some(loc.name.as_os_str()))
+        {
+            return Err(deny(r, "it is the"));
+        }
+        if let Ok(target) = fstatat(&loc.dir, loc.name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            if let Some(r) = resolved.iter().find(|r| r.own == Some(id(&target))) {
+                return Err(deny(r, "it is the"));
+            }
+            if intent == Intent::Destroy
+                && is_dir(&target)
+                && let Some(r) = resolved.iter().find(|r| r.ancestors.contains(&id(&target)))
+            {
+                return Err(deny(r, "it holds the"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens `path`'s parent and names its final component, checked by `guard` when there is one.
+pub(crate) fn locate(
+    guard: Option<&Guard>,
+    what: &str,
+    path: &Path,
+    intent: Intent,
+) -> Result<Loc> {
+    if let Some(g) = guard {
+        return g.locate(what, path, intent);
+    }
+    let (Some(parent), Some(Component::Normal(name))) =
+        (path.parent(), path.components().next_back())
+    else {
+        return Err(Error::new(
+            ErrorCode::InvalidArgument,
+            format!("{what} {}: the path names no file", path.display()),
+        ));
+    };
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    let dir = open(parent, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| sys(what, parent, e))?;
+    Ok(Loc { dir, name: name.to_owned(), path: path.to_owned() })
+}
