@@ -66,7 +66,7 @@ async fn read_numbers_lines_and_pages_by_offset_and_limit() {
     let out = ok(&rt, &o, "file_read", json!({"path": abs, "offset": 2, "limit": 2})).await;
     assert_eq!(
         out.text,
-        "     2\ttwo\n     3\t\n[showed lines 2-3; the file has more (it is 23 bytes); continue \
+        "     2\ttwo\n     3\t\n[showed lines 2-3; the file has more (it is 18 bytes); continue \
          with offset 4]"
     );
     assert_eq!(out.structured.unwrap()["next_offset"], 4);
@@ -94,7 +94,7 @@ async fn read_refuses_bad_offsets_and_limits_and_says_how_long_the_file_is() {
     }
     let e = fail(&rt, &o, "file_read", json!({"path": "a.txt", "lines": 3})).await;
     assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("expected one of `path`, `offset`, `limit`"), "{e}");
+    assert!(e.message().contains("expected one of `limit`, `offset`, `path`"), "{e}");
     let e = fail(&rt, &o, "file_read", json!({"path": ""})).await;
     assert_eq!(e.code(), ErrorCode::InvalidArgument);
     let out = ok(&rt, &o, "file_read", json!({"path": "empty"})).await;
