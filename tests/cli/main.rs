@@ -113,13 +113,13 @@ fn tools_lists_names_and_schemas() {
         names,
         [
             "bash",
-            "job_output",
-            "job_list",
-            "job_kill",
             "file_read",
             "file_write",
             "file_edit",
-            "file_list"
+            "file_list",
+            "job_output",
+            "job_list",
+            "job_kill"
         ]
     );
     assert_eq!(v[0]["input_schema"]["properties"]["command"]["type"], "string");

@@ -336,13 +336,13 @@ fn mcp_lists_every_tool_with_a_schema_and_runs_bash() {
         names,
         [
             "bash",
-            "job_output",
-            "job_list",
-            "job_kill",
             "file_read",
             "file_write",
             "file_edit",
-            "file_list"
+            "file_list",
+            "job_output",
+            "job_list",
+            "job_kill"
         ]
     );
     for t in tools {

@@ -27,6 +27,8 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "approval-prompt",
             "bash-local",
             "bash-sandbox",
+            "files-local",
+            "files-sandbox",
             "jobs",
             "pwsh-local",
             "pwsh-sandbox",
@@ -41,6 +43,7 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "test-second-subprocess",
             "tool-bash",
             "tool-bash-persistent",
+            "tool-files",
             "tool-jobs",
             "tool-pwsh",
             "tool-pwsh-persistent",
@@ -177,13 +180,13 @@ async fn standard_has_bash_and_job_tools_in_dependency_order() {
         names,
         [
             "bash",
-            "job_output",
-            "job_list",
-            "job_kill",
             "file_read",
             "file_write",
             "file_edit",
-            "file_list"
+            "file_list",
+            "job_output",
+            "job_list",
+            "job_kill"
         ]
     );
     let plan =
@@ -205,7 +208,7 @@ fn unknown_plugin_is_named_with_a_suggestion() {
     assert!(msg.contains("`bash-locl`"), "{msg}");
     assert!(msg.contains("did you mean `bash-local`"), "{msg}");
     assert!(msg.contains("available: approval-allowlist, approval-deny"), "{msg}");
-    assert!(msg.contains("bash-local, bash-sandbox, jobs"), "{msg}");
+    assert!(msg.contains("bash-local, bash-sandbox, files-local, files-sandbox, jobs"), "{msg}");
 }
 
 // A second real subprocess provider, registered only in this test binary, so a composition
@@ -278,7 +281,19 @@ fn a_shell_tool_refuses_an_executor_of_the_other_dialect() {
 #[tokio::test]
 async fn the_pwsh_compositions_build_without_pwsh_and_speak_pwsh() {
     for (name, tools) in [
-        ("pwsh", &["job_output", "job_list", "job_kill", "pwsh"][..]),
+        (
+            "pwsh",
+            &[
+                "file_read",
+                "file_write",
+                "file_edit",
+                "file_list",
+                "job_output",
+                "job_list",
+                "job_kill",
+                "pwsh",
+            ][..],
+        ),
         ("pwsh-minimal", &["pwsh"][..]),
     ] {
         let yaml = conch::EMBEDDED.iter().find(|(n, _)| *n == name).unwrap().1;

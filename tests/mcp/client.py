@@ -61,8 +61,8 @@ async def run_example(conch: str) -> None:
     expect(
         lines
         == [
-            "['bash', 'job_output', 'job_list', 'job_kill', 'file_read', 'file_write', "
-            "'file_edit', 'file_list']",
+            "['bash', 'file_read', 'file_write', 'file_edit', 'file_list', 'job_output', "
+            "'job_list', 'job_kill']",
             "hello",
             "[exit code: 3]",
             "bash-1",
