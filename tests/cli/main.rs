@@ -557,9 +557,13 @@ fn conch_bench_is_its_own_sandbox_helper() {
 #[test]
 fn check_accepts_both_pwsh_compositions_on_a_machine_without_pwsh() {
     let empty = tempfile::tempdir().unwrap();
-    for (name, tools) in
-        [("pwsh", "job_output, job_list, job_kill, pwsh"), ("pwsh-minimal", "pwsh")]
-    {
+    for (name, tools) in [
+        (
+            "pwsh",
+            "file_read, file_write, file_edit, file_list, job_output, job_list, job_kill, pwsh",
+        ),
+        ("pwsh-minimal", "pwsh"),
+    ] {
         // Checking builds the composition; nothing in it starts pwsh.
         let out = conch().env("PATH", empty.path()).args(["check", name]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
