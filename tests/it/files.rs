@@ -528,3 +528,44 @@ async fn a_sandbox_denial_keeps_its_marker_and_leaves_nothing_on_disk() {
     assert_eq!(names_in(outside.path()), ["victim.txt"]);
     rt.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_fifo_is_refused_by_name_and_never_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let rt = local(dir.path());
+    let (o, _) = owner("s");
+    // Opening it would block until a writer came: each tool refuses before that.
+    for (tool, args) in [
+        ("file_read", json!({"path": "pipe"})),
+        ("file_write", json!({"path": "pipe", "content": "x"})),
+        ("file_edit", json!({"path": "pipe", "old_string": "a", "new_string": "b"})),
+    ] {
+        let e = fail(&rt, &o, tool, args).await;
+        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{tool}: {e}");
+        assert_eq!(
+            e.message(),
+            format!("{} is not a regular file (a FIFO, socket or device)", fifo.display()),
+            "{tool}"
+        );
+    }
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_absent_old_string_in_a_crlf_file_says_how_its_lines_end() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("w.txt"), "a\r\nb\r\n").unwrap();
+    let rt = local(dir.path());
+    let (o, _) = owner("s");
+    let args = json!({"path": "w.txt", "old_string": "a\nb", "new_string": "c"});
+    let e = fail(&rt, &o, "file_edit", args).await;
+    assert_eq!(e.code(), ErrorCode::NotFound);
+    assert!(e.message().ends_with("; the file's lines end in \\r\\n"), "{e}");
+    let args = json!({"path": "w.txt", "old_string": "a\r\nb", "new_string": "c"});
+    ok(&rt, &o, "file_edit", args).await;
+    assert_eq!(std::fs::read(dir.path().join("w.txt")).unwrap(), b"c\r\n");
+    rt.shutdown().await;
+}

@@ -77,6 +77,11 @@ fn non_empty(tool: &str, path: &str) -> Result<()> {
     Ok(())
 }
 
+/// The refusal of a FIFO, socket or device.
+fn not_regular(path: &Path) -> Error {
+    Error::invalid(format!("{} is not a regular file (a FIFO, socket or device)", path.display()))
+}
+
 /// A message with `hint` added, the error otherwise unchanged.
 fn with_hint(e: Error, hint: &str) -> Error {
     let mut body = e.to_body();
@@ -162,6 +167,11 @@ impl Tool for FileReadTool {
             )));
         }
         let shown_path = resolved(self.files.as_ref(), &args.path);
+        // A FIFO's read would block until some writer came, and a device may never end.
+        let (_, stat) = follow_links(self.files.as_ref(), shown_path.clone()).await?;
+        if let Some(stat) = stat.filter(|st| st.kind == FileKind::Other) {
+            return Err(not_regular(&stat.path));
+        }
         let path = Path::new(&args.path);
         let mut pager = Pager::new(first, limit, READ_MAX_BYTES - NOTE_ROOM);
         let mut offset = 0u64;
@@ -299,10 +309,7 @@ impl Tool for FileWriteTool {
                 ));
             }
             Some(FileKind::Other) => {
-                return Err(Error::invalid(format!(
-                    "{} is not a regular file (a FIFO, socket or device)",
-                    path.display()
-                )));
+                return Err(not_regular(&path));
             }
             _ => {}
         }
@@ -360,9 +367,10 @@ impl Tool for FileEditTool {
 
     fn description(&self) -> &'static str {
         "Replace an exact string in a text file: old_string must occur exactly once unless \
-         replace_all is true, and the result shows the changed lines with line numbers and \
-         3 lines of context. The file is rewritten atomically, keeping its permission bits; \
-         binary files, files that are not UTF-8 and files over 8 MiB are refused."
+         replace_all is true, and the result shows the changed lines, numbered, with 3 lines \
+         of context (at most 200 lines). The file is rewritten atomically, keeping its \
+         permission bits; binary files, files that are not UTF-8 and files over 8 MiB are \
+         refused."
     }
 
     fn input_schema(&self) -> serde_json::Value {
@@ -401,10 +409,7 @@ impl Tool for FileEditTool {
                 ));
             }
             _ => {
-                return Err(Error::invalid(format!(
-                    "{} is not a regular file (a FIFO, socket or device)",
-                    path.display()
-                )));
+                return Err(not_regular(&path));
             }
         }
         let too_large = |size: u64| {
@@ -444,11 +449,20 @@ impl Tool for FileEditTool {
         let plan = match plan_edit(&content, &args.old_string, &args.new_string, all) {
             Ok(plan) => plan,
             Err(EditRefusal::Absent) => {
+                // The likeliest miss: a model writes `\n` where the file has `\r\n`.
+                let crlf = if content.contains("\r\n")
+                    && args.old_string.contains('\n')
+                    && !args.old_string.contains('\r')
+                {
+                    "; the file's lines end in \\r\\n"
+                } else {
+                    ""
+                };
                 return Err(Error::new(
                     ErrorCode::NotFound,
                     format!(
                         "`old_string` does not occur in {} (it must match exactly, whitespace \
-                         and line breaks included)",
+                         and line breaks included){crlf}",
                         path.display()
                     ),
                 ));
