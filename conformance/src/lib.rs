@@ -21,6 +21,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 pub mod cases;
+pub mod files;
+pub mod files_sandbox;
 pub mod runner;
 pub mod sandbox;
 pub mod shell;
@@ -583,6 +585,103 @@ macro_rules! sandbox_suite {
                     $crate::sandbox::$case(sandbox.as_ref(), sub.as_ref()).await,
                     concat!(module_path!(), "::", stringify!($case)),
                 );
+            }
+        )*
+    };
+}
+
+/// The `files` suite's cases, in order: calls `$callback!{ $($pass)* ; case, ... }`. The one
+/// list both [`files_suite!`] and [`cases::FILES`] are made from.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __files_cases {
+    ($callback:path { $($pass:tt)* }) => {
+        $callback! { $($pass)* ;
+            stat_describes_files_dirs_and_symlinks,
+            reads_are_chunked_at_caller_offsets,
+            write_modes_create_truncate_and_append,
+            write_permissions_and_parents,
+            atomic_replace_shows_old_or_new_never_a_mix,
+            a_dropped_atomic_writer_leaves_the_target_and_no_temp,
+            list_is_sorted_with_depth_and_limit,
+            make_dir_with_and_without_parents,
+            rename_overwrites_only_when_asked,
+            remove_is_recursive_only_when_asked,
+            tar_round_trip_keeps_modes_symlinks_and_nesting,
+            tar_import_refuses_slips,
+            a_large_file_streams_both_ways,
+            watch_reports_created_modified_renamed_removed
+        }
+    };
+}
+
+/// Instantiates the files suite: `files_suite!(|| (Arc<dyn Files>, base))`, where each case
+/// makes its scratch directory under `base` (a `PathBuf`; inside a writable root for a
+/// sandboxed provider). The factory may return a third value that lives as long as the case
+/// (a temp dir guard). `files_suite!(@cases make; case, ...)` instantiates only the cases named.
+#[macro_export]
+macro_rules! files_suite {
+    ($make:expr) => {
+        $crate::__files_cases!($crate::files_suite { @cases $make });
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                #[allow(unused_variables)]
+                let (files, base, keep) = ($make)();
+                $crate::report(
+                    $crate::files::$case(files.as_ref(), &base).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
+                drop(keep);
+            }
+        )*
+    };
+}
+
+/// The `files_sandbox` suite's cases (escapes a sandboxed files provider refuses), in order.
+/// The one list both [`files_sandbox_suite!`] and [`cases::FILES_SANDBOX`] are made from.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __files_sandbox_cases {
+    ($callback:path { $($pass:tt)* }) => {
+        $callback! { $($pass)* ;
+            writes_inside_the_roots_succeed,
+            writes_outside_the_roots_are_denied,
+            an_absolute_symlink_out_is_never_followed,
+            a_relative_symlink_out_is_never_followed,
+            dotdot_and_proc_self_root_do_not_escape,
+            git_hooks_and_config_stay_read_only,
+            a_missing_git_hooks_cannot_be_created,
+            git_cannot_be_renamed_or_removed,
+            the_writable_root_itself_cannot_be_removed_or_renamed,
+            a_directory_swapped_for_a_symlink_never_lets_a_write_out,
+            read_only_mode_refuses_every_write
+        }
+    };
+}
+
+/// Instantiates the files sandbox suite: `files_sandbox_suite!(|| (Arc<dyn Files>, policy,
+/// keep))`, a fresh workspace root per case (the cases make `.git` in it); `keep` lives as
+/// long as the case. `files_sandbox_suite!(@cases make; case, ...)` instantiates only the
+/// cases named.
+#[macro_export]
+macro_rules! files_sandbox_suite {
+    ($make:expr) => {
+        $crate::__files_sandbox_cases!($crate::files_sandbox_suite { @cases $make });
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                #[allow(unused_variables)]
+                let (files, policy, keep) = ($make)();
+                $crate::report(
+                    $crate::files_sandbox::$case(files.as_ref(), &policy).await,
+                    concat!(module_path!(), "::", stringify!($case)),
+                );
+                drop(keep);
             }
         )*
     };

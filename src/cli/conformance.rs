@@ -9,10 +9,11 @@
 //!   cases, on the composition's subprocess provider;
 //! - `shell`: on its shell executor;
 //! - `terminal`: on its terminal backend;
-//! - `sandbox`: on its sandbox runner, spawning through its subprocess provider.
+//! - `sandbox`: on its sandbox runner, spawning through its subprocess provider;
+//! - `files`: on its files provider (scratch directories under the system temp directory).
 //!
-//! The shell and terminal cases make scratch directories in the system temp directory, so
-//! under a `sandbox-policy` that directory is made the workspace root for those suites (the
+//! The shell, terminal and files cases make scratch directories in the system temp directory,
+//! so under a `sandbox-policy` that directory is made the workspace root for those suites (the
 //! policy's mode stays the composition's).
 //!
 //! Before the cases, the command builds one probe runtime: the same-world check, and one trivial
@@ -33,9 +34,9 @@ use futures::StreamExt;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Which suites: `subprocess` (with the subprocess provider's terminal-process cases),
-    /// `shell`, `terminal`, `sandbox`, or `all`. A suite named here must be bound by the
+    /// `shell`, `terminal`, `sandbox`, `files`, or `all`. A suite named here must be bound by the
     /// composition; with `all`, an unbound suite's cases are listed as SKIP.
-    #[arg(long, default_value = "all", value_parser = ["subprocess", "shell", "terminal", "sandbox", "all"])]
+    #[arg(long, default_value = "all", value_parser = ["subprocess", "shell", "terminal", "sandbox", "files", "all"])]
     pub suite: String,
     /// Only the cases whose name contains this.
     #[arg(long)]
@@ -59,11 +60,18 @@ enum Suite {
     Shell,
     Terminal,
     Sandbox,
+    Files,
 }
 
 impl Suite {
-    const ALL: [Suite; 5] =
-        [Suite::Subprocess, Suite::TerminalProcess, Suite::Shell, Suite::Terminal, Suite::Sandbox];
+    const ALL: [Suite; 6] = [
+        Suite::Subprocess,
+        Suite::TerminalProcess,
+        Suite::Shell,
+        Suite::Terminal,
+        Suite::Sandbox,
+        Suite::Files,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -72,6 +80,7 @@ impl Suite {
             Suite::Shell => "shell",
             Suite::Terminal => "terminal",
             Suite::Sandbox => "sandbox",
+            Suite::Files => "files",
         }
     }
 
@@ -90,6 +99,7 @@ impl Suite {
             Suite::Shell => cases::SHELL.iter().map(|c| c.name).collect(),
             Suite::Terminal => cases::TERMINAL.iter().map(|c| c.name).collect(),
             Suite::Sandbox => cases::SANDBOX.iter().map(|c| c.name).collect(),
+            Suite::Files => cases::FILES.iter().map(|c| c.name).collect(),
         }
     }
 }
@@ -101,6 +111,7 @@ struct Bound {
     shell: Option<&'static str>,
     terminal: Option<&'static str>,
     sandbox: Option<&'static str>,
+    files: Option<&'static str>,
     /// Why the bound shell cannot start a command here at all (its program is missing:
     /// pwsh on a machine without PowerShell), found by one trivial call.
     shell_cannot_start: Option<String>,
@@ -124,6 +135,7 @@ impl Bound {
             shell: by(SeamId::Shell),
             terminal: by(SeamId::TerminalBackend),
             sandbox: by(SeamId::Sandbox),
+            files: by(SeamId::Files),
             shell_cannot_start: None,
             terminal_cannot_start: None,
         }
@@ -171,6 +183,7 @@ impl Bound {
             Suite::Shell => (self.shell, "shell"),
             Suite::Terminal => (self.terminal, "terminal"),
             Suite::Sandbox => (self.sandbox, "sandbox"),
+            Suite::Files => (self.files, "files"),
         };
         let mut why = seam.is_none().then(|| format!("composition binds no {what} seam"));
         if suite == Suite::Sandbox && why.is_none() && self.subprocess.is_none() {
@@ -197,7 +210,8 @@ struct Row {
 /// What every case's runtime is built from.
 struct Plan {
     composition: Composition,
-    /// The composition for the shell and terminal suites (workspace root in the temp dir).
+    /// The composition for the shell, terminal and files suites (workspace root in the temp
+    /// dir).
     scratch: Composition,
     limit: Duration,
 }
@@ -214,7 +228,7 @@ async fn build(composition: &Composition) -> Result<Runtime, RegistryError> {
 async fn run_one(plan: Arc<Plan>, suite: Suite, index: usize) -> Row {
     let case = suite.case_names()[index];
     let composition = match suite {
-        Suite::Shell | Suite::Terminal => &plan.scratch,
+        Suite::Shell | Suite::Terminal | Suite::Files => &plan.scratch,
         _ => &plan.composition,
     };
     let rt = match build(composition).await {
@@ -260,6 +274,14 @@ async fn run_one(plan: Arc<Plan>, suite: Suite, index: usize) -> Row {
                 runner::run_case(limit, async move { run(s.as_ref(), p.as_ref()).await }).await
             }
             _ => (unbound(), Duration::ZERO),
+        },
+        Suite::Files => match seams.files {
+            Some(f) => {
+                let run = cases::FILES[index].run;
+                let base = std::env::temp_dir();
+                runner::run_case(limit, async move { run(f.as_ref(), &base).await }).await
+            }
+            None => (unbound(), Duration::ZERO),
         },
     };
     rt.shutdown().await;
@@ -313,6 +335,7 @@ pub async fn run(args: Args, selector: &str) -> anyhow::Result<std::process::Exi
             "shell" => SeamId::Shell,
             "terminal" => SeamId::TerminalBackend,
             "sandbox" => SeamId::Sandbox,
+            "files" => SeamId::Files,
             _ => SeamId::Subprocess,
         };
         if bound.unstartable(selected[0]) {
@@ -365,8 +388,8 @@ pub async fn run(args: Args, selector: &str) -> anyhow::Result<std::process::Exi
         println!("{}", header(composition.source_name(), &bound));
         if composition.plugins().iter().any(|p| p == "sandbox-policy") {
             println!(
-                "note: the shell and terminal suites run with sandbox-policy.workspace_root = {} \
-                 (their cases write scratch files there)",
+                "note: the shell, terminal and files suites run with \
+                 sandbox-policy.workspace_root = {} (their cases write scratch files there)",
                 std::env::temp_dir().display()
             );
         }
@@ -400,6 +423,7 @@ pub async fn run(args: Args, selector: &str) -> anyhow::Result<std::process::Exi
                 "shell": bound.shell,
                 "terminal": bound.terminal,
                 "sandbox": bound.sandbox,
+                "files": bound.files,
             },
             "passed": passed,
             "failed": failed,
@@ -434,11 +458,12 @@ fn providers_of(seam: SeamId) -> Vec<&'static str> {
 fn header(source: &str, b: &Bound) -> String {
     let show = |name: &str, p: Option<&str>| format!("{name}: {}", p.unwrap_or("not bound"));
     format!(
-        "conformance of {source} ({}; {}; {}; {})",
+        "conformance of {source} ({}; {}; {}; {}; {})",
         show("subprocess", b.subprocess),
         show("shell", b.shell),
         show("terminal", b.terminal),
-        show("sandbox", b.sandbox)
+        show("sandbox", b.sandbox),
+        show("files", b.files)
     )
 }
 

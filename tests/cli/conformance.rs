@@ -20,6 +20,7 @@ fn every_case() -> Vec<(&'static str, &'static str)> {
     add("shell", cases::SHELL.iter().map(|c| c.name).collect());
     add("terminal", cases::TERMINAL.iter().map(|c| c.name).collect());
     add("sandbox", cases::SANDBOX.iter().map(|c| c.name).collect());
+    add("files", cases::FILES.iter().map(|c| c.name).collect());
     all
 }
 
@@ -56,7 +57,7 @@ fn passes(composition: &str, env: &[(String, String)], unbound: &[&str]) -> Vec<
     let listed: Vec<(&str, &str)> =
         rows.iter().map(|r| (r["suite"].as_str().unwrap(), r["case"].as_str().unwrap())).collect();
     assert_eq!(listed, every_case(), "{composition}: one row per case, in order");
-    for suite in ["subprocess", "terminal-process", "shell", "terminal", "sandbox"] {
+    for suite in ["subprocess", "terminal-process", "shell", "terminal", "sandbox", "files"] {
         let of: Vec<&serde_json::Value> = rows.iter().filter(|r| r["suite"] == suite).collect();
         if unbound.contains(&suite) {
             for r in &of {
@@ -107,7 +108,7 @@ fn standard_lists_every_case_in_a_table_and_passes() {
     for r in &rows {
         assert_ne!(r[2], "FAIL", "{r:?}");
         assert!(r[3].parse::<u64>().is_ok(), "milliseconds: {r:?}");
-        if ["terminal", "sandbox"].contains(&r[0]) {
+        if ["terminal", "sandbox", "files"].contains(&r[0]) {
             assert_eq!(r[2..5], ["SKIP", "0", "composition"], "{r:?}");
         }
     }
@@ -120,7 +121,7 @@ fn standard_lists_every_case_in_a_table_and_passes() {
 
 #[test]
 fn terminal_runs_the_terminal_suites_and_passes() {
-    let rows = passes("terminal", &[], &["shell", "sandbox"]);
+    let rows = passes("terminal", &[], &["shell", "sandbox", "files"]);
     let pass =
         |suite: &str| rows.iter().filter(|r| r["suite"] == suite && r["result"] == "PASS").count();
     assert_eq!(pass("terminal"), cases::TERMINAL.len(), "every terminal case ran here");
@@ -148,7 +149,7 @@ fn sandbox_compositions_pass_where_their_runner_confines() {
         if !sandbox_works(composition) {
             continue;
         }
-        let rows = passes(composition, &[], &["terminal"]);
+        let rows = passes(composition, &[], &["terminal", "files"]);
         // The shell suite runs inside the sandbox, with the temp dir as the workspace root.
         let shell_pass = rows.iter().filter(|r| r["suite"] == "shell" && r["result"] == "PASS");
         assert!(shell_pass.count() > 10, "{composition}: {rows:#?}");
@@ -164,7 +165,7 @@ fn sandbox_compositions_pass_where_their_runner_confines() {
 #[test]
 fn the_remote_composition_passes_against_a_real_daemon() {
     let daemon = super::remote::Daemon::start();
-    let rows = passes("remote-sandbox", &daemon.env(), &["terminal", "sandbox"]);
+    let rows = passes("remote-sandbox", &daemon.env(), &["terminal", "sandbox", "files"]);
     assert!(rows.iter().any(|r| r["suite"] == "shell" && r["result"] == "PASS"));
     // The processes ran on the daemon: its log names the spawns it hosted.
     daemon.stderr_with("spawn{program=");
@@ -224,4 +225,39 @@ fn a_shell_that_cannot_start_here_is_skipped_with_its_reason() {
         assert_eq!(row["result"], "SKIP", "{row}");
         assert!(row["message"].as_str().unwrap().contains("cannot start here"), "{row}");
     }
+}
+
+/// `--suite files` on a composition that binds a files provider: every files case runs and
+/// passes, for files-local and for files-sandbox (workspace-write, its root made the temp
+/// directory as for the shell suite).
+#[test]
+fn the_files_suite_passes_for_files_local_and_files_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, yaml) in [
+        ("files-local", "plugins:\n  files-local: {}\n"),
+        (
+            "files-sandbox",
+            "plugins:\n  sandbox-policy:\n    mode: workspace-write\n  files-sandbox: {}\n",
+        ),
+    ] {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let out = run(path.to_str().unwrap(), &[], &["--suite", "files", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name}: {e}: {}", stderr(&out)));
+        assert_eq!(out.status.code(), Some(0), "{name}: {v:#}\n{}", stderr(&out));
+        assert_eq!(v["providers"]["files"], name);
+        let rows = v["rows"].as_array().unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r["case"].as_str().unwrap()).collect();
+        let want: Vec<&str> = cases::FILES.iter().map(|c| c.name).collect();
+        assert_eq!(names, want, "{name}: every files case, in order");
+        assert!(rows.iter().all(|r| r["result"] == "PASS"), "{name}: {rows:#?}");
+    }
+    let out = run("standard", &[], &["--suite", "files"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("composition binds no files seam") && err.contains("files-local"),
+        "{err}"
+    );
 }

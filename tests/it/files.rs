@@ -1,571 +1,262 @@
-//! The file tools (`tool-files`) over real files: `files-local` for what they do, and
-//! `files-sandbox` for what a sandbox refuses.
+//! The files suite for `files-local` and `files-sandbox` (danger-full-access, and
+//! workspace-write with the scratch directory inside the root); the files sandbox suite for
+//! `files-sandbox` built from the `sandbox` composition (its policy, a fresh workspace root
+//! per case) and in read-only mode; and the same escapes tried through `bash-sandbox` under
+//! both runners, which must refuse them too.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use conch_config::Composition;
+use conch_env::ShellEnv;
+use conch_provider_files::HostFiles;
+use conch_provider_local::{LocalConfig, LocalSubprocess};
+use conch_provider_sandbox::{BwrapSandbox, LandlockSandbox};
+use conch_provider_shell::{BashLocal, BashLocalConfig};
 use conch_registry::Runtime;
-use conch_seams::files::SANDBOX_MARKER;
-use conch_seams::{Error, ErrorCode, Owner, ToolOutput};
-use conch_tools::{EDIT_MAX_BYTES, LIST_MAX_ENTRIES, READ_MAX_BYTES};
-use serde_json::{Value, json};
+use conch_seams::files::Files;
+use conch_seams::{Sandbox, SandboxMode, SandboxPolicy, ShellExecRequest, ShellExecutor};
 
-use crate::{owner, runtime};
-
-/// `files-local` rooted at `root`, and the file tools.
-fn local(root: &Path) -> Runtime {
-    runtime(&format!(
-        "plugins:\n  files-local:\n    root: {}\n  tool-files: {{}}\n",
-        root.display()
-    ))
+fn local() -> (Arc<dyn Files>, PathBuf, tempfile::TempDir) {
+    let t = tempfile::tempdir().unwrap();
+    (Arc::new(HostFiles::local(t.path())), t.path().to_owned(), t)
 }
 
-async fn ok(rt: &Runtime, o: &Arc<Owner>, tool: &str, args: Value) -> ToolOutput {
-    rt.call(o, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
+mod files_local {
+    use super::*;
+    conch_conformance::files_suite!(local);
 }
 
-async fn fail(rt: &Runtime, o: &Arc<Owner>, tool: &str, args: Value) -> Error {
-    match rt.call(o, tool, args).await {
-        Ok(out) => panic!("{tool} succeeded: {}", out.text),
-        Err(e) => e,
-    }
+mod files_sandbox_danger_full_access {
+    use super::*;
+    conch_conformance::files_suite!(|| {
+        let t = tempfile::tempdir().unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::DangerFullAccess, "/nonexistent-root");
+        let files: Arc<dyn Files> = Arc::new(HostFiles::sandboxed(t.path(), &policy));
+        (files, t.path().to_owned(), t)
+    });
 }
 
-fn mode(path: &Path) -> u32 {
-    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+mod files_sandbox_workspace_write {
+    use super::*;
+    conch_conformance::files_suite!(|| {
+        let t = tempfile::tempdir().unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, t.path());
+        let files: Arc<dyn Files> = Arc::new(HostFiles::sandboxed(t.path(), &policy));
+        (files, t.path().join("scratch"), t)
+    });
 }
 
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
+/// The embedded `sandbox` composition with `files-sandbox` added, rooted at `root` in `mode`.
+fn sandbox_composition(root: &Path, mode: SandboxMode) -> Runtime {
+    let yaml = conch::EMBEDDED.iter().find(|(n, _)| *n == "sandbox").unwrap().1;
+    let yaml = format!("{}\n  files-sandbox: {{}}\n", yaml.trim_end());
+    let composition = Composition::from_yaml("sandbox+files.yaml", &yaml)
+        .unwrap()
+        .with_setting("sandbox-policy", "workspace_root", root.display().to_string())
+        .with_setting("sandbox-policy", "mode", mode.as_str());
+    conch::link_all();
+    Runtime::build(&composition, ShellEnv::new("/tmp/conch-test-home".into()))
+        .unwrap_or_else(|e| panic!("the sandbox composition with files-sandbox builds: {e}"))
+}
+
+/// files-sandbox from the composition, its policy, and what keeps both alive.
+fn from_composition(
+    mode: SandboxMode,
+) -> (Arc<dyn Files>, SandboxPolicy, (Runtime, tempfile::TempDir)) {
+    let t = tempfile::tempdir().unwrap();
+    let rt = sandbox_composition(t.path(), mode);
+    let files = rt.seams().files.clone().expect("files-sandbox is bound");
+    assert_eq!(files.provider_name(), "files-sandbox");
+    // The policy the `sandbox` composition's entry describes, at this root.
+    let policy = SandboxPolicy::new(mode, t.path());
+    (files, policy, (rt, t))
+}
+
+mod files_sandbox_escapes {
+    use super::*;
+    conch_conformance::files_sandbox_suite!(|| from_composition(SandboxMode::WorkspaceWrite));
+}
+
+mod files_sandbox_read_only {
+    use super::*;
+    conch_conformance::files_sandbox_suite!(@cases || from_composition(SandboxMode::ReadOnly);
+        read_only_mode_refuses_every_write);
+}
+
+#[test]
+fn files_local_builds_from_a_composition_with_its_root() {
+    let t = tempfile::tempdir().unwrap();
+    let yaml = format!("plugins:\n  files-local:\n    root: {}\n", t.path().display());
+    let rt = crate::runtime(&yaml);
+    let files = rt.seams().files.clone().expect("files-local is bound");
+    assert_eq!((files.provider_name(), files.default_dir()), ("files-local", t.path()));
+    let bad = conch::build_runtime_from_yaml(
+        "bad.yaml",
+        "plugins:\n  files-local:\n    root: relative\n",
+        ShellEnv::new("/tmp/conch-test-home".into()),
+    );
+    let Err(err) = bad else { panic!("a relative root is refused") };
+    let err = err.to_string();
+    assert!(err.contains("root") && err.contains("absolute"), "{err}");
+}
+
+#[test]
+fn files_sandbox_without_a_policy_says_what_it_needs() {
+    let built = conch::build_runtime_from_yaml(
+        "nopolicy.yaml",
+        "plugins:\n  files-sandbox: {}\n",
+        ShellEnv::new("/tmp/conch-test-home".into()),
+    );
+    let Err(err) = built else { panic!("files-sandbox needs sandbox-policy") };
+    let err = err.to_string();
+    assert!(err.contains("sandbox-policy"), "{err}");
+}
+
+/// The helper binary the runners exec.
+fn helper() -> PathBuf {
+    env!("CARGO_BIN_EXE_conch-sandbox-exec-test").into()
+}
+
+/// The escapes the files sandbox suite tries, as shell commands run in the room (`$R` the
+/// workspace root, `$I` a directory inside it, `$O` one outside), each with what must hold
+/// afterwards.
+const SHELL_ESCAPES: &[(&str, &str)] = &[
+    ("write outside", "echo x > \"$O/new\""),
+    ("overwrite outside", "echo x > \"$O/keep\""),
+    ("mkdir outside", "mkdir \"$O/new\""),
+    ("rename outside in", "mv \"$O/keep\" \"$I/stolen\""),
+    ("absolute symlink out", "ln -s \"$O\" \"$I/out\" && echo x > \"$I/out/new\""),
+    ("final symlink out", "ln -s \"$O/keep\" \"$I/fk\" && echo x > \"$I/fk\""),
+    ("`..` out", "echo x > \"$I/../..$O/new\""),
+    ("/proc/self/root", "echo x > \"/proc/self/root$O/new\""),
+    ("a hook", "echo x > \"$R/.git/hooks/pre-commit\""),
+    ("a hook via a symlink", "ln -s .git/hooks \"$R/hk\" && echo x > \"$R/hk/pre-commit\""),
+    ("the config", "echo x >> \"$R/.git/config\""),
+    ("rename .git", "mv \"$R/.git\" \"$R/git-old\""),
+    ("remove .git", "rm -rf \"$R/.git\""),
+];
+
+/// Panics unless nothing the escapes aim at changed.
+fn assert_room_intact(root: &Path, out: &Path, what: &str) {
+    let mut names: Vec<_> = std::fs::read_dir(out)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    names
+    assert_eq!(names, ["keep"], "{what}: something appeared outside");
+    assert_eq!(std::fs::read_to_string(out.join("keep")).unwrap(), "outside", "{what}");
+    assert_eq!(std::fs::read_to_string(root.join(".git/config")).unwrap(), "[core]\n", "{what}");
+    let hooks: Vec<_> = std::fs::read_dir(root.join(".git/hooks"))
+        .unwrap_or_else(|e| panic!("{what}: .git/hooks: {e}"))
+        .collect();
+    assert!(hooks.is_empty(), "{what}: a hook was written");
 }
 
-// ---- file_read ----
-
-#[tokio::test]
-async fn read_numbers_lines_and_pages_by_offset_and_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("a.txt"), "one\ntwo\n\nfour\nfive").unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    // Relative to the provider's root; every line, the last without a newline.
-    let out = ok(&rt, &o, "file_read", json!({"path": "a.txt"})).await;
-    assert_eq!(out.text, "     1\tone\n     2\ttwo\n     3\t\n     4\tfour\n     5\tfive\n");
-    let s = out.structured.unwrap();
-    assert_eq!(s["path"], dir.path().join("a.txt").display().to_string());
-    assert_eq!((s["first_line"].as_u64(), s["lines"].as_u64()), (Some(1), Some(5)));
-    assert_eq!(s["next_offset"], Value::Null);
-    assert_eq!(s["stopped"], "end");
-    // A window in the middle says where to continue.
-    let abs = dir.path().join("a.txt");
-    let out = ok(&rt, &o, "file_read", json!({"path": abs, "offset": 2, "limit": 2})).await;
-    assert_eq!(
-        out.text,
-        "     2\ttwo\n     3\t\n[showed lines 2-3; the file has more (it is 18 bytes); continue \
-         with offset 4]"
-    );
-    assert_eq!(out.structured.unwrap()["next_offset"], 4);
-    // The window that reaches the end exactly has no note.
-    let out = ok(&rt, &o, "file_read", json!({"path": "a.txt", "offset": 4, "limit": 2})).await;
-    assert_eq!(out.text, "     4\tfour\n     5\tfive\n");
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn read_refuses_bad_offsets_and_limits_and_says_how_long_the_file_is() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("a.txt"), "1\n2\n3\n").unwrap();
-    std::fs::write(dir.path().join("empty"), "").unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let e = fail(&rt, &o, "file_read", json!({"path": "a.txt", "offset": 9})).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("`offset` 9 is past the end of"), "{e}");
-    assert!(e.message().contains("which has 3 lines"), "{e}");
-    for (arg, v) in [("offset", 0), ("limit", 0)] {
-        let e = fail(&rt, &o, "file_read", json!({"path": "a.txt", arg: v})).await;
-        assert_eq!(e.code(), ErrorCode::InvalidArgument);
-        assert!(e.message().contains(&format!("`{arg}` must be at least 1")), "{e}");
+/// Every shell escape, through `bash-sandbox` over `sandbox`, must leave the room intact;
+/// the same escapes through files-sandbox are refused (the files sandbox suite).
+async fn the_shell_refuses_the_escapes(sandbox: Arc<dyn Sandbox>) {
+    let caps = sandbox.capabilities();
+    if !caps.modes.contains(&SandboxMode::WorkspaceWrite) {
+        crate_visible_skip(&format!(
+            "{} cannot confine here ({}): the shell half of the files escape comparison",
+            sandbox.provider_name(),
+            caps.enforcement
+        ));
+        return;
     }
-    let e = fail(&rt, &o, "file_read", json!({"path": "a.txt", "lines": 3})).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("expected one of `limit`, `offset`, `path`"), "{e}");
-    let e = fail(&rt, &o, "file_read", json!({"path": ""})).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    let out = ok(&rt, &o, "file_read", json!({"path": "empty"})).await;
-    assert_eq!(out.text, format!("[{} is empty]", dir.path().join("empty").display()));
-    let e = fail(&rt, &o, "file_read", json!({"path": "missing"})).await;
-    assert_eq!(e.code(), ErrorCode::NotFound, "{e}");
-    assert!(e.message().contains("missing"), "names the path: {e}");
-    let e = fail(&rt, &o, "file_read", json!({"path": "."})).await;
-    assert_eq!(e.code(), ErrorCode::IsADirectory, "{e}");
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn read_pages_through_a_large_file_to_its_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("big.txt");
-    let content: String = (1..=12_345).map(|i| format!("line {i}\n")).collect();
-    std::fs::write(&path, &content).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let mut seen = Vec::new();
-    let mut offset = 1;
-    let mut calls = 0;
-    loop {
-        let out = ok(&rt, &o, "file_read", json!({"path": path, "offset": offset})).await;
-        calls += 1;
-        let s = out.structured.unwrap();
-        for l in out.text.lines().filter(|l| !l.starts_with('[')) {
-            let (n, text) = l.split_once('\t').unwrap();
-            assert_eq!(n.trim().parse::<usize>().unwrap(), seen.len() + 1);
-            seen.push(text.to_string());
-        }
-        match s["next_offset"].as_u64() {
-            Some(next) => {
-                assert!(out.text.ends_with(&format!("continue with offset {next}]")), "{s}");
-                assert_eq!(next, seen.len() as u64 + 1);
-                offset = next;
-            }
-            None => break,
-        }
-    }
-    assert_eq!(calls, 7, "2000 lines a call by default");
-    assert_eq!(seen.len(), 12_345);
-    assert_eq!(seen.join("\n") + "\n", content);
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn read_stops_at_the_byte_cap_and_names_the_offset_that_continues() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("wide.txt");
-    let line = "x".repeat(1500);
-    let content: String = (0..1000).map(|_| format!("{line}\n")).collect();
-    std::fs::write(&path, &content).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let out = ok(&rt, &o, "file_read", json!({"path": path})).await;
-    assert!(out.text.len() <= READ_MAX_BYTES, "{}", out.text.len());
-    let s = out.structured.unwrap();
-    assert_eq!(s["stopped"], "cap");
-    let shown = s["lines"].as_u64().unwrap();
-    assert!(shown > 100 && shown < 1000, "{shown}");
-    let note = out.text.lines().last().unwrap();
-    assert_eq!(
-        note,
-        format!(
-            "[output limit of {READ_MAX_BYTES} bytes reached after lines 1-{shown}; continue \
-             with offset {}]",
-            shown + 1
-        )
-    );
-    let out =
-        ok(&rt, &o, "file_read", json!({"path": path, "offset": shown + 1, "limit": 1})).await;
-    assert_eq!(out.text.lines().next().unwrap(), format!("{:>6}\t{line}", shown + 1));
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn read_cuts_long_lines_with_a_note() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("long.txt");
-    let long = "y".repeat(3 << 20);
-    std::fs::write(&path, format!("{long}\nafter\n")).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let out = ok(&rt, &o, "file_read", json!({"path": path})).await;
-    let lines: Vec<&str> = out.text.lines().collect();
-    assert_eq!(
-        lines[0],
-        format!("     1\t{} [line cut: showing 2000 of its {} bytes]", "y".repeat(2000), 3 << 20)
-    );
-    assert_eq!(lines[1], "     2\tafter");
-    assert_eq!(lines[2], "[1 line longer than 2000 bytes was cut]");
-    assert_eq!(lines.len(), 3);
-    assert_eq!(out.structured.unwrap()["cut_lines"], 1);
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn read_refuses_binary_files_with_their_size() {
-    let dir = tempfile::tempdir().unwrap();
-    let nul = dir.path().join("nul.bin");
-    std::fs::write(&nul, b"text\0more").unwrap();
-    let latin1 = dir.path().join("latin1.txt");
-    std::fs::write(&latin1, b"caf\xe9\n").unwrap();
-    // Past the sniffed 8 KiB, bytes that are not UTF-8 are shown as U+FFFD.
-    let late = dir.path().join("late.txt");
-    let mut bytes = "a\n".repeat(5000).into_bytes();
-    bytes.extend_from_slice(b"caf\xe9\n");
-    std::fs::write(&late, &bytes).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let e = fail(&rt, &o, "file_read", json!({"path": nul})).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert_eq!(
-        e.message(),
-        format!(
-            "{} is a binary file (9 bytes; a NUL byte at offset 4 in its first 8192 bytes): \
-             file_read shows text only",
-            nul.display()
-        )
-    );
-    let e = fail(&rt, &o, "file_read", json!({"path": latin1})).await;
-    assert!(e.message().contains("(5 bytes; bytes that are not UTF-8 at offset 3"), "{e}");
-    let out = ok(&rt, &o, "file_read", json!({"path": late, "offset": 5001})).await;
-    assert_eq!(out.text, "  5001\tcaf\u{fffd}\n");
-    rt.shutdown().await;
-}
-
-// ---- file_write ----
-
-#[tokio::test]
-async fn write_creates_then_replaces_atomically_keeping_the_mode() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let out = ok(&rt, &o, "file_write", json!({"path": "f.txt", "content": "first\n"})).await;
-    let path = dir.path().join("f.txt");
-    assert_eq!(out.text, format!("created {} (6 bytes written)", path.display()));
-    let s = out.structured.unwrap();
-    assert_eq!((s["created"].as_bool(), s["bytes"].as_u64()), (Some(true), Some(6)));
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "first\n");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-    // A reader that opened the old file keeps the old content whole: the new one was
-    // renamed over it, never written into it.
-    let mut old = std::fs::File::open(&path).unwrap();
-    let out = ok(&rt, &o, "file_write", json!({"path": path, "content": "second, longer\n"})).await;
-    assert_eq!(out.text, format!("replaced {} (15 bytes written)", path.display()));
-    assert_eq!(out.structured.unwrap()["created"], false);
-    let mut was = String::new();
-    std::io::Read::read_to_string(&mut old, &mut was).unwrap();
-    assert_eq!(was, "first\n");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "second, longer\n");
-    assert_eq!(mode(&path), 0o640);
-    assert_eq!(names_in(dir.path()), ["f.txt"], "no temporary file left behind");
-    // Empty content is a write too.
-    ok(&rt, &o, "file_write", json!({"path": path, "content": ""})).await;
-    assert_eq!(std::fs::read(&path).unwrap(), b"");
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn write_makes_parents_only_with_create_dirs() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let e = fail(&rt, &o, "file_write", json!({"path": "a/b/c.txt", "content": "x"})).await;
-    assert_eq!(e.code(), ErrorCode::NotFound, "{e}");
-    assert!(e.message().ends_with("pass create_dirs: true to create missing directories"), "{e}");
-    assert!(names_in(dir.path()).is_empty(), "nothing made");
-    let args = json!({"path": "a/b/c.txt", "content": "x", "create_dirs": false});
-    assert_eq!(fail(&rt, &o, "file_write", args).await.code(), ErrorCode::NotFound);
-    let args = json!({"path": "a/b/c.txt", "content": "x", "create_dirs": true});
-    let out = ok(&rt, &o, "file_write", args).await;
-    assert!(out.text.starts_with("created "), "{}", out.text);
-    assert_eq!(std::fs::read_to_string(dir.path().join("a/b/c.txt")).unwrap(), "x");
-    let e = fail(&rt, &o, "file_write", json!({"path": "a", "content": "x"})).await;
-    assert_eq!(e.code(), ErrorCode::IsADirectory, "{e}");
-    let e = fail(&rt, &o, "file_write", json!({"path": "a/b/c.txt"})).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("missing field `content`"), "{e}");
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn write_through_a_symlink_writes_its_target() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("target.txt"), "old").unwrap();
-    std::os::unix::fs::symlink("target.txt", dir.path().join("link")).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let out = ok(&rt, &o, "file_write", json!({"path": "link", "content": "new"})).await;
-    assert!(out.text.starts_with("replaced "), "{}", out.text);
-    assert!(std::fs::symlink_metadata(dir.path().join("link")).unwrap().is_symlink());
-    assert_eq!(std::fs::read_to_string(dir.path().join("target.txt")).unwrap(), "new");
-    rt.shutdown().await;
-}
-
-// ---- file_edit ----
-
-#[tokio::test]
-async fn edit_replaces_one_exact_string_and_shows_the_lines_around_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("e.rs");
-    let content: String = (1..=12).map(|i| format!("line {i}\n")).collect();
-    std::fs::write(&path, &content).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o751)).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let args = json!({"path": "e.rs", "old_string": "line 6\n", "new_string": "six\nSIX\n"});
-    let out = ok(&rt, &o, "file_edit", args).await;
-    assert_eq!(
-        out.text,
-        format!(
-            "edited {}: replaced 1 occurrence\n     3\tline 3\n     4\tline 4\n     5\tline 5\n     \
-             6\tsix\n     7\tSIX\n     8\tline 7\n     9\tline 8\n    10\tline 9\n",
-            path.display()
-        )
-    );
-    let s = out.structured.unwrap();
-    assert_eq!(s["replacements"], 1);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), content.replace("line 6\n", "six\nSIX\n"));
-    assert_eq!(mode(&path), 0o751, "the mode survives the atomic replace");
-    assert_eq!(names_in(dir.path()), ["e.rs"]);
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn edit_refuses_absent_empty_unchanged_and_ambiguous_strings_and_leaves_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("e.txt");
-    let content = "a = 1\nb = 1\nc = 1\n";
-    std::fs::write(&path, content).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let edit = |old: &str, new: &str| json!({"path": path, "old_string": old, "new_string": new});
-    let e = fail(&rt, &o, "file_edit", edit("d = 1", "d = 2")).await;
-    assert_eq!(e.code(), ErrorCode::NotFound);
-    assert!(e.message().starts_with("`old_string` does not occur in "), "{e}");
-    let e = fail(&rt, &o, "file_edit", edit("", "x")).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("`old_string` is empty"), "{e}");
-    let e = fail(&rt, &o, "file_edit", edit("a = 1", "a = 1")).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("`new_string` is the same as `old_string`"), "{e}");
-    let e = fail(&rt, &o, "file_edit", edit("= 1", "= 2")).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert_eq!(
-        e.message(),
-        format!(
-            "`old_string` occurs 3 times in {} (at lines 1, 2, 3); add surrounding text to make \
-             it unique, or pass replace_all: true to replace every one",
-            path.display()
-        )
-    );
-    let mut args = edit("= 1", "= 2");
-    args["replace_all"] = json!(false);
-    assert_eq!(fail(&rt, &o, "file_edit", args).await.code(), ErrorCode::InvalidArgument);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), content, "untouched by refusals");
-    let e =
-        fail(&rt, &o, "file_edit", json!({"path": "nope", "old_string": "a", "new_string": "b"}))
-            .await;
-    assert_eq!(e.code(), ErrorCode::NotFound);
-    assert!(e.message().contains("nope does not exist"), "{e}");
-    let e = fail(&rt, &o, "file_edit", json!({"path": ".", "old_string": "a", "new_string": "b"}))
-        .await;
-    assert_eq!(e.code(), ErrorCode::IsADirectory);
-    // replace_all replaces every one.
-    let mut args = edit("= 1", "= 2");
-    args["replace_all"] = json!(true);
-    let out = ok(&rt, &o, "file_edit", args).await;
-    assert!(out.text.starts_with(&format!("edited {}: replaced 3 occurrences\n", path.display())));
-    assert!(out.text.ends_with("     1\ta = 2\n     2\tb = 2\n     3\tc = 2\n"), "{}", out.text);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "a = 2\nb = 2\nc = 2\n");
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn edit_refuses_binary_non_utf8_and_too_large_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("b.bin");
-    std::fs::write(&bin, b"a\0b").unwrap();
-    let late = dir.path().join("late.txt");
-    let mut bytes = "a\n".repeat(5000).into_bytes();
-    bytes.extend_from_slice(b"\xff\n");
-    std::fs::write(&late, &bytes).unwrap();
-    let big = dir.path().join("big.txt");
-    std::fs::write(&big, "a".repeat(EDIT_MAX_BYTES as usize + 1)).unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let edit = |p: &Path| json!({"path": p, "old_string": "a", "new_string": "c"});
-    let e = fail(&rt, &o, "file_edit", edit(&bin)).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("is a binary file (3 bytes; a NUL byte at offset 1)"), "{e}");
-    let e = fail(&rt, &o, "file_edit", edit(&late)).await;
-    assert_eq!(e.code(), ErrorCode::InvalidArgument);
-    assert!(e.message().contains("is not UTF-8 text (bytes that are not UTF-8 at offset 10000)"));
-    let e = fail(&rt, &o, "file_edit", edit(&big)).await;
-    assert_eq!(e.code(), ErrorCode::TooLarge);
-    assert_eq!(
-        e.message(),
-        format!(
-            "{} is {} bytes; file_edit edits files up to {EDIT_MAX_BYTES} bytes (8 MiB)",
-            big.display(),
-            EDIT_MAX_BYTES + 1
-        )
-    );
-    assert_eq!(std::fs::read(&bin).unwrap(), b"a\0b");
-    assert_eq!(std::fs::read(&late).unwrap(), bytes);
-    rt.shutdown().await;
-}
-
-// ---- file_list ----
-
-#[tokio::test]
-async fn list_shows_type_size_and_name_to_the_depth_asked() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    std::fs::create_dir_all(root.join("src/deep/deeper")).unwrap();
-    std::fs::write(root.join("README"), "12345").unwrap();
-    std::fs::write(root.join("src/lib.rs"), "fn x() {}\n").unwrap();
-    std::fs::write(root.join("src/deep/deeper/z"), "").unwrap();
-    std::os::unix::fs::symlink("src", root.join("link")).unwrap();
-    std::fs::create_dir(root.join("empty")).unwrap();
-    let rt = local(root);
-    let (o, _) = owner("s");
-    let out = ok(&rt, &o, "file_list", json!({"path": "."})).await;
-    assert_eq!(
-        out.text,
-        "file                 5  README\n\
-         directory            -  empty/\n\
-         symlink              -  link -> src\n\
-         directory            -  src/\n"
-    );
-    let s = out.structured.unwrap();
-    assert_eq!(s["depth"], 1);
-    assert_eq!(s["truncated"], false);
-    assert_eq!(
-        s["entries"][0],
-        json!({"name": "README", "type": "file", "size": 5, "symlink_target": null})
-    );
-    let out = ok(&rt, &o, "file_list", json!({"path": root.join("src"), "depth": 2})).await;
-    assert_eq!(
-        out.text,
-        "directory            -  deep/\n\
-         directory            -  deep/deeper/\n\
-         file                10  lib.rs\n"
-    );
-    let out = ok(&rt, &o, "file_list", json!({"path": "src", "depth": 5})).await;
-    assert!(out.text.contains("  deep/deeper/z\n"), "{}", out.text);
-    let out = ok(&rt, &o, "file_list", json!({"path": "empty"})).await;
-    assert_eq!(out.text, format!("[{} is empty]", root.join("empty").display()));
-    for depth in [0, 6] {
-        let e = fail(&rt, &o, "file_list", json!({"path": ".", "depth": depth})).await;
-        assert_eq!(e.code(), ErrorCode::InvalidArgument);
-        assert!(e.message().contains(&format!("`depth` must be 1 to 5, not {depth}")), "{e}");
-    }
-    let e = fail(&rt, &o, "file_list", json!({"path": "README"})).await;
-    assert_eq!(e.code(), ErrorCode::NotADirectory, "{e}");
-    let e = fail(&rt, &o, "file_list", json!({"path": "gone"})).await;
-    assert_eq!(e.code(), ErrorCode::NotFound, "{e}");
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn list_stops_at_its_entry_cap_with_a_note() {
-    let dir = tempfile::tempdir().unwrap();
-    for i in 0..LIST_MAX_ENTRIES + 5 {
-        std::fs::write(dir.path().join(format!("f{i:05}")), "").unwrap();
-    }
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let out = ok(&rt, &o, "file_list", json!({"path": "."})).await;
-    let lines: Vec<&str> = out.text.lines().collect();
-    assert_eq!(lines.len(), LIST_MAX_ENTRIES + 1);
-    assert_eq!(
-        lines[LIST_MAX_ENTRIES],
-        format!(
-            "[listing stopped at {LIST_MAX_ENTRIES} entries; list a subdirectory or use a lower \
-             depth to see the rest]"
-        )
-    );
-    assert_eq!(out.structured.unwrap()["truncated"], true);
-    rt.shutdown().await;
-}
-
-// ---- under a sandbox ----
-
-/// `files-sandbox` under workspace-write with `workspace` as its root.
-fn sandboxed(workspace: &Path) -> Runtime {
-    runtime(&format!(
-        "plugins:\n  sandbox-policy:\n    mode: workspace-write\n    workspace_root: {}\n  \
-         files-sandbox: {{}}\n  tool-files: {{}}\n",
-        workspace.display()
-    ))
-}
-
-#[tokio::test]
-async fn a_sandbox_denial_keeps_its_marker_and_leaves_nothing_on_disk() {
-    let workspace = tempfile::tempdir().unwrap();
-    let outside = tempfile::tempdir().unwrap();
-    let victim = outside.path().join("victim.txt");
-    std::fs::write(&victim, "keep\n").unwrap();
-    let rt = sandboxed(workspace.path());
-    let (o, _) = owner("s");
-    // Inside the workspace, relative to it: allowed.
-    ok(&rt, &o, "file_write", json!({"path": "in.txt", "content": "ok\n"})).await;
-    assert_eq!(std::fs::read_to_string(workspace.path().join("in.txt")).unwrap(), "ok\n");
-    let denied = [
-        ("file_write", json!({"path": outside.path().join("new.txt"), "content": "x"})),
-        (
-            "file_write",
-            json!({"path": outside.path().join("d/new.txt"), "content": "x", "create_dirs": true}),
-        ),
-        ("file_write", json!({"path": victim, "content": "x"})),
-        ("file_edit", json!({"path": victim, "old_string": "keep", "new_string": "lost"})),
-    ];
-    for (tool, args) in denied {
-        let e = fail(&rt, &o, tool, args.clone()).await;
-        assert_eq!(e.code(), ErrorCode::SandboxDenied, "{tool} {args}: {e}");
-        assert!(e.message().starts_with(SANDBOX_MARKER), "{tool} {args}: {e}");
-    }
-    assert_eq!(names_in(outside.path()), ["victim.txt"], "nothing made outside");
-    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n");
-    // A symlink in the workspace does not lead a write out of it.
-    std::os::unix::fs::symlink(&victim, workspace.path().join("out")).unwrap();
-    let e = fail(&rt, &o, "file_write", json!({"path": "out", "content": "x"})).await;
-    assert_eq!(e.code(), ErrorCode::SandboxDenied, "{e}");
-    assert!(e.message().starts_with(SANDBOX_MARKER), "{e}");
-    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n");
-    assert_eq!(names_in(outside.path()), ["victim.txt"]);
-    rt.shutdown().await;
-}
-
-#[tokio::test]
-async fn a_fifo_is_refused_by_name_and_never_opened() {
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = dir.path().join("pipe");
-    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(made.success());
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    // Opening it would block until a writer came: each tool refuses before that.
-    for (tool, args) in [
-        ("file_read", json!({"path": "pipe"})),
-        ("file_write", json!({"path": "pipe", "content": "x"})),
-        ("file_edit", json!({"path": "pipe", "old_string": "a", "new_string": "b"})),
-    ] {
-        let e = fail(&rt, &o, tool, args).await;
-        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{tool}: {e}");
-        assert_eq!(
-            e.message(),
-            format!("{} is not a regular file (a FIFO, socket or device)", fifo.display()),
-            "{tool}"
+    for (what, script) in SHELL_ESCAPES {
+        let root = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let inside = root.path().join("in");
+        std::fs::create_dir_all(&inside).unwrap();
+        std::fs::create_dir_all(root.path().join(".git/hooks")).unwrap();
+        std::fs::write(root.path().join(".git/config"), "[core]\n").unwrap();
+        std::fs::write(out.path().join("keep"), "outside").unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, root.path());
+        let sub = Arc::new(LocalSubprocess::new(LocalConfig::default()));
+        let shell =
+            BashLocal::sandboxed(BashLocalConfig::default(), sub, Arc::clone(&sandbox), policy)
+                .unwrap();
+        let script = format!(
+            "R={}; I={}; O={}; {script}",
+            root.path().display(),
+            inside.display(),
+            out.path().display()
         );
+        let spec = shell.resolve(ShellExecRequest::new(script)).unwrap();
+        let r = shell.run(spec).await.unwrap();
+        assert_room_intact(
+            root.path(),
+            out.path(),
+            &format!("{}: {what}", sandbox.provider_name()),
+        );
+        assert!(!r.status.success(), "{what}: the shell reported success: {}", r.output.text);
+        // The same escape through files-sandbox, in a room of the same shape.
+        files_refuses(what, root.path(), &inside, out.path()).await;
     }
-    rt.shutdown().await;
 }
 
-#[tokio::test]
-async fn an_absent_old_string_in_a_crlf_file_says_how_its_lines_end() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("w.txt"), "a\r\nb\r\n").unwrap();
-    let rt = local(dir.path());
-    let (o, _) = owner("s");
-    let args = json!({"path": "w.txt", "old_string": "a\nb", "new_string": "c"});
-    let e = fail(&rt, &o, "file_edit", args).await;
-    assert_eq!(e.code(), ErrorCode::NotFound);
-    assert!(e.message().ends_with("; the file's lines end in \\r\\n"), "{e}");
-    let args = json!({"path": "w.txt", "old_string": "a\r\nb", "new_string": "c"});
-    ok(&rt, &o, "file_edit", args).await;
-    assert_eq!(std::fs::read(dir.path().join("w.txt")).unwrap(), b"c\r\n");
-    rt.shutdown().await;
+/// The files-sandbox half: the escape `what` through the seam, refused and without effect.
+async fn files_refuses(what: &str, root: &Path, inside: &Path, out: &Path) {
+    use conch_conformance::files_sandbox::assert_denied;
+    use conch_seams::WriteMode;
+    use conch_seams::files::{WriteSpec, write_all};
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, root);
+    let files = HostFiles::sandboxed(root, &policy);
+    let w = |p: PathBuf, mode| write_all(&files, WriteSpec::new(p, mode), b"x");
+    let ups = inside.components().count();
+    let dotdot: PathBuf = std::iter::once(inside.to_owned())
+        .chain(std::iter::repeat_n(PathBuf::from(".."), ups))
+        .collect::<PathBuf>()
+        .join(out.strip_prefix("/").unwrap());
+    let r: conch_seams::Result<()> = match what {
+        "write outside" => w(out.join("new"), WriteMode::Create).await.map(drop),
+        "overwrite outside" => w(out.join("keep"), WriteMode::Truncate).await.map(drop),
+        "mkdir outside" => files.make_dir(&out.join("new"), false).await,
+        "rename outside in" => files.rename(&out.join("keep"), &inside.join("stolen"), false).await,
+        "absolute symlink out" => {
+            let _ = std::fs::remove_file(inside.join("out"));
+            std::os::unix::fs::symlink(out, inside.join("out")).unwrap();
+            w(inside.join("out/new"), WriteMode::Create).await.map(drop)
+        }
+        "final symlink out" => {
+            let _ = std::fs::remove_file(inside.join("fk"));
+            std::os::unix::fs::symlink(out.join("keep"), inside.join("fk")).unwrap();
+            w(inside.join("fk"), WriteMode::Truncate).await.map(drop)
+        }
+        "`..` out" => w(dotdot.join("new"), WriteMode::Create).await.map(drop),
+        "/proc/self/root" => w(
+            Path::new("/proc/self/root").join(out.strip_prefix("/").unwrap()).join("new"),
+            WriteMode::Create,
+        )
+        .await
+        .map(drop),
+        "a hook" => w(root.join(".git/hooks/pre-commit"), WriteMode::Create).await.map(drop),
+        "a hook via a symlink" => {
+            let _ = std::fs::remove_file(root.join("hk"));
+            std::os::unix::fs::symlink(".git/hooks", root.join("hk")).unwrap();
+            w(root.join("hk/pre-commit"), WriteMode::Create).await.map(drop)
+        }
+        "the config" => w(root.join(".git/config"), WriteMode::Append).await.map(drop),
+        "rename .git" => files.rename(&root.join(".git"), &root.join("git-old"), false).await,
+        "remove .git" => files.remove(&root.join(".git"), true).await,
+        other => panic!("no files-sandbox form for {other}"),
+    };
+    assert_denied(&format!("files-sandbox: {what}"), r);
+    assert_room_intact(root, out, &format!("files-sandbox: {what}"));
+}
+
+fn crate_visible_skip(line: &str) {
+    conch_conformance::visible_line(&format!("skipped: {line}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escapes_refused_to_files_sandbox_are_refused_to_bash_sandbox_under_landlock() {
+    the_shell_refuses_the_escapes(Arc::new(LandlockSandbox::new(helper()))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escapes_refused_to_files_sandbox_are_refused_to_bash_sandbox_under_bwrap() {
+    the_shell_refuses_the_escapes(Arc::new(BwrapSandbox::new(Path::new("bwrap"), helper()))).await;
 }

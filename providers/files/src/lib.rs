@@ -17,7 +17,11 @@
 //! - An atomic write goes to an unguessable temp file in the target's directory, is fsynced
 //!   and renamed over the target on finish; dropped unfinished, the temp file is removed.
 //!
+//! Linux only (`openat2`, `renameat2`, inotify): elsewhere the crate is empty.
+//!
 //! [`spawn_blocking`]: tokio::task::spawn_blocking
+
+#![cfg(target_os = "linux")]
 
 mod guard;
 mod ops;
@@ -317,5 +321,14 @@ mod tests {
         assert_eq!(err.code(), ErrorCode::SandboxDenied, "{err}");
         assert!(err.message().starts_with(conch_seams::files::SANDBOX_MARKER), "{err}");
         assert!(!dir.path().join("out.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn a_fifo_is_refused_at_once_instead_of_blocking_a_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = HostFiles::local(dir.path()).read(&fifo, 0, 10).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
     }
 }

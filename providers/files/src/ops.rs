@@ -11,7 +11,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use conch_seams::files::{FileChunk, FileKind, FileStat, ListSpec, Listing, MAX_READ_CHUNK};
@@ -114,10 +114,21 @@ impl Fs {
     }
 
     pub(crate) fn read(&self, path: &Path, offset: u64, max: usize) -> Result<FileChunk> {
-        let file = File::open(path).map_err(|e| io("read", path, e))?;
+        // Non-blocking, so a FIFO cannot hold a blocking thread until a writer comes.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| io("read", path, e))?;
         let m = file.metadata().map_err(|e| io("read", path, e))?;
         if m.is_dir() {
             return Err(io("read", path, std::io::Error::from(std::io::ErrorKind::IsADirectory)));
+        }
+        if m.file_type().is_fifo() || m.file_type().is_socket() {
+            return Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!("read {}: not a regular file (a FIFO or socket)", path.display()),
+            ));
         }
         let size = m.len();
         let want = max.min(MAX_READ_CHUNK);
