@@ -1,19 +1,21 @@
 //! The files seam over the host filesystem: `files-local` (unconfined) and `files-sandbox`
 //! (every write held to the composition's sandbox policy). One implementation serves both; the
-//! local provider is the sandboxed one without a [`guard`](crate::guard) (and so is
-//! `files-sandbox` in danger-full-access mode).
+//! local provider is the sandboxed one without a guard (`guard.rs`), and so is `files-sandbox`
+//! in danger-full-access mode.
 //!
 //! Every operation's syscalls run on tokio's blocking pool ([`spawn_blocking`]), never on the
-//! runtime's worker threads; streams (tar out, tar in) run on a blocking thread of their own
-//! that meets the caller through a bounded channel, so no archive is ever whole in memory.
+//! runtime's worker threads (a dropped atomic writer's cleanup too, when a runtime is there);
+//! tar out and tar in each run on a blocking thread of their own that meets the caller through
+//! a bounded channel, so no archive is ever whole in memory; a watch runs on `notify`'s
+//! inotify thread.
 //!
 //! - Reads (`stat`, `read`, `list`, `export_tar`, `watch`) are allowed everywhere, as the
 //!   confined shell reads everywhere.
 //! - Writes (`write` and its atomic temp file, `make_dir`, both ends of `rename`, `remove`,
-//!   every `import_tar` entry) go through [`guard::locate`], which under a policy resolves the
+//!   every `import_tar` entry) go through `guard::locate`, which under a policy resolves the
 //!   parent beneath a writable root with `openat2` and checks read-only paths by identity at
 //!   the moment of use; the operation then acts on that directory descriptor. See
-//!   [`guard`](crate::guard) for the steps and the holes.
+//!   `guard.rs` for the steps and the holes.
 //! - An atomic write goes to an unguessable temp file in the target's directory, is fsynced
 //!   and renamed over the target on finish; dropped unfinished, the temp file is removed.
 //!

@@ -10,6 +10,10 @@
 //! `from` whose `to` never comes (a move out of the watch) is delivered as a rename to `None`
 //! once the stream has waited [`RENAME_GRACE`] for its other half. The watched directory's own
 //! removal ends the stream after its `Removed` event.
+//!
+//! A limit, stated: a directory created inside a recursive watch is watched from the moment
+//! the watcher has added it, so what is created in it before that (right after its own
+//! `Created` event) may go unreported.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
