@@ -1,15 +1,17 @@
 //! `file_read`, `file_write`, `file_edit` and `file_list` (the `tool-files` plugin): the
 //! model-facing file tools over the files seam, so they work the same over a local, sandboxed
-//! or remote world. Paths go to the seam as given (it resolves a relative one against its
-//! default directory); errors are the seam's, typed, a sandbox denial keeping its marker.
+//! or remote world. A relative path means what the seam makes of it (it is joined to
+//! `Files::default_dir`); errors are the seam's, typed, a sandbox denial keeping its marker.
 //!
+//! - Every tool but `file_list` first follows a final symlink with `stat` and refuses a FIFO,
+//!   socket or device before opening it: a FIFO's open would block until a writer came.
 //! - `file_read` reads [`READ_CHUNK`] bytes at a time and feeds the pager
 //!   (`file_text.rs`), stopping once the asked lines are shown or the output budget is
 //!   spent, so a huge file is never read whole; the first chunk is sniffed first, and a
 //!   binary file is refused with its size. A note ends the output whenever lines were left
 //!   out, naming the offset that continues.
-//! - `file_write` follows a final symlink (as a shell's `>` does; an atomic rename over the
-//!   link would replace the link itself), then writes the whole content through one atomic
+//! - `file_write` writes a symlink's target (as a shell's `>` does), never the link itself,
+//!   whatever a provider's atomic rename would make of a link; it writes the whole content through one atomic
 //!   writer (`WriteSpec::atomic`), so a reader sees the old file or the new one.
 //! - `file_edit` reads the whole file (refused past [`EDIT_MAX_BYTES`], binary or not UTF-8),
 //!   plans the replacement in memory and writes it back atomically; the seam's atomic
@@ -19,7 +21,8 @@
 //!
 //! Honest limits: `file_edit` is read-modify-write, so a change another process makes
 //! between its read and its rename is overwritten; an atomic replace makes a new inode, so a
-//! replaced file's owner becomes the writer and hard links to it keep the old content.
+//! replaced file's owner becomes the writer and hard links to it keep the old content; the
+//! FIFO check and the open are two steps, so a FIFO swapped in between is still opened.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,7 +64,7 @@ pub const LIST_MAX_DEPTH: u32 = 5;
 /// The most entries one `file_list` shows.
 pub const LIST_MAX_ENTRIES: usize = 1000;
 
-/// How many symlinks `file_write` and `file_edit` follow before giving up (as `ELOOP`).
+/// How many symlinks the tools follow before giving up (as `ELOOP` does).
 const MAX_LINKS: usize = 40;
 
 /// The path as the seam resolves it, for messages and results.
