@@ -145,6 +145,12 @@ pub async fn writes_outside_the_roots_are_denied(
     assert_denied("remove outside dir", files.remove(room.out(), true).await);
     room.assert_outside_untouched("outside the roots");
     assert_eq!(std::fs::read_to_string(&src).unwrap(), "src");
+    // A denial names the path and why.
+    let target = room.out().join("named");
+    let e = write_all(files, WriteSpec::new(&target, WriteMode::Create), b"x").await.unwrap_err();
+    let m = e.message();
+    assert!(m.contains(&target.display().to_string()), "names the path: {m}");
+    assert!(m.contains("outside the writable roots"), "says why: {m}");
     Ok(())
 }
 
@@ -293,6 +299,9 @@ pub async fn git_hooks_and_config_stay_read_only(
     let tar = raw_archive(b".git/hooks/post-checkout", tar::EntryType::Regular, b"", b"x");
     assert_denied("import into the hooks", import(files, root, &tar).await);
     assert_git_intact(root, true, "read-only paths");
+    let hook = root.join(".git/hooks/pre-commit");
+    let e = write_all(files, WriteSpec::new(&hook, WriteMode::Create), b"x").await.unwrap_err();
+    assert!(e.message().contains("read-only path") && e.message().contains(".git/hooks"), "{e}");
     // The rest of .git stays writable.
     write_all(files, WriteSpec::new(root.join(".git/objects/o"), WriteMode::Create), b"o")
         .await
