@@ -574,6 +574,11 @@ pub async fn watch_reports_created_modified_renamed_removed(
     .await;
     files.remove(&g, false).await.unwrap();
     until(&mut w, "removed", |e| *e == WatchEvent::Removed { path: g.clone() }).await;
+    // A directory made after the watch began is watched too, with nothing made in it lost.
+    files.make_dir(&dir.join("later"), false).await.unwrap();
+    let h = dir.join("later/h");
+    put(files, &h, b"x").await;
+    until(&mut w, "created in a new dir", |e| *e == WatchEvent::Created { path: h.clone() }).await;
     // A subdirectory's removal is reported too.
     files.remove(&dir.join("sub"), false).await.unwrap();
     until(&mut w, "dir removed", |e| *e == WatchEvent::Removed { path: dir.join("sub") }).await;
@@ -581,7 +586,16 @@ pub async fn watch_reports_created_modified_renamed_removed(
         code_of("watch missing", files.watch(&dir.join("nope"), false)).await,
         ErrorCode::NotFound
     );
-    drop(w);
+    // A move out of the watch is a rename to nowhere.
+    let away = dir.with_extension("away");
+    files.rename(&h, &away, false).await.unwrap();
+    until(&mut w, "moved out", |e| *e == WatchEvent::Renamed { from: Some(h.clone()), to: None })
+        .await;
+    files.remove(&away, false).await.unwrap();
+    // The watched directory's removal ends the stream.
     done(files, &dir).await;
+    until(&mut w, "the root removed", |e| *e == WatchEvent::Removed { path: dir.clone() }).await;
+    let end = within("the watch to end", w.next_event()).await.unwrap();
+    assert_eq!(end, None, "the stream ends after its directory's removal");
     Ok(())
 }

@@ -155,9 +155,10 @@ impl Guard {
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        let dir = match openat2(&root_fd, rel_parent, how) {
+        let dir = match openat2_retrying(&root_fd, rel_parent, how) {
             Ok(fd) => fd,
-            Err(Errno::EXDEV | Errno::ELOOP) => {
+            // EAGAIN after the retries: the kernel could not tell that a `..` stayed inside.
+            Err(Errno::EXDEV | Errno::ELOOP | Errno::EAGAIN) => {
                 return Err(denied(
                     what,
                     path,
@@ -224,6 +225,18 @@ impl Guard {
             }
         }
         Ok(())
+    }
+}
+
+/// `openat2`, again while it fails `EAGAIN`: with `RESOLVE_BENEATH` the kernel refuses a `..`
+/// it cannot prove stayed beneath when any rename ran meanwhile, anywhere on the system.
+pub(crate) fn openat2_retrying(dir: &OwnedFd, rel: &Path, how: OpenHow) -> nix::Result<OwnedFd> {
+    let mut tries = 0;
+    loop {
+        match openat2(dir, rel, how) {
+            Err(Errno::EAGAIN) if tries < 100 => tries += 1,
+            other => return other,
+        }
     }
 }
 

@@ -6,8 +6,8 @@
 //! Every operation's syscalls run on tokio's blocking pool ([`spawn_blocking`]), never on the
 //! runtime's worker threads (a dropped atomic writer's cleanup too, when a runtime is there);
 //! tar out and tar in each run on a blocking thread of their own that meets the caller through
-//! a bounded channel, so no archive is ever whole in memory; a watch runs on `notify`'s
-//! inotify thread.
+//! a bounded channel, so no archive is ever whole in memory; a watch runs on an inotify
+//! thread of its own.
 //!
 //! - Reads (`stat`, `read`, `list`, `export_tar`, `watch`) are allowed everywhere, as the
 //!   confined shell reads everywhere.

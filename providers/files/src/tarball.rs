@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use conch_seams::files::{ByteStream, TarSink};
 use conch_seams::{Error, ErrorCode, Result};
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, openat2};
+use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat};
 use nix::sys::stat::{Mode, fchmod, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
 use tokio::sync::mpsc;
@@ -378,7 +378,7 @@ fn beneath(dir: &OwnedFd, rel: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
             | ResolveFlag::RESOLVE_NO_SYMLINKS
             | ResolveFlag::RESOLVE_NO_MAGICLINKS,
     );
-    openat2(dir, rel, how)
+    crate::guard::openat2_retrying(dir, rel, how)
 }
 
 /// Opens (making what is missing) the directories `parents` beneath `root`, one at a time,

@@ -1,125 +1,241 @@
-//! Directory watches through inotify (the `notify` crate, which adds watches for directories
-//! created inside a recursive watch).
+//! Directory watches through inotify (nix's binding), one inotify instance and one thread per
+//! watch.
 //!
-//! The watcher's thread turns each event into the seam's [`WatchEvent`] and queues it in a
-//! bounded channel ([`QUEUE`]); when the consumer falls that far behind, events are dropped and
-//! the next one delivered is [`WatchEvent::Overflow`]. Reads and opens are not reported.
-//!
-//! inotify reports a rename as two halves joined by a cookie. A `from` half is held until its
-//! `to` half arrives (one [`WatchEvent::Renamed`] with both paths) or another event does; a
-//! `from` whose `to` never comes (a move out of the watch) is delivered as a rename to `None`
-//! once the stream has waited [`RENAME_GRACE`] for its other half. The watched directory's own
-//! removal ends the stream after its `Removed` event.
-//!
-//! A limit, stated: a directory created inside a recursive watch is watched from the moment
-//! the watcher has added it, so what is created in it before that (right after its own
-//! `Created` event) may go unreported.
+//! 1. The watched directory gets a watch, and for a recursive watch so does every directory
+//!    beneath it (symlinks are never followed: `IN_DONT_FOLLOW`, `IN_ONLYDIR`).
+//! 2. The thread reads events (a blocking read) and turns them into the seam's
+//!    [`WatchEvent`]s, queued in a bounded channel ([`QUEUE`]); when the consumer falls that
+//!    far behind, events are dropped and the next one delivered is [`WatchEvent::Overflow`]
+//!    (as for the kernel's own queue overflow). Reads and opens are not reported.
+//! 3. A directory created in (or moved into) a recursive watch gets its watch at once, and
+//!    what it already holds by then is reported as created, so entries made right after the
+//!    directory are not lost in the gap before its watch existed (one made inside that gap
+//!    may be reported twice).
+//! 4. A rename is two kernel events joined by a cookie: a `from` half is held until its `to`
+//!    half (one [`WatchEvent::Renamed`] with both paths, and watched directories beneath it
+//!    renamed in place). A `from` without its `to` within [`RENAME_GRACE`] was a move out of
+//!    the watch: a rename to `None` (and the watches beneath it are dropped).
+//! 5. The watched directory's own removal ends the stream after its `Removed` event. Dropping
+//!    the stream removes the top watch, whose `IN_IGNORED` wakes the thread to end.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use conch_seams::files::{WatchEvent, WatchStream};
 use conch_seams::{Error, ErrorCode, Result};
-use conch_sync::LockExt;
-use notify::event::{EventKind, ModifyKind, RenameMode};
-use notify::{RecursiveMode, Watcher};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
 use tokio::sync::mpsc;
+
+use crate::guard::sys;
 
 /// How many events wait for the consumer at most.
 pub(crate) const QUEUE: usize = 4096;
 
-/// How long an unpaired rename's `from` half waits for its `to` half.
+/// How long a rename's `from` half waits for its `to` half.
 pub(crate) const RENAME_GRACE: Duration = Duration::from_millis(100);
 
-/// The watcher thread's rename bookkeeping.
-#[derive(Debug, Default)]
-struct Pairing {
-    /// A `from` half waiting for its `to`: (cookie, path).
-    pending: Option<(usize, PathBuf)>,
-    /// The cookie of a `to` half that took its `from`: the combined event follows.
-    paired: Option<(usize, PathBuf)>,
+fn mask() -> F {
+    F::IN_CREATE
+        | F::IN_DELETE
+        | F::IN_MODIFY
+        | F::IN_ATTRIB
+        | F::IN_MOVED_FROM
+        | F::IN_MOVED_TO
+        | F::IN_DELETE_SELF
+        | F::IN_ONLYDIR
+        | F::IN_DONT_FOLLOW
 }
 
+/// The thread's state: which watch is which directory.
+struct Tracker {
+    ino: Arc<Inotify>,
+    dirs: HashMap<WatchDescriptor, PathBuf>,
+    top: WatchDescriptor,
+    root: PathBuf,
+    recursive: bool,
+    /// A `from` half waiting for its `to`: cookie, path, was a directory.
+    pending: Option<(u32, PathBuf, bool)>,
+    out: Vec<WatchEvent>,
+}
+
+impl Tracker {
+    /// Watches `dir` and (recursive) every directory beneath it; with `report`, every entry
+    /// found beneath it is reported as created.
+    fn add_tree(&mut self, dir: &Path, report: bool) {
+        let Ok(wd) = self.ino.add_watch(dir, mask()) else { return };
+        self.dirs.insert(wd, dir.to_owned());
+        if !self.recursive {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let mut names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
+        names.sort();
+        for name in names {
+            let path = dir.join(name);
+            let Ok(m) = std::fs::symlink_metadata(&path) else { continue };
+            if report {
+                self.out.push(WatchEvent::Created { path: path.clone() });
+            }
+            if m.is_dir() {
+                self.add_tree(&path, report);
+            }
+        }
+    }
+
+    /// Drops the watches of `dir` and everything beneath it (it left the watch).
+    fn drop_tree(&mut self, dir: &Path) {
+        let gone: Vec<WatchDescriptor> =
+            self.dirs.iter().filter(|(_, p)| p.starts_with(dir)).map(|(wd, _)| *wd).collect();
+        for wd in gone {
+            self.dirs.remove(&wd);
+            let _ = self.ino.rm_watch(wd);
+        }
+    }
+
+    /// Renames the watched directories at or beneath `from` to lie beneath `to`.
+    fn move_tree(&mut self, from: &Path, to: &Path) {
+        for p in self.dirs.values_mut() {
+            if let Ok(rest) = p.strip_prefix(from) {
+                *p = to.join(rest);
+            }
+        }
+    }
+
+    fn flush_pending(&mut self) {
+        if let Some((_, from, is_dir)) = self.pending.take() {
+            if is_dir {
+                self.drop_tree(&from);
+            }
+            self.out.push(WatchEvent::Renamed { from: Some(from), to: None });
+        }
+    }
+
+    /// Turns one kernel event into the seam's; true when the watch ended.
+    fn event(&mut self, ev: InotifyEvent) -> bool {
+        if ev.mask.contains(F::IN_Q_OVERFLOW) {
+            self.out.push(WatchEvent::Overflow);
+            return false;
+        }
+        if ev.mask.contains(F::IN_IGNORED) {
+            self.dirs.remove(&ev.wd);
+            return ev.wd == self.top;
+        }
+        let Some(dir) = self.dirs.get(&ev.wd) else { return false };
+        let path = match &ev.name {
+            Some(name) => dir.join(name),
+            None => dir.clone(),
+        };
+        let is_dir = ev.mask.contains(F::IN_ISDIR);
+        if ev.mask.contains(F::IN_MOVED_TO) {
+            match self.pending.take() {
+                Some((cookie, from, _)) if cookie == ev.cookie => {
+                    if is_dir {
+                        self.move_tree(&from, &path);
+                    }
+                    self.out.push(WatchEvent::Renamed { from: Some(from), to: Some(path) });
+                }
+                other => {
+                    self.pending = other;
+                    self.flush_pending();
+                    if is_dir && self.recursive {
+                        self.add_tree(&path, false);
+                    }
+                    self.out.push(WatchEvent::Renamed { from: None, to: Some(path) });
+                }
+            }
+            return false;
+        }
+        self.flush_pending();
+        if ev.mask.contains(F::IN_MOVED_FROM) {
+            self.pending = Some((ev.cookie, path, is_dir));
+        } else if ev.mask.contains(F::IN_CREATE) {
+            self.out.push(WatchEvent::Created { path: path.clone() });
+            if is_dir && self.recursive {
+                self.add_tree(&path, true);
+            }
+        } else if ev.mask.contains(F::IN_DELETE) {
+            self.out.push(WatchEvent::Removed { path });
+        } else if ev.mask.contains(F::IN_DELETE_SELF) {
+            // A subdirectory's removal is reported by its parent.
+            if ev.wd == self.top {
+                self.out.push(WatchEvent::Removed { path: self.root.clone() });
+            }
+        } else if ev.mask.intersects(F::IN_MODIFY | F::IN_ATTRIB) {
+            self.out.push(WatchEvent::Modified { path });
+        }
+        false
+    }
+}
+
+/// What the stream and the thread share.
 #[derive(Debug)]
 struct Shared {
-    pairing: Mutex<Pairing>,
+    ino: Arc<Inotify>,
+    top: WatchDescriptor,
+    stop: AtomicBool,
     overflow: AtomicBool,
 }
 
 /// A watch's events.
+#[derive(Debug)]
 pub(crate) struct Watch {
     rx: mpsc::Receiver<WatchEvent>,
     shared: Arc<Shared>,
-    root: PathBuf,
-    ended: bool,
-    /// Kept for as long as the stream lives: dropping it ends the watch.
-    _watcher: notify::RecommendedWatcher,
 }
 
-impl std::fmt::Debug for Watch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Watch").field("root", &self.root).field("ended", &self.ended).finish()
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Its IN_IGNORED wakes the thread's read; already gone when the watch ended.
+        let _ = self.shared.ino.rm_watch(self.shared.top);
     }
 }
 
-fn send(tx: &mpsc::Sender<WatchEvent>, shared: &Shared, ev: WatchEvent) {
-    if tx.try_send(ev).is_err() {
-        shared.overflow.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Turns one `notify` event into the seam's, in order.
-fn translate(tx: &mpsc::Sender<WatchEvent>, shared: &Shared, event: notify::Event) {
-    let tracker = event.tracker();
-    let first = event.paths.first().cloned();
-    let mut pairing = shared.pairing.locked();
-    match event.kind {
-        EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
-            // A `from` without a cookie is the watched directory's own move: its parent
-            // reports the rename.
-            let (Some(t), Some(path)) = (tracker, first) else { return };
-            if let Some((_, prev)) = pairing.pending.replace((t, path)) {
-                send(tx, shared, WatchEvent::Renamed { from: Some(prev), to: None });
+fn run(mut t: Tracker, shared: Arc<Shared>, tx: mpsc::Sender<WatchEvent>) {
+    loop {
+        if t.pending.is_some() {
+            // Wait a moment for the other half of a rename before calling it a move out.
+            let mut fds = [PollFd::new(t.ino.as_fd(), PollFlags::POLLIN)];
+            let grace = PollTimeout::try_from(RENAME_GRACE).unwrap_or(PollTimeout::ZERO);
+            if matches!(poll(&mut fds, grace), Ok(0)) {
+                t.flush_pending();
             }
         }
-        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
-            let Some(to) = first else { return };
-            match (tracker, pairing.pending.take()) {
-                (Some(t), Some((c, from))) if t == c => pairing.paired = Some((t, from)),
-                (_, other) => {
-                    pairing.pending = other;
-                    send(tx, shared, WatchEvent::Renamed { from: None, to: Some(to) });
-                }
-            }
-        }
-        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
-            if let (Some((c, from)), Some(t)) = (pairing.paired.take(), tracker)
-                && c == t
-            {
-                let to = event.paths.get(1).cloned();
-                send(tx, shared, WatchEvent::Renamed { from: Some(from), to });
-            }
-        }
-        kind => {
-            if let Some((_, from)) = pairing.pending.take() {
-                send(tx, shared, WatchEvent::Renamed { from: Some(from), to: None });
-            }
-            let make: fn(PathBuf) -> WatchEvent = match kind {
-                EventKind::Create(_) => |path| WatchEvent::Created { path },
-                EventKind::Remove(_) => |path| WatchEvent::Removed { path },
-                EventKind::Modify(_) => |path| WatchEvent::Modified { path },
-                EventKind::Other if event.need_rescan() => {
-                    send(tx, shared, WatchEvent::Overflow);
+        let mut ended = false;
+        if t.out.is_empty() {
+            let events = match t.ino.read_events() {
+                Ok(events) => events,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "inotify read failed; the watch ends");
                     return;
                 }
-                _ => return,
             };
-            for path in event.paths {
-                send(tx, shared, make(path));
+            if shared.stop.load(Ordering::SeqCst) {
+                return;
             }
+            for ev in events {
+                ended |= t.event(ev);
+            }
+        }
+        for ev in t.out.drain(..) {
+            match tx.try_send(ev) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    shared.overflow.store(true, Ordering::SeqCst);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+        if ended {
+            return;
         }
     }
 }
@@ -127,77 +243,59 @@ fn translate(tx: &mpsc::Sender<WatchEvent>, shared: &Shared, event: notify::Even
 /// Starts watching the directory `path`.
 pub(crate) async fn watch(provider: &'static str, path: PathBuf, recursive: bool) -> Result<Watch> {
     let (tx, rx) = mpsc::channel(QUEUE);
-    let shared = Arc::new(Shared {
-        pairing: Mutex::new(Pairing::default()),
-        overflow: AtomicBool::new(false),
-    });
-    let s = Arc::clone(&shared);
-    let p = path.clone();
-    let watcher = crate::run_blocking(provider, "watch", move || {
-        let m = std::fs::metadata(&p).map_err(|e| Error::fs("watch", &p, e))?;
+    let shared = crate::run_blocking(provider, "watch", move || {
+        let m = std::fs::metadata(&path).map_err(|e| Error::fs("watch", &path, e))?;
         if !m.is_dir() {
-            return Err(Error::fs(
-                "watch",
-                &p,
-                std::io::Error::from(std::io::ErrorKind::NotADirectory),
-            ));
+            return Err(sys("watch", &path, Errno::ENOTDIR));
         }
-        let mut watcher =
-            notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {
-                Ok(ev) => translate(&tx, &s, ev),
-                Err(e) => tracing::debug!(error = %e, "inotify watch error"),
-            })
-            .map_err(|e| watch_error(&p, e))?;
-        let mode = if recursive { RecursiveMode::Recursive } else { RecursiveMode::NonRecursive };
-        watcher.watch(&p, mode).map_err(|e| watch_error(&p, e))?;
-        Ok(watcher)
+        let ino =
+            Arc::new(Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| sys("watch", &path, e))?);
+        let top = ino.add_watch(path.as_path(), mask()).map_err(|e| sys("watch", &path, e))?;
+        let mut t = Tracker {
+            ino: Arc::clone(&ino),
+            dirs: HashMap::from([(top, path.clone())]),
+            top,
+            root: path.clone(),
+            recursive,
+            pending: None,
+            out: Vec::new(),
+        };
+        if recursive {
+            // The top's children (the top itself is watched already).
+            let mut names: Vec<_> = std::fs::read_dir(&path)
+                .map_err(|e| Error::fs("watch", &path, e))?
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect();
+            names.sort();
+            for dir in names {
+                t.add_tree(&dir, false);
+            }
+        }
+        let shared = Arc::new(Shared {
+            ino,
+            top,
+            stop: AtomicBool::new(false),
+            overflow: AtomicBool::new(false),
+        });
+        let s = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("conch-files-watch".into())
+            .spawn(move || run(t, s, tx))
+            .map_err(|e| Error::new(ErrorCode::Io, format!("watch {}: {e}", path.display())))?;
+        Ok(shared)
     })
     .await?;
-    Ok(Watch { rx, shared, root: path, ended: false, _watcher: watcher })
-}
-
-fn watch_error(path: &std::path::Path, e: notify::Error) -> Error {
-    match e.kind {
-        notify::ErrorKind::Io(io) => Error::fs("watch", path, io),
-        notify::ErrorKind::PathNotFound => {
-            Error::fs("watch", path, std::io::Error::from(std::io::ErrorKind::NotFound))
-        }
-        other => Error::new(ErrorCode::Io, format!("watch {}: {other:?}", path.display())),
-    }
+    Ok(Watch { rx, shared })
 }
 
 #[async_trait]
 impl WatchStream for Watch {
     async fn next_event(&mut self) -> Result<Option<WatchEvent>> {
-        if self.ended {
-            return Ok(None);
+        if self.shared.overflow.swap(false, Ordering::SeqCst) {
+            return Ok(Some(WatchEvent::Overflow));
         }
-        loop {
-            if self.shared.overflow.swap(false, Ordering::SeqCst) {
-                return Ok(Some(WatchEvent::Overflow));
-            }
-            let waiting = self.shared.pairing.locked().pending.is_some();
-            let next = if waiting {
-                match tokio::time::timeout(RENAME_GRACE, self.rx.recv()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        if let Some((_, from)) = self.shared.pairing.locked().pending.take() {
-                            return Ok(Some(WatchEvent::Renamed { from: Some(from), to: None }));
-                        }
-                        continue;
-                    }
-                }
-            } else {
-                self.rx.recv().await
-            };
-            let Some(ev) = next else {
-                self.ended = true;
-                return Ok(None);
-            };
-            if matches!(&ev, WatchEvent::Removed { path } if *path == self.root) {
-                self.ended = true;
-            }
-            return Ok(Some(ev));
-        }
+        Ok(self.rx.recv().await)
     }
 }
