@@ -108,7 +108,7 @@ fn standard_lists_every_case_in_a_table_and_passes() {
     for r in &rows {
         assert_ne!(r[2], "FAIL", "{r:?}");
         assert!(r[3].parse::<u64>().is_ok(), "milliseconds: {r:?}");
-        if ["terminal", "sandbox", "files"].contains(&r[0]) {
+        if ["terminal", "sandbox"].contains(&r[0]) {
             assert_eq!(r[2..5], ["SKIP", "0", "composition"], "{r:?}");
         }
     }
@@ -121,7 +121,7 @@ fn standard_lists_every_case_in_a_table_and_passes() {
 
 #[test]
 fn terminal_runs_the_terminal_suites_and_passes() {
-    let rows = passes("terminal", &[], &["shell", "sandbox", "files"]);
+    let rows = passes("terminal", &[], &["shell", "sandbox"]);
     let pass =
         |suite: &str| rows.iter().filter(|r| r["suite"] == suite && r["result"] == "PASS").count();
     assert_eq!(pass("terminal"), cases::TERMINAL.len(), "every terminal case ran here");
@@ -149,7 +149,7 @@ fn sandbox_compositions_pass_where_their_runner_confines() {
         if !sandbox_works(composition) {
             continue;
         }
-        let rows = passes(composition, &[], &["terminal", "files"]);
+        let rows = passes(composition, &[], &["terminal"]);
         // The shell suite runs inside the sandbox, with the temp dir as the workspace root.
         let shell_pass = rows.iter().filter(|r| r["suite"] == "shell" && r["result"] == "PASS");
         assert!(shell_pass.count() > 10, "{composition}: {rows:#?}");
@@ -255,7 +255,7 @@ fn the_files_suite_passes_for_files_local_and_files_sandbox() {
         assert_eq!(names, want, "{name}: every files case, in order");
         assert!(rows.iter().all(|r| r["result"] == "PASS"), "{name}: {rows:#?}");
     }
-    let out = run("standard", &[], &["--suite", "files"]);
+    let out = run("minimal", &[], &["--suite", "files"]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(

@@ -69,13 +69,59 @@ fn call_with_bad_arguments_exits_non_zero_with_a_typed_error() {
 }
 
 #[test]
+fn call_file_write_then_file_read_and_edit_work_in_the_directory_conch_runs_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let call = |tool: &str, args: serde_json::Value| {
+        conch().current_dir(dir.path()).args(["call", tool, &args.to_string()]).output().unwrap()
+    };
+    let path = dir.path().join("notes/a.txt");
+    let args = serde_json::json!({"path": "notes/a.txt", "content": "one\ntwo\n"});
+    let out = call("file_write", args.clone());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error[not_found]: "), "{err}");
+    assert!(err.trim_end().ends_with("pass create_dirs: true to create missing directories"));
+    let mut args = args;
+    args["create_dirs"] = true.into();
+    let out = call("file_write", args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text(&out), format!("created {} (8 bytes written)\n", path.display()));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
+    let out = call("file_read", serde_json::json!({"path": "notes/a.txt"}));
+    assert_eq!(text(&out), "     1\tone\n     2\ttwo\n");
+    let edit = serde_json::json!({"path": path, "old_string": "two", "new_string": "2"});
+    let out = call("file_edit", edit);
+    assert_eq!(
+        text(&out),
+        format!("edited {}: replaced 1 occurrence\n     1\tone\n     2\t2\n", path.display())
+    );
+    let out = call("file_read", serde_json::json!({"path": "notes/a.txt", "offset": 5}));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error[invalid_argument]: "), "{err}");
+    assert!(err.contains("`offset` 5 is past the end of"), "{err}");
+}
+
+#[test]
 fn tools_lists_names_and_schemas() {
     let out = conch().arg("tools").output().unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> =
         v.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["bash", "job_output", "job_list", "job_kill"]);
+    assert_eq!(
+        names,
+        [
+            "bash",
+            "file_read",
+            "file_write",
+            "file_edit",
+            "file_list",
+            "job_output",
+            "job_list",
+            "job_kill"
+        ]
+    );
     assert_eq!(v[0]["input_schema"]["properties"]["command"]["type"], "string");
     assert!(v[0]["input_schema"]["required"].as_array().unwrap().iter().any(|r| r == "command"));
 }
@@ -512,9 +558,13 @@ fn conch_bench_is_its_own_sandbox_helper() {
 #[test]
 fn check_accepts_both_pwsh_compositions_on_a_machine_without_pwsh() {
     let empty = tempfile::tempdir().unwrap();
-    for (name, tools) in
-        [("pwsh", "job_output, job_list, job_kill, pwsh"), ("pwsh-minimal", "pwsh")]
-    {
+    for (name, tools) in [
+        (
+            "pwsh",
+            "file_read, file_write, file_edit, file_list, job_output, job_list, job_kill, pwsh",
+        ),
+        ("pwsh-minimal", "pwsh"),
+    ] {
         // Checking builds the composition; nothing in it starts pwsh.
         let out = conch().env("PATH", empty.path()).args(["check", name]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

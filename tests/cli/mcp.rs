@@ -332,7 +332,19 @@ fn mcp_lists_every_tool_with_a_schema_and_runs_bash() {
     let list = s.response(id);
     let tools = list["result"]["tools"].as_array().unwrap_or_else(|| panic!("{list}"));
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["bash", "job_output", "job_list", "job_kill"]);
+    assert_eq!(
+        names,
+        [
+            "bash",
+            "file_read",
+            "file_write",
+            "file_edit",
+            "file_list",
+            "job_output",
+            "job_list",
+            "job_kill"
+        ]
+    );
     for t in tools {
         let schema = &t["inputSchema"];
         assert_eq!(schema["type"], "object", "{t}");

@@ -44,6 +44,7 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "test-second-subprocess",
             "tool-bash",
             "tool-bash-persistent",
+            "tool-files",
             "tool-jobs",
             "tool-pwsh",
             "tool-pwsh-persistent",
@@ -176,7 +177,19 @@ fn a_tool_pointing_to_a_tool_the_composition_lacks_is_refused_naming_the_fix() {
 async fn standard_has_bash_and_job_tools_in_dependency_order() {
     let rt = crate::standard();
     let names: Vec<&str> = rt.tools().iter().map(|t| t.name()).collect();
-    assert_eq!(names, ["bash", "job_output", "job_list", "job_kill"]);
+    assert_eq!(
+        names,
+        [
+            "bash",
+            "file_read",
+            "file_write",
+            "file_edit",
+            "file_list",
+            "job_output",
+            "job_list",
+            "job_kill"
+        ]
+    );
     let plan =
         conch_registry::plan(&Composition::from_yaml("s", conch::EMBEDDED[0].1).unwrap()).unwrap();
     let order = plan.names();
@@ -272,7 +285,19 @@ fn a_shell_tool_refuses_an_executor_of_the_other_dialect() {
 #[tokio::test]
 async fn the_pwsh_compositions_build_without_pwsh_and_speak_pwsh() {
     for (name, tools) in [
-        ("pwsh", &["job_output", "job_list", "job_kill", "pwsh"][..]),
+        (
+            "pwsh",
+            &[
+                "file_read",
+                "file_write",
+                "file_edit",
+                "file_list",
+                "job_output",
+                "job_list",
+                "job_kill",
+                "pwsh",
+            ][..],
+        ),
         ("pwsh-minimal", &["pwsh"][..]),
     ] {
         let yaml = conch::EMBEDDED.iter().find(|(n, _)| *n == name).unwrap().1;

@@ -47,11 +47,15 @@ mod files_sandbox_workspace_write {
     });
 }
 
-/// The embedded `sandbox` composition with `files-sandbox` added, rooted at `root` in `mode`.
+/// The embedded `sandbox` composition (which binds `files-sandbox`), rooted at `root` in
+/// `mode`.
 fn sandbox_composition(root: &Path, mode: SandboxMode) -> Runtime {
     let yaml = conch::EMBEDDED.iter().find(|(n, _)| *n == "sandbox").unwrap().1;
-    let yaml = format!("{}\n  files-sandbox: {{}}\n", yaml.trim_end());
-    let composition = Composition::from_yaml("sandbox+files.yaml", &yaml)
+    assert!(
+        yaml.contains("\n  files-sandbox: {}\n"),
+        "the sandbox composition binds files-sandbox"
+    );
+    let composition = Composition::from_yaml("sandbox.yaml", yaml)
         .unwrap()
         .with_setting("sandbox-policy", "workspace_root", root.display().to_string())
         .with_setting("sandbox-policy", "mode", mode.as_str());

@@ -6,6 +6,7 @@
 mod compositions;
 mod conformance;
 mod conformance_command;
+mod file_tools;
 mod files;
 mod isolation;
 mod pwsh;

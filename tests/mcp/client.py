@@ -61,7 +61,8 @@ async def run_example(conch: str) -> None:
     expect(
         lines
         == [
-            "['bash', 'job_output', 'job_list', 'job_kill']",
+            "['bash', 'file_read', 'file_write', 'file_edit', 'file_list', 'job_output', "
+            "'job_list', 'job_kill']",
             "hello",
             "[exit code: 3]",
             "bash-1",
@@ -85,7 +86,7 @@ async def run_checks(conch: str) -> None:
 
             # Every tool has an input schema that is a valid JSON Schema for an object.
             tools = (await session.list_tools()).tools
-            expect(len(tools) == 4, f"tools: {[t.name for t in tools]}")
+            expect(len(tools) == 8, f"tools: {[t.name for t in tools]}")
             for tool in tools:
                 schema = tool.input_schema
                 jsonschema.validators.validator_for(schema).check_schema(schema)

@@ -1,4 +1,4 @@
-//! Model-facing tools. They consume seams only (`ShellExecutor`, `Jobs`), so they behave the
+//! Model-facing tools. They consume seams only (`ShellExecutor`, `Jobs`, `Terminals`, `Files`), so they behave the
 //! same over local, sandboxed or remote providers, and hold no shell syntax: every word that
 //! depends on the shell comes from the seam's `Dialect`.
 //!
@@ -8,9 +8,13 @@
 //! `list`, `close`) and `tool-bash-persistent`/`tool-pwsh-persistent` (`persistent.rs`: a shell
 //! tool named after the terminal backend's dialect, which each plugin checks). `render.rs` holds
 //! the exit markers both renderers write (one-shot `render_run`, persistent `render_outcome`) and
-//! `parse_exit_status`; `args.rs` parses arguments and shapes schemas.
+//! `parse_exit_status`; `args.rs` parses arguments and shapes schemas. `tool-files`
+//! (`files.rs`: `file_read`, `file_write`, `file_edit`, `file_list`) works over the files seam,
+//! with its text logic (binary sniff, line pager, edit planning) in `file_text.rs`.
 
 mod args;
+mod file_text;
+mod files;
 mod jobs;
 mod persistent;
 mod render;
@@ -18,6 +22,10 @@ mod shell;
 mod terminal;
 
 pub use args::{parse_args, schema_of};
+pub use files::{
+    EDIT_MAX_BYTES, FileEditTool, FileListTool, FileReadTool, FileWriteTool, LIST_MAX_DEPTH,
+    LIST_MAX_ENTRIES, READ_DEFAULT_LINES, READ_MAX_BYTES,
+};
 pub use jobs::{JobKillTool, JobListTool, JobOutputTool};
 pub use persistent::{PersistentShellConfig, PersistentShellTool};
 pub use render::{RenderedExit, parse_exit_status};
