@@ -5,8 +5,9 @@
 //! signals, pids, `/proc`, PTYs). Test crates (`tests/`, `conformance/`) are exempt:
 //! they judge providers by their effect on the machine (`conch conformance` links the
 //! conformance crate for that same judging). The benchmarks, the `conch-bench` binary
-//! (`src/bin/conch-bench/bench.rs`, `floors.rs`), spawn raw processes as the floors they
-//! measure against, and its remote bench (`remote_bench.rs`) reads its own resident memory;
+//! (`src/bin/conch-bench/bench.rs`, `floors.rs`, `files_bench.rs`), spawn raw processes as
+//! the floors they measure against, and its remote bench (`remote_bench.rs`) reads its own
+//! resident memory;
 //! `conch bench` (`src/cli/bench.rs`) execs that binary in place of itself. The sandbox
 //! runners (`providers/sandbox`) are the other place OS confinement lives: its `sandbox-exec`
 //! helper (`exec.rs`) confines its own process with libc calls (close_range, setsid,
@@ -165,7 +166,9 @@ fn only_the_local_provider_touches_the_process_world() {
                     let bench_floor =
                         matches!(
                             rel(&file).as_str(),
-                            "src/bin/conch-bench/bench.rs" | "src/bin/conch-bench/floors.rs"
+                            "src/bin/conch-bench/bench.rs"
+                                | "src/bin/conch-bench/floors.rs"
+                                | "src/bin/conch-bench/files_bench.rs"
                         ) && matches!(pat, "tokio::process" | "std::process::Command");
                     // The remote bench reads its own memory use (`/proc/self/status`), a
                     // measurement of itself, not access to another process.

@@ -169,7 +169,12 @@ impl Guard {
                 ));
             }
             Err(Errno::ENOSYS) => {
-                return Err(denied(self.mode, what, path, "this kernel has no openat2 to resolve it safely"));
+                return Err(denied(
+                    self.mode,
+                    what,
+                    path,
+                    "this kernel has no openat2 to resolve it safely",
+                ));
             }
             Err(e) => return Err(sys(what, path.parent().unwrap_or(path), e)),
         };
@@ -186,7 +191,12 @@ impl Guard {
         let resolved: Vec<Resolved<'_>> =
             self.read_only.iter().map(|p| resolve_read_only(p)).collect();
         let deny = |r: &Resolved<'_>, how: &str| {
-            denied(self.mode, what, &loc.path, &format!("{how} read-only path {}", r.path.display()))
+            denied(
+                self.mode,
+                what,
+                &loc.path,
+                &format!("{how} read-only path {}", r.path.display()),
+            )
         };
         // The parent and its ancestors, up to the filesystem root.
         let mut cur = fstat(loc.dir.as_fd()).map_err(|e| sys(what, &loc.path, e))?;

@@ -92,8 +92,13 @@ fn quoted(p: &Path) -> String {
 }
 
 /// One `file_edit` that swaps `from` for `to` in `path`.
-async fn edit(rt: &Runtime, o: &Arc<conch_seams::Owner>, path: &str, from: &str, to: &str)
--> anyhow::Result<()> {
+async fn edit(
+    rt: &Runtime,
+    o: &Arc<conch_seams::Owner>,
+    path: &str,
+    from: &str,
+    to: &str,
+) -> anyhow::Result<()> {
     let args = json!({"path": path, "old_string": from, "new_string": to});
     rt.call(o, "file_edit", args).await.map_err(e)?;
     Ok(())
@@ -116,12 +121,14 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     // The source in the page cache before anything is timed.
     sh(&format!("cat {} > /dev/null", quoted(&src))).await?;
 
-    let gone = |p: PathBuf| move || {
-        let p = p.clone();
-        async move {
-            match tokio::fs::remove_file(&p).await {
-                Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err.into()),
-                _ => Ok(()),
+    let gone = |p: PathBuf| {
+        move || {
+            let p = p.clone();
+            async move {
+                match tokio::fs::remove_file(&p).await {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err.into()),
+                    _ => Ok(()),
+                }
             }
         }
     };
@@ -152,7 +159,8 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     let daemon = Daemon::start().await?;
     let remote = daemon.runtime("remote-sandbox")?;
     let rfiles = files_of(&remote, "the remote-sandbox composition")?;
-    let remote_w = rounds(n, gone(by_seam.clone()), || write_gib(rfiles.as_ref(), &by_seam)).await?;
+    let remote_w =
+        rounds(n, gone(by_seam.clone()), || write_gib(rfiles.as_ref(), &by_seam)).await?;
     let local_w = rounds(n, gone(by_seam.clone()), || write_gib(files.as_ref(), &by_seam)).await?;
     rows.push(Row {
         path: "1 GiB written through files-remote",
