@@ -36,16 +36,19 @@ impl Daemon {
         Self::spawn("127.0.0.1:0", dir, token)
     }
 
-    /// A daemon on `listen` with the token file in `dir`, hosting `standard` plus
-    /// `files-local` (rooted in `dir/files`), so the remote compositions' `files-remote` works.
+    /// A daemon on `listen` with the token file in `dir`, hosting `standard` with its
+    /// `files-local` rooted in `dir/files`, so the remote compositions' `files-remote` works.
     fn spawn(listen: &str, dir: tempfile::TempDir, token: String) -> Self {
         let token_file = dir.path().join("token");
         let composition = dir.path().join("daemon.yaml");
         let standard = conch::EMBEDDED.iter().find(|(n, _)| *n == "standard").unwrap().1;
         let root = dir.path().join("files");
         std::fs::create_dir_all(&root).unwrap();
-        let yaml =
-            format!("{}\n  files-local:\n    root: {}\n", standard.trim_end(), root.display());
+        assert!(standard.contains("\n  files-local: {}\n"), "standard binds files-local");
+        let yaml = standard.replace(
+            "\n  files-local: {}\n",
+            &format!("\n  files-local:\n    root: {}\n", root.display()),
+        );
         std::fs::write(&composition, yaml).unwrap();
         let mut child = conch()
             .arg("--composition")
