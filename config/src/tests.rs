@@ -17,7 +17,18 @@ struct NoKeys {}
 #[test]
 fn embedded_standard_loads_and_lists_plugins() {
     let c = Composition::from_yaml("embedded:standard", EMBEDDED[0].1).unwrap();
-    assert_eq!(c.plugins(), ["bash-local", "jobs", "subprocess-local", "tool-bash", "tool-jobs"]);
+    assert_eq!(
+        c.plugins(),
+        [
+            "bash-local",
+            "files-local",
+            "jobs",
+            "subprocess-local",
+            "tool-bash",
+            "tool-files",
+            "tool-jobs"
+        ]
+    );
 }
 
 #[test]
