@@ -268,8 +268,10 @@ pub enum WatchEvent {
 pub trait FileWriter: Send + fmt::Debug {
     /// Appends `data` to what this writer has written.
     async fn write(&mut self, data: &[u8]) -> Result<()>;
-    /// Makes the write durable and visible (the rename of an atomic write) and returns the
-    /// file's facts.
+    /// Ends the write and returns the file's facts. An atomic write's temporary file is
+    /// flushed to disk and then renamed over the target, so after a crash the target holds
+    /// the old content or the new; an in-place write is left to the kernel's writeback, as
+    /// `cp` and a shell redirection leave theirs.
     async fn finish(self: Box<Self>) -> Result<FileStat>;
 }
 

@@ -182,6 +182,7 @@ impl Files for RemoteFiles {
             .await?;
         let size = header(&raw, proto::SIZE_HEADER).and_then(|v| v.parse::<u64>().ok());
         let eof = header(&raw, proto::EOF_HEADER);
+        let eof = eof.map(|v| v == "true");
         let (Some(size), Some(eof)) = (size, eof) else {
             return Err(protocol("the daemon's read answer lacks its size or end headers".into()));
         };
@@ -191,7 +192,8 @@ impl Files for RemoteFiles {
                 raw.bytes.len()
             )));
         }
-        Ok(FileChunk::new(raw.bytes.to_vec(), size, eof == "true"))
+        // No copy when the body arrived as one unshared buffer.
+        Ok(FileChunk::new(Vec::from(raw.bytes), size, eof))
     }
 
     async fn write(&self, spec: WriteSpec) -> Result<Box<dyn FileWriter>> {

@@ -8,6 +8,9 @@
 //!   local rate, so a time ratio of at most 2), and the process's peak memory growth while
 //!   it streams (client and daemon both live here; goal: flat, at most 64 MiB).
 //! - A small-file `file_edit` round trip, remote next to local (goal: at most 2x + 1 ms).
+//! - For context, no goal: the remote read next to 1 GiB over one plain loopback TCP
+//!   connection, the transport's own floor (a local read copies the page cache once; a remote
+//!   one at least three times, two of them in the kernel).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -104,6 +107,35 @@ async fn edit(
     Ok(())
 }
 
+/// 1 GiB through one plain TCP connection on loopback, in chunk-sized writes from memory to a
+/// reader that discards it: the transport's own cost, two copies through the kernel.
+async fn loopback_gib() -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let sender = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await?;
+        let buf = vec![b'x'; CHUNK];
+        for _ in 0..GIB / CHUNK as u64 {
+            sock.write_all(&buf).await?;
+        }
+        sock.shutdown().await
+    });
+    let mut sock = tokio::net::TcpStream::connect(addr).await?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0u64;
+    loop {
+        let n = sock.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    sender.await.context("the sender task")??;
+    ensure!(got == GIB, "received {got} bytes, not 1 GiB");
+    Ok(())
+}
+
 /// Runs the suite and renders the table (or JSON).
 ///
 /// # Errors
@@ -180,6 +212,16 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
         floor: Some(local_r),
         floor_name: "the same read, files-local",
         goal: Goal::Ratio(2.0),
+    });
+    // Not a goal of its own: what any remote read pays before conch does anything.
+    let tcp = rounds(n, nothing, loopback_gib).await?;
+    rows.push(Row {
+        path: "1 GiB read through files-remote, next to raw TCP",
+        unit: "ms",
+        measured: remote_r,
+        floor: Some(tcp),
+        floor_name: "1 GiB over one loopback TCP connection",
+        goal: Goal::Report,
     });
     let (_, grown_w) = with_peak_rss(write_gib(rfiles.as_ref(), &by_seam)).await?;
     rows.push(Row {

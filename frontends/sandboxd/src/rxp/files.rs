@@ -9,8 +9,9 @@
 //!   a cut connection resumes at the exact byte, and no side holds more than one range.
 //! - A write (and a tar import) is an upload the client opens by id, feeds in chunks at
 //!   explicit offsets and then finishes. A chunk's body is streamed into the provider's
-//!   writer frame by frame, never buffered whole, in a task of its own, so the accepted
-//!   count is exactly what the writer took even when the connection is cut mid-chunk; a
+//!   writer in batches of at most 1 MiB (never buffered whole), in a task of its own, so the
+//!   accepted count is exactly what the writer took even when the connection is cut
+//!   mid-chunk (what arrived before the cut is written); a
 //!   chunk whose offset is not the accepted count is refused with `next_offset`, which is
 //!   where the client resumes. The finish's answer is kept, so a repeated finish gets it.
 //! - A tar export is staged by a task of its own into an unnamed temporary file (gone when
@@ -54,6 +55,9 @@ pub const MAX_TRANSFERS: usize = 64;
 
 /// Metadata operations whose answers are kept per client, for resends.
 const OPS_KEPT: usize = 256;
+
+/// The most bytes of an upload chunk the daemon holds before writing them to the sink.
+const WRITE_BATCH: usize = 1 << 20;
 
 type Shared = Arc<State>;
 type Key = (String, String);
@@ -483,30 +487,49 @@ pub(super) async fn upload_chunk(
         }
         let mut stream = body.into_data_stream();
         let mut taken = 0u64;
-        while let Some(frame) = stream.next().await {
-            // A cut connection: keep what was written; the client resumes from `accepted`.
-            let Ok(bytes) = frame else { break };
-            taken += bytes.len() as u64;
-            if taken > max {
-                let e = Error::new(
-                    ErrorCode::LimitExceeded,
-                    format!("an upload chunk is at most {max} bytes (max_body_bytes)"),
-                )
-                .with_context("next_offset", inner.accepted.to_string());
-                return Err(ApiError(Box::new(e), StatusCode::PAYLOAD_TOO_LARGE));
-            }
-            let r = match inner.sink.as_mut() {
-                Some(Sink::Write(w)) => w.write(&bytes).await,
-                Some(Sink::Tar(t)) => t.write(&bytes).await,
-                None => Err(Error::invalid("this upload is not open yet")),
+        // Frames are small (tens of KiB); the sink gets them in batches of up to WRITE_BATCH,
+        // since each sink write is a hop to a blocking thread.
+        let mut batch: Vec<u8> = Vec::new();
+        loop {
+            // A cut connection ends the body: what arrived is written, and the client resumes
+            // from `accepted`.
+            let frame = match stream.next().await {
+                Some(Ok(bytes)) => Some(bytes),
+                Some(Err(_)) | None => None,
             };
-            if let Err(e) = r {
-                inner.sink = None;
-                inner.failed = Some(e.to_body());
-                return Err(err(e));
+            if let Some(bytes) = &frame {
+                taken += bytes.len() as u64;
+                if taken > max {
+                    let e = Error::new(
+                        ErrorCode::LimitExceeded,
+                        format!("an upload chunk is at most {max} bytes (max_body_bytes)"),
+                    )
+                    .with_context("next_offset", inner.accepted.to_string());
+                    return Err(ApiError(Box::new(e), StatusCode::PAYLOAD_TOO_LARGE));
+                }
+                batch.extend_from_slice(bytes);
+                if batch.len() < WRITE_BATCH {
+                    continue;
+                }
             }
-            inner.accepted += bytes.len() as u64;
-            up.touch();
+            if !batch.is_empty() {
+                let r = match inner.sink.as_mut() {
+                    Some(Sink::Write(w)) => w.write(&batch).await,
+                    Some(Sink::Tar(t)) => t.write(&batch).await,
+                    None => Err(Error::invalid("this upload is not open yet")),
+                };
+                if let Err(e) = r {
+                    inner.sink = None;
+                    inner.failed = Some(e.to_body());
+                    return Err(err(e));
+                }
+                inner.accepted += batch.len() as u64;
+                batch.clear();
+                up.touch();
+            }
+            if frame.is_none() {
+                break;
+            }
         }
         Ok(Accepted { next_offset: inner.accepted })
     })
