@@ -22,7 +22,7 @@ use conch_registry::Runtime;
 use conch_seams::{Files, WriteMode, WriteSpec};
 use serde_json::json;
 
-use crate::floors::{Goal, Row, e, median, owner, render};
+use crate::floors::{Goal, Row, e, median, owner, paired, render, timed};
 use crate::remote_bench::{Daemon, with_peak_rss};
 
 const GIB: u64 = 1 << 30;
@@ -72,7 +72,8 @@ async fn sh(script: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Times `f` once per round after `prepare` (untimed); returns the median in ms.
+/// Times `f` once per round after `prepare` (untimed, so a write always makes a fresh file);
+/// returns the median in ms. Without a preparation step, `floors::timed` is the one to use.
 async fn rounds<P, PF, F, FF>(n: usize, mut prepare: P, mut f: F) -> anyhow::Result<f64>
 where
     P: FnMut() -> PF,
@@ -176,9 +177,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
         goal: Goal::Ratio(1.2),
     });
     let cat = format!("cat {} > /dev/null", quoted(&by_seam));
-    let nothing = || async { Ok(()) };
-    let floor_r = rounds(n, nothing, || sh(&cat)).await?;
-    let seam_r = rounds(n, nothing, || read_gib(files.as_ref(), &by_seam)).await?;
+    let (floor_r, seam_r) = paired(n, || sh(&cat), || read_gib(files.as_ref(), &by_seam)).await?;
     rows.push(Row {
         path: "1 GiB read through files-local",
         unit: "ms",
@@ -202,9 +201,8 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
         floor_name: "the same write, files-local",
         goal: Goal::Ratio(2.0),
     });
-    let (remote_r, grown) =
-        with_peak_rss(rounds(n, nothing, || read_gib(rfiles.as_ref(), &by_seam))).await?;
-    let local_r = rounds(n, nothing, || read_gib(files.as_ref(), &by_seam)).await?;
+    let (remote_r, grown) = with_peak_rss(timed(n, || read_gib(rfiles.as_ref(), &by_seam))).await?;
+    let local_r = timed(n, || read_gib(files.as_ref(), &by_seam)).await?;
     rows.push(Row {
         path: "1 GiB read through files-remote",
         unit: "ms",
@@ -214,7 +212,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
         goal: Goal::Ratio(2.0),
     });
     // Not a goal of its own: what any remote read pays before conch does anything.
-    let tcp = rounds(n, nothing, loopback_gib).await?;
+    let tcp = timed(n, loopback_gib).await?;
     rows.push(Row {
         path: "1 GiB read through files-remote, next to raw TCP",
         unit: "ms",
@@ -241,22 +239,16 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     tokio::fs::write(&small, text).await?;
     let small = small.display().to_string();
     let o = owner();
-    let (mut l, mut r) = (Vec::with_capacity(n), Vec::with_capacity(n));
     // In alternation: local turns 100 into 101, remote turns it back.
     let (a, b) = ("let line_100 = 100;", "let line_100 = 101;");
-    for _ in 0..n.max(5) {
-        let t0 = Instant::now();
-        edit(&local, &o, &small, a, b).await?;
-        l.push(t0.elapsed());
-        let t0 = Instant::now();
-        edit(&remote, &o, &small, b, a).await?;
-        r.push(t0.elapsed());
-    }
+    let (l, r) =
+        paired(n.max(5), || edit(&local, &o, &small, a, b), || edit(&remote, &o, &small, b, a))
+            .await?;
     rows.push(Row {
         path: "file_edit of a 200-line file, remote",
         unit: "ms",
-        measured: median(r),
-        floor: Some(median(l)),
+        measured: r,
+        floor: Some(l),
         floor_name: "the same edit, local",
         goal: Goal::RatioPlusMs(2.0, 1.0),
     });
