@@ -86,7 +86,8 @@ fn id(st: &FileStat) -> Id {
     (st.st_dev, st.st_ino)
 }
 
-fn is_dir(st: &FileStat) -> bool {
+/// Whether a stat describes a directory.
+pub(crate) fn is_dir(st: &FileStat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 

@@ -22,7 +22,7 @@ use nix::fcntl::{AtFlags, OFlag, RenameFlags, openat, readlinkat, renameat, rena
 use nix::sys::stat::{Mode, fchmod, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use crate::guard::{Guard, Intent, Loc, locate, sys};
+use crate::guard::{Guard, Intent, Loc, is_dir, locate, sys};
 
 /// How many symlinks a write follows before it gives up (as the kernel's `ELOOP`).
 pub(crate) const MAX_HOPS: usize = 40;
@@ -71,10 +71,6 @@ pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata) -> FileStat {
     stat
 }
 
-fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
-    Error::fs(what, path, e)
-}
-
 fn file_kind_at(dir: &OwnedFd, name: &OsStr) -> Option<u32> {
     fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok().map(|s| s.st_mode & libc::S_IFMT)
 }
@@ -109,7 +105,7 @@ impl Fs {
     }
 
     pub(crate) fn stat(&self, path: &Path) -> Result<FileStat> {
-        let m = std::fs::symlink_metadata(path).map_err(|e| io("stat", path, e))?;
+        let m = std::fs::symlink_metadata(path).map_err(|e| Error::fs("stat", path, e))?;
         Ok(stat_of(path, &m))
     }
 
@@ -119,10 +115,14 @@ impl Fs {
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
-            .map_err(|e| io("read", path, e))?;
-        let m = file.metadata().map_err(|e| io("read", path, e))?;
+            .map_err(|e| Error::fs("read", path, e))?;
+        let m = file.metadata().map_err(|e| Error::fs("read", path, e))?;
         if m.is_dir() {
-            return Err(io("read", path, std::io::Error::from(std::io::ErrorKind::IsADirectory)));
+            return Err(Error::fs(
+                "read",
+                path,
+                std::io::Error::from(std::io::ErrorKind::IsADirectory),
+            ));
         }
         if m.file_type().is_fifo() || m.file_type().is_socket() {
             return Err(Error::new(
@@ -139,7 +139,7 @@ impl Fs {
                 Ok(0) => break,
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io("read", path, e)),
+                Err(e) => return Err(Error::fs("read", path, e)),
             }
         }
         data.truncate(got);
@@ -155,9 +155,13 @@ impl Fs {
                 format!("list {}: depth must be at least 1", path.display()),
             ));
         }
-        let m = std::fs::metadata(path).map_err(|e| io("list", path, e))?;
+        let m = std::fs::metadata(path).map_err(|e| Error::fs("list", path, e))?;
         if !m.is_dir() {
-            return Err(io("list", path, std::io::Error::from(std::io::ErrorKind::NotADirectory)));
+            return Err(Error::fs(
+                "list",
+                path,
+                std::io::Error::from(std::io::ErrorKind::NotADirectory),
+            ));
         }
         let mut entries = Vec::new();
         let truncated = walk(path, spec.depth, spec.limit, &mut entries)?;
@@ -216,7 +220,7 @@ impl Fs {
                 if mode == WriteMode::Create {
                     return Err(sys("write", &path, Errno::EEXIST));
                 }
-                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                if is_dir(st) {
                     return Err(sys("write", &path, Errno::EISDIR));
                 }
             }
@@ -288,7 +292,7 @@ impl Fs {
                 Ok(()) => {}
                 Err(Errno::EEXIST)
                     if fstatat(&loc.dir, loc.name.as_os_str(), AtFlags::empty())
-                        .is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR) => {}
+                        .is_ok_and(|s| is_dir(&s)) => {}
                 Err(Errno::EEXIST) => return Err(sys("make_dir", level, Errno::ENOTDIR)),
                 Err(e) => return Err(sys("make_dir", level, e)),
             }
@@ -345,7 +349,7 @@ impl Fs {
 
     /// Makes a temp file the target: fsync, bits, rename (never replacing in create mode).
     pub(crate) fn finish_atomic(file: &File, a: &Atomic, path: &Path) -> Result<()> {
-        file.sync_all().map_err(|e| io("write", path, e))?;
+        file.sync_all().map_err(|e| Error::fs("write", path, e))?;
         if let Some(bits) = a.mode {
             fchmod(file.as_fd(), Mode::from_bits_truncate(bits))
                 .map_err(|e| sys("write", path, e))?;
@@ -379,10 +383,10 @@ impl Fs {
 /// a directory before what it holds. Returns whether the limit cut it short.
 fn walk(dir: &Path, depth: u32, limit: usize, out: &mut Vec<FileStat>) -> Result<bool> {
     let mut names: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| io("list", dir, e))?
+        .map_err(|e| Error::fs("list", dir, e))?
         .map(|e| e.map(|e| e.file_name()))
         .collect::<std::io::Result<_>>()
-        .map_err(|e| io("list", dir, e))?;
+        .map_err(|e| Error::fs("list", dir, e))?;
     names.sort();
     for name in names {
         let path = dir.join(&name);
@@ -410,7 +414,7 @@ fn remove_tree(parent: &OwnedFd, name: &OsStr, path: &Path) -> Result<()> {
         Mode::empty(),
     )
     .map_err(|e| sys("remove", path, e))?;
-    let dup = fd.try_clone().map_err(|e| io("remove", path, e))?;
+    let dup = fd.try_clone().map_err(|e| Error::fs("remove", path, e))?;
     let mut dir = Dir::from_fd(dup).map_err(|e| sys("remove", path, e))?;
     let mut children = Vec::new();
     for entry in dir.iter() {
