@@ -20,7 +20,9 @@
 //! - A [`Tag`] is read from `/proc/<pid>/environ`, which holds the environment the process
 //!   was exec'd with: it survives setsid and double forks, but not a process that execs with
 //!   a cleared or rewritten environment, one that overwrites its environment block in place,
-//!   or one this user may not inspect (another user, a set-uid program).
+//!   or one this user may not inspect (another user, a set-uid program). An environment that
+//!   reads empty (a process mid-exec) is no answer: a scan that met one is not taken as proof
+//!   that nothing is left, for up to a second per process.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
@@ -61,6 +63,8 @@ pub(crate) struct Stat {
     pub(crate) start: u64,
     /// CPU time used so far, user plus system (clock ticks).
     pub(crate) ticks: u64,
+    /// A kernel thread (`PF_KTHREAD` in the flags): it has no environment, ever.
+    pub(crate) kernel: bool,
 }
 
 impl Stat {
@@ -74,9 +78,12 @@ impl Stat {
     }
 }
 
+/// The process flag that marks a kernel thread (`include/linux/sched.h`).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
 /// Parses one stat line. The comm may contain spaces and parens, so fields are split after
-/// the last `)`: state (3), ppid (4), pgrp (5), session (6), tty_nr (7), utime (14),
-/// stime (15), starttime (22).
+/// the last `)`: state (3), ppid (4), pgrp (5), session (6), tty_nr (7), flags (9),
+/// utime (14), stime (15), starttime (22).
 pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<Stat> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
@@ -92,6 +99,7 @@ pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<Stat> {
         tty_nr: f.get(4)?.parse::<i64>().ok()?.try_into().unwrap_or(0),
         start: f.get(19)?.parse().ok()?,
         ticks: f.get(11)?.parse::<u64>().ok()?.saturating_add(f.get(12)?.parse().ok()?),
+        kernel: f.get(6)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
     })
 }
 
@@ -247,29 +255,71 @@ pub(crate) fn carries(s: &Stat, tag: &Tag) -> Option<bool> {
     }
 }
 
+/// How long a process whose tag cannot be read yet is waited for before it counts as untagged.
+/// An environment reads empty for the instant of an exec (between the new image replacing
+/// the old and its environment being laid out), and for good when a process was started
+/// with none (`env -i`); the first must not let a tagged process slip past a stop, the second
+/// must not hold a stop for long.
+const UNKNOWN_LIMIT: Duration = Duration::from_secs(1);
+
 /// Remembers tag answers per process for one scan loop: an exec'd environment does not change,
 /// so each process is read once.
-#[derive(Debug, Default)]
+///
+/// An unknown answer (see [`carries`]) is no answer: the process counts as untagged for this
+/// scan, but [`TagCache::unsure`] says so, and the loop scans again rather than conclude that
+/// nothing is left. A process still unknown after [`UNKNOWN_LIMIT`] counts as untagged for good.
+#[derive(Debug)]
 pub(crate) struct TagCache {
     known: HashMap<ProcId, bool>,
+    /// Processes whose answer was unknown, with when that was first seen.
+    unknown: HashMap<ProcId, std::time::Instant>,
+    /// Whether the current scan met an unknown answer still worth waiting for.
+    unsure: bool,
+    read: fn(&Stat, &Tag) -> Option<bool>,
+}
+
+impl Default for TagCache {
+    fn default() -> Self {
+        Self::reading(carries)
+    }
 }
 
 impl TagCache {
+    /// A cache that asks `read` for each answer (tests feed the unknown answers of an exec).
+    fn reading(read: fn(&Stat, &Tag) -> Option<bool>) -> Self {
+        Self { known: HashMap::new(), unknown: HashMap::new(), unsure: false, read }
+    }
+
+    /// Starts a scan: forgets whether the last one was unsure.
+    fn begin_scan(&mut self) {
+        self.unsure = false;
+    }
+
+    /// True when this scan met a process whose tag could not be read yet.
+    fn unsure(&self) -> bool {
+        self.unsure
+    }
+
     /// True when `s` carries `tag` (read once per process, unknown answers read again).
     pub(crate) fn carries(&mut self, s: &Stat, tag: &Tag) -> bool {
-        if s.start < tag.since {
+        if s.start < tag.since || s.kernel {
             return false;
         }
         if let Some(known) = self.known.get(&s.id()) {
             return *known;
         }
-        match carries(s, tag) {
-            Some(answer) => {
-                self.known.insert(s.id(), answer);
-                answer
-            }
-            None => false,
+        if let Some(answer) = (self.read)(s, tag) {
+            self.known.insert(s.id(), answer);
+            self.unknown.remove(&s.id());
+            return answer;
         }
+        let first = *self.unknown.entry(s.id()).or_insert_with(std::time::Instant::now);
+        if first.elapsed() < UNKNOWN_LIMIT {
+            self.unsure = true;
+        } else {
+            self.known.insert(s.id(), false);
+        }
+        false
     }
 }
 
@@ -441,6 +491,7 @@ impl Targets<'_> {
         also: &BTreeMap<ProcId, Stopped>,
     ) -> Vec<(ProcId, &'p Stat, bool)> {
         let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+        tags.begin_scan();
         let group = self.live_group(procs);
         // A session id is its leader's pid, recycled like a group id.
         let session = self.session.filter(|g| !g.recycled(procs)).map(|g| g.pgid);
@@ -470,12 +521,12 @@ impl Targets<'_> {
     }
 }
 
-/// True when no live process matches `targets`.
+/// True when no live process matches `targets`, and none might (a tag not readable yet).
 fn quiet(targets: &Targets<'_>, tags: &mut TagCache) -> bool {
     let procs = all();
     let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
     let desc: HashSet<ProcId> = desc.into_iter().collect();
-    targets.matching(&procs, &desc, tags, &BTreeMap::new()).is_empty()
+    targets.matching(&procs, &desc, tags, &BTreeMap::new()).is_empty() && !tags.unsure()
 }
 
 /// Probes until no live process matches `targets` (true) or `limit` passed (false).
@@ -538,6 +589,16 @@ pub(crate) struct StopReport {
 /// whatever is left once `grace` has passed, until the set is proven gone or
 /// [`AFTER_KILL_LIMIT`] runs out. Children are signalled before their parents.
 pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) -> StopReport {
+    stop_reading(targets, first, grace, TagCache::default()).await
+}
+
+/// [`stop`] with the tag answers of `tags`.
+async fn stop_reading(
+    targets: &Targets<'_>,
+    first: Signal,
+    grace: Duration,
+    mut tags: TagCache,
+) -> StopReport {
     let term_until = tokio::time::Instant::now() + grace;
     let kill_until = term_until + AFTER_KILL_LIMIT;
     let mut tracked: BTreeMap<ProcId, Stopped> = BTreeMap::new();
@@ -547,7 +608,6 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         && targets.descendants_of.is_none()
         && targets.session.is_none()
         && targets.tagged.is_none();
-    let mut tags = TagCache::default();
     let mut survivors = Vec::new();
     let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
     // A plain group kill reports nothing, so it need not look before it signals: the group
@@ -583,6 +643,11 @@ pub(crate) async fn stop(targets: &Targets<'_>, first: Signal, grace: Duration) 
         let desc: HashSet<ProcId> = desc.into_iter().collect();
         let mut live = targets.matching(&procs, &desc, &mut tags, &tracked);
         if live.is_empty() {
+            // A process whose tag reads as unknown (mid-exec) may be one of ours: look again.
+            if tags.unsure() {
+                tokio::time::sleep(PROBE_INTERVAL).await;
+                continue;
+            }
             break;
         }
         // Children first, wherever they were reparented: deepest in the tree first.
@@ -752,6 +817,83 @@ mod tests {
         drop(gate_r);
     }
 
+    /// The pid whose tag reads as unknown (mid-exec) for its first reads, then as ours.
+    static EXECING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    static EXEC_READS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    fn mid_exec_then_tagged(s: &Stat, _: &Tag) -> Option<bool> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if s.pid != EXECING.load(SeqCst) {
+            return Some(false);
+        }
+        (EXEC_READS.fetch_add(1, SeqCst) >= 3).then_some(true)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tagged_process_read_mid_exec_is_still_stopped() {
+        use std::sync::atomic::Ordering::SeqCst;
+        // A detached tagged process is found by its tag alone. Caught mid-exec, its
+        // environment reads empty: that scan finding nothing else must not end the stop.
+        // Registered as owned, so its status stays this test's to take.
+        let (child, _owned) = crate::reaper::owning(
+            || std::process::Command::new("sleep").arg("1000").spawn(),
+            |c| Some(c.id()),
+        );
+        let mut child = child.expect("sleep");
+        let pid = i32::try_from(child.id()).unwrap();
+        let since = stat(pid).expect("its stat").start;
+        EXECING.store(pid, SeqCst);
+        let tag = Tag { id: "mid-exec".into(), since };
+        let targets = Targets { tagged: Some(&tag), ..Targets::default() };
+        let tags = TagCache::reading(mid_exec_then_tagged);
+        let report = stop_reading(&targets, Signal::SIGTERM, Duration::from_secs(5), tags).await;
+        let status = child.try_wait().expect("its status");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            report.stopped.iter().any(|s| s.id.pid == pid),
+            "the process read mid-exec was stopped: {report:?}"
+        );
+        assert!(status.is_some(), "the stop proved it gone before returning");
+        assert!(EXEC_READS.load(SeqCst) > 3, "its tag was read until known");
+        assert!(report.survivors.is_empty(), "{report:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_process_started_with_no_environment_is_left_alone_and_does_not_hold_a_stop() {
+        // Its environment reads empty for good, like one mid-exec: after a bounded wait it
+        // counts as untagged, and the stop ends without touching it.
+        let (child, _owned) = crate::reaper::owning(
+            || std::process::Command::new("env").args(["-i", "/bin/sleep", "1000"]).spawn(),
+            |c| Some(c.id()),
+        );
+        let mut child = child.expect("env -i sleep");
+        let pid = i32::try_from(child.id()).unwrap();
+        let mut id = ident(pid).expect("its identity");
+        // `env` execs `sleep`: wait until the exec is done and the environment reads empty.
+        while std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default() != b"sleep\n" {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            id = ident(pid).expect("its identity");
+        }
+        let tag = Tag { id: "nobody".into(), since: id.start };
+        let targets = Targets { tagged: Some(&tag), ..Targets::default() };
+        let report = stop(&targets, Signal::SIGTERM, Duration::from_secs(5)).await;
+        let untouched = alive(id);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(report.stopped.iter().all(|s| s.id != id), "{report:?}");
+        assert!(untouched, "the untagged process still runs");
+    }
+
+    #[test]
+    fn kernel_threads_are_told_by_their_flags() {
+        let line = |flags: u64| format!("7 (k) S 2 0 0 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 5 0");
+        assert!(parse_stat(7, &line(0x0020_8040)).expect("a kernel thread's stat").kernel);
+        assert!(!parse_stat(7, &line(0x0040_0100)).expect("a process's stat").kernel);
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert!(!stat(me).expect("own stat").kernel);
+    }
+
     #[test]
     fn truncated_stat_lines_are_misses() {
         assert_eq!(parse_stat(1, "1 (init) S 0"), None);
@@ -770,6 +912,7 @@ mod tests {
             tty_nr: 0,
             start,
             ticks: 0,
+            kernel: false,
         };
         let ours = Group { pgid: 40, leader_start: Some(100) };
         // Our leader is gone but a member it left behind still runs: still our group.
@@ -806,6 +949,7 @@ mod tests {
             tty_nr: 0,
             start: 1,
             ticks: 0,
+            kernel: false,
         };
         // 10 is this process; 11 a spawn; 12 an orphan reparented to it; 13 its child.
         let procs = vec![mk(1, 0), mk(10, 1), mk(11, 10), mk(12, 10), mk(13, 12)];
@@ -825,6 +969,7 @@ mod tests {
             tty_nr: 0,
             start: u64::try_from(pid).unwrap(),
             ticks: 0,
+            kernel: false,
         };
         let procs = vec![mk(1, 0, 'S'), mk(2, 1, 'S'), mk(3, 2, 'S'), mk(4, 1, 'Z'), mk(5, 9, 'S')];
         let root = procs[0].id();
