@@ -16,7 +16,7 @@
 //!   daemon is known gone, every pending wait fails `REMOTE_GONE` at once, without waiting
 //!   for `give_up`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -316,10 +316,16 @@ async fn session(
     // slot reports as an overflow (rescan) once the daemon confirms it.
     let subscribed: Vec<(String, Arc<WatchSlot>)> =
         lock_watches(watches).iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect();
+    // Each watch is subscribed once per connection: a watch made while this connection was
+    // being set up is both in the table read above and queued as a `Cmd::Watch`. Sent twice,
+    // the daemon would confirm it twice, and a second confirmation reads as a reconnect's
+    // (an overflow, dropping the events that follow it until the consumer sees it).
+    let mut watching: HashSet<String> = HashSet::new();
     for (id, w) in subscribed {
         if let Err(e) = ws.send(watch_msg(&id, &w)).await {
             return End::Lost(format!("watching failed: {e}"), Attempt::Failed);
         }
+        watching.insert(id);
     }
     let mut last_rx = Instant::now();
     let mut tick = tokio::time::interval(dial.heartbeat.min(server_hb));
@@ -404,11 +410,12 @@ async fn session(
                     Some(Cmd::Watch(id)) => {
                         let w = lock_watches(watches).get(&id).cloned();
                         match w {
-                            Some(w) => watch_msg(&id, &w),
-                            None => continue,
+                            Some(w) if watching.insert(id.clone()) => watch_msg(&id, &w),
+                            _ => continue,
                         }
                     }
                     Some(Cmd::Unwatch(id)) => {
+                        watching.remove(&id);
                         Message::Text(serde_json::to_string(&ClientMsg::Unwatch { id }).unwrap_or_default().into())
                     }
                 };
@@ -450,5 +457,71 @@ fn msg_id(m: &ServerMsg) -> Option<&str> {
         | ServerMsg::Watching { .. }
         | ServerMsg::FileEvent { .. }
         | ServerMsg::WatchEnd { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The texts of what a client sends: a peer on 127.0.0.1 that answers the hello and
+    /// records everything else until it sees `unwatch` of `last`.
+    async fn record_until_unwatch(listener: tokio::net::TcpListener, last: &str) -> Vec<ClientMsg> {
+        let (tcp, _) = listener.accept().await.expect("the client connects");
+        let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("a WebSocket");
+        let mut seen = Vec::new();
+        while let Some(Ok(m)) = ws.next().await {
+            let Message::Text(t) = m else { continue };
+            match serde_json::from_str::<ClientMsg>(&t).expect("an RXP/1 message") {
+                ClientMsg::Hello { .. } => {
+                    let hello = ServerMsg::Hello { boot_id: "b1".into(), heartbeat_ms: 60_000 };
+                    let text = serde_json::to_string(&hello).expect("json");
+                    ws.send(Message::Text(text.into())).await.expect("hello sent");
+                }
+                ClientMsg::Hb => {}
+                ClientMsg::Unwatch { id } if id == last => break,
+                other => seen.push(other),
+            }
+        }
+        seen
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_made_while_the_connection_starts_is_subscribed_once() {
+        // The first use of a client is a watch: the slot is in the table, and its command is
+        // queued, before the connection exists. The connection's setup subscribes what the
+        // table holds; the queued command must not subscribe it a second time (a second
+        // confirmation reads as a reconnect's, and the events after it are dropped).
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let peer = tokio::spawn(async move { record_until_unwatch(listener, "sentinel").await });
+        let dial = Dial {
+            ws_url: format!("ws://{addr}/v1/ws"),
+            token: None,
+            client_id: "c1".into(),
+            boot_id: "b1".into(),
+            base: format!("http://{addr}"),
+            connect_timeout: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(60),
+            max_backoff: Duration::from_millis(100),
+            give_up: Duration::from_secs(30),
+            max_frame: 1 << 20,
+        };
+        let mirrors = Mirrors::default();
+        let watches = Watches::default();
+        let slot = Arc::new(WatchSlot::new("/w".into(), false));
+        lock_watches(&watches).insert("w1".into(), Arc::clone(&slot));
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Cmd::Watch("w1".into())).expect("queued");
+        tx.send(Cmd::Unwatch("sentinel".into())).expect("queued");
+        let stop = CancellationToken::new();
+        let health = Health::new(dial.base.clone(), Arc::clone(&mirrors));
+        let conn = tokio::spawn(run(dial, mirrors, Arc::clone(&watches), rx, stop.clone(), health));
+        let seen = peer.await.expect("the peer recorded");
+        stop.cancel();
+        let _ = conn.await;
+        let watches_sent =
+            seen.iter().filter(|m| matches!(m, ClientMsg::Watch { id, .. } if id == "w1"));
+        assert_eq!(watches_sent.count(), 1, "subscribed once: {seen:?}");
     }
 }
