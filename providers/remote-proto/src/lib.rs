@@ -502,7 +502,15 @@ pub enum UploadKind {
         /// The directory (made when missing).
         path: PathBuf,
     },
+    /// Output a terminal had to cut, kept by the hosted subprocess provider as one of its
+    /// spills (`Subprocess::keep_spill`), so a result can name the whole of it in the
+    /// daemon's world. Needs no files provider; at most [`MAX_SPILL_UPLOAD`] bytes.
+    Spill,
 }
+
+/// The most bytes a spill upload ([`UploadKind::Spill`]) may carry: the spill cap of the
+/// streams a provider collects (past it a provider keeps no spill anyway).
+pub const MAX_SPILL_UPLOAD: u64 = 64 << 20;
 
 /// `POST /v1/files/uploads`: opens an upload (idempotent by id).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -539,6 +547,10 @@ pub struct Finished {
     pub stat: Option<FileStat>,
     /// How many entries were unpacked (a tar import).
     pub entries: Option<u64>,
+    /// Where the spill was kept, on the daemon (a spill upload; `None` there when the
+    /// provider keeps no spills).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spill: Option<PathBuf>,
 }
 
 /// `POST /v1/files/exports`: stages a tar archive of `path` on the daemon (idempotent by id).

@@ -38,7 +38,8 @@ use conch_registry::{
 use conch_seams::files::MAX_READ_CHUNK;
 use conch_seams::{
     ByteStream, Error, ErrorBody, ErrorCode, FileChunk, FileStat, FileWriter, Files,
-    FilesCapabilities, ListSpec, Listing, Result, TarSink, WatchEvent, WatchStream, WriteSpec,
+    FilesCapabilities, ListSpec, Listing, Result, SpillRef, TarSink, WatchEvent, WatchStream,
+    World, WriteSpec,
 };
 use conch_sync::LockExt;
 use reqwest::Method;
@@ -119,6 +120,30 @@ impl RemoteFiles {
             done: false,
         })
     }
+}
+
+/// Keeps `text` as a spill of the daemon's subprocess provider (`Subprocess::keep_spill` on
+/// the daemon), sent as a spill upload: chunked, and resumed at the daemon's offset after a
+/// cut. `Ok(None)` when `text` is over the spill cap or the daemon's provider keeps none.
+pub(crate) async fn keep_spill(shared: &Arc<Shared>, text: &[u8]) -> Result<Option<SpillRef>> {
+    if text.len() as u64 > proto::MAX_SPILL_UPLOAD {
+        return Ok(None);
+    }
+    shared.check_alive()?;
+    let chunk = usize::try_from(shared.info.limits.max_body_bytes)
+        .unwrap_or(MAX_READ_CHUNK)
+        .clamp(1, 4 << 20);
+    let id = shared.new_id("s");
+    let req = proto::UploadReq { id: id.clone(), kind: proto::UploadKind::Spill };
+    let state: proto::UploadState =
+        shared.http.call(Method::POST, "/v1/files/uploads", Some(&req), Duration::ZERO).await?;
+    let mut up =
+        Upload { shared: Arc::clone(shared), id, sent: state.next_offset, chunk, done: false };
+    up.send(text).await?;
+    let finished = up.finish().await?;
+    Ok(finished
+        .spill
+        .map(|path| SpillRef { world: World::Remote { name: shared.dial.base.clone() }, path }))
 }
 
 /// RXP/1 names paths as JSON strings: a path that is not UTF-8 cannot cross.
@@ -476,7 +501,7 @@ pub(crate) struct SlotState {
 }
 
 impl WatchSlot {
-    fn new(path: PathBuf, recursive: bool) -> Self {
+    pub(crate) fn new(path: PathBuf, recursive: bool) -> Self {
         Self { path, recursive, state: Mutex::default(), changed: watch::Sender::new(0) }
     }
 

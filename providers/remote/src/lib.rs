@@ -419,10 +419,10 @@ impl Subprocess for RemoteSubprocess {
         self.shared.info.capabilities.subprocess
     }
 
-    /// Not yet: RXP/1 has no request that writes a file on the daemon, so a remote world's
-    /// terminals name no spill for output they cut.
-    async fn keep_spill(&self, _text: Vec<u8>) -> Result<Option<SpillRef>> {
-        Ok(None)
+    /// Sent to the daemon as a spill upload, kept there by its subprocess provider: the path
+    /// is in the daemon's world.
+    async fn keep_spill(&self, text: Vec<u8>) -> Result<Option<SpillRef>> {
+        files::keep_spill(&self.shared, &text).await
     }
 
     async fn which(&self, program: &str) -> Result<Option<PathBuf>> {

@@ -604,3 +604,73 @@ async fn a_restarted_daemon_fails_file_calls_boot_changed() {
     assert!(!dir.path().join("new.txt").exists(), "nothing was written in the new world");
     tokio::task::spawn_blocking(move || second.stop()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_spill_keeps_cut_output_on_the_daemon_without_a_files_provider() {
+    use conch_seams::{Subprocess as _, World};
+    // A terminal's cut output is kept by the daemon's subprocess provider: it needs no files
+    // provider, crosses in several chunks, and is named in the daemon's world.
+    let d = Daemon::start(ServerConfig::default());
+    let (sub, _) = client(&d).await;
+    let text = pattern(9 << 20, 7);
+    let kept = sub.keep_spill(text.clone()).await.expect("the daemon keeps it").expect("a spill");
+    assert_eq!(kept.world, World::Remote { name: d.url() });
+    assert_eq!(file_sha(&kept.path), sha(&text), "the spill holds the text exactly");
+    // Past the spill cap no spill is kept, and nothing is sent.
+    let over =
+        vec![b'x'; usize::try_from(conch_provider_remote_proto::MAX_SPILL_UPLOAD).unwrap() + 1];
+    assert_eq!(sub.keep_spill(over).await.expect("an answer"), None);
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spill_upload_past_the_spill_cap_is_refused_and_keeps_nothing() {
+    let d = Daemon::start(ServerConfig::default());
+    let http = reqwest::Client::new();
+    let url = d.url();
+    let open = serde_json::json!({"id": "s1", "kind": {"kind": "spill"}});
+    let r: serde_json::Value = http
+        .post(format!("{url}/v1/files/uploads"))
+        .header("x-conch-client", "raw")
+        .json(&open)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r, serde_json::json!({"id": "s1", "next_offset": 0, "created": true}));
+    let cap = conch_provider_remote_proto::MAX_SPILL_UPLOAD;
+    let chunk = 4u64 << 20;
+    let mut offset = 0;
+    let refused = loop {
+        let resp = http
+            .put(format!("{url}/v1/files/uploads/s1?offset={offset}"))
+            .header("x-conch-client", "raw")
+            .body(vec![b'y'; usize::try_from(chunk).unwrap()])
+            .send()
+            .await
+            .unwrap();
+        if !resp.status().is_success() {
+            break resp;
+        }
+        let r: serde_json::Value = resp.json().await.unwrap();
+        offset = r["next_offset"].as_u64().unwrap();
+        assert!(offset <= cap, "accepted {offset} bytes, past the cap");
+    };
+    assert_eq!(offset, cap, "everything up to the cap was accepted");
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "limit_exceeded", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("spill upload"), "{body}");
+    // The upload ended with that error; its finish says so, and no spill is named.
+    let resp = http
+        .post(format!("{url}/v1/files/uploads/s1/finish"))
+        .header("x-conch-client", "raw")
+        .json(&serde_json::json!({"size": cap}))
+        .send()
+        .await
+        .unwrap();
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "limit_exceeded", "{body}");
+    tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+}

@@ -18,6 +18,11 @@
 //!   closed, even if the daemon dies), and served by range like a read: a cut resumes at
 //!   the exact offset. The staging does not wait for the client, so the whole archive
 //!   occupies the daemon's temporary directory until the export is deleted or expires.
+//! - A spill upload (`{"kind":"spill"}`) carries output a terminal on the client had to cut:
+//!   its bytes are held in memory (at most [`proto::MAX_SPILL_UPLOAD`] each, and
+//!   [`SPILL_BUDGET`] for all of them at once) and the finish hands them to the hosted
+//!   subprocess provider's `keep_spill`, so the spill lives in the daemon's world under that
+//!   provider's limits and lifetime, like the spills of the streams it collects.
 //! - Uploads and exports belong to the client that opened them and are discarded when
 //!   unused for a lease (`--lease-ms`), when the client leaves, and when the daemon stops:
 //!   an abandoned atomic write leaves its target untouched (the provider drops its temp).
@@ -29,6 +34,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,6 +65,9 @@ const OPS_KEPT: usize = 256;
 /// The most bytes of an upload chunk the daemon holds before writing them to the sink.
 const WRITE_BATCH: usize = 1 << 20;
 
+/// The most bytes all unfinished spill uploads may hold in the daemon's memory at once.
+pub const SPILL_BUDGET: u64 = 256 << 20;
+
 type Shared = Arc<State>;
 type Key = (String, String);
 
@@ -70,6 +79,8 @@ pub(crate) struct FilesHost {
     exports: Mutex<HashMap<Key, Arc<Export>>>,
     /// The latest metadata operations per client, by operation id, with their answers.
     ops: Mutex<HashMap<String, VecDeque<(String, OpCell)>>>,
+    /// Bytes held by unfinished spill uploads, daemon-wide.
+    spill_held: Arc<AtomicU64>,
 }
 
 /// One metadata operation's answer, set once by the first run.
@@ -184,6 +195,7 @@ impl FilesHost {
 enum Sink {
     Write(Box<dyn FileWriter>),
     Tar(Box<dyn TarSink>),
+    Spill(SpillBuf),
 }
 
 impl std::fmt::Debug for Sink {
@@ -191,7 +203,63 @@ impl std::fmt::Debug for Sink {
         f.write_str(match self {
             Sink::Write(_) => "Sink::Write",
             Sink::Tar(_) => "Sink::Tar",
+            Sink::Spill(_) => "Sink::Spill",
         })
+    }
+}
+
+impl Sink {
+    async fn write(&mut self, data: &[u8]) -> Result<()> {
+        match self {
+            Sink::Write(w) => w.write(data).await,
+            Sink::Tar(t) => t.write(data).await,
+            Sink::Spill(b) => b.push(data),
+        }
+    }
+}
+
+/// A spill upload's bytes, counted against the daemon-wide [`SPILL_BUDGET`] until dropped.
+#[derive(Debug)]
+struct SpillBuf {
+    bytes: Vec<u8>,
+    held: Arc<AtomicU64>,
+}
+
+impl SpillBuf {
+    fn push(&mut self, data: &[u8]) -> Result<()> {
+        let len = data.len() as u64;
+        if self.bytes.len() as u64 + len > proto::MAX_SPILL_UPLOAD {
+            return Err(Error::new(
+                ErrorCode::LimitExceeded,
+                format!("a spill upload is at most {} bytes", proto::MAX_SPILL_UPLOAD),
+            ));
+        }
+        let before = self.held.fetch_add(len, Ordering::AcqRel);
+        if before + len > SPILL_BUDGET {
+            self.held.fetch_sub(len, Ordering::AcqRel);
+            return Err(Error::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "spill uploads hold {before} bytes on this daemon, its limit is \
+                     {SPILL_BUDGET}; try again once they finished"
+                ),
+            ));
+        }
+        self.bytes.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// The bytes, released from the budget (the provider's `keep_spill` owns them now).
+    fn take(mut self) -> Vec<u8> {
+        let bytes = std::mem::take(&mut self.bytes);
+        self.held.fetch_sub(bytes.len() as u64, Ordering::AcqRel);
+        bytes
+    }
+}
+
+impl Drop for SpillBuf {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes.len() as u64, Ordering::AcqRel);
     }
 }
 
@@ -394,7 +462,12 @@ pub(super) async fn open_upload(
     let client = client_of(&state, &headers)?;
     let req: proto::UploadReq = json_body(&state, body).await?;
     check_id(&req.id)?;
-    let files = host(&state)?;
+    // A spill is the subprocess provider's: it needs no files provider.
+    let files = match req.kind {
+        proto::UploadKind::Spill => None,
+        _ => Some(host(&state)?),
+    };
+    let held = Arc::clone(&state.files.spill_held);
     let key = (client.clone(), req.id.clone());
     // The entry first, so an open resent while this one still runs finds it and waits.
     let (up, created) = {
@@ -421,9 +494,17 @@ pub(super) async fn open_upload(
         let r = opening
             .opened
             .get_or_init(|| async {
-                let sink = match kind {
-                    proto::UploadKind::Write { spec } => files.write(spec).await.map(Sink::Write),
-                    proto::UploadKind::Tar { path } => files.import_tar(&path).await.map(Sink::Tar),
+                let sink = match (kind, files) {
+                    (proto::UploadKind::Write { spec }, Some(files)) => {
+                        files.write(spec).await.map(Sink::Write)
+                    }
+                    (proto::UploadKind::Tar { path }, Some(files)) => {
+                        files.import_tar(&path).await.map(Sink::Tar)
+                    }
+                    (proto::UploadKind::Spill, _) => {
+                        Ok(Sink::Spill(SpillBuf { bytes: Vec::new(), held }))
+                    }
+                    (_, None) => Err(Error::invalid("this upload needs a files provider")),
                 };
                 match sink {
                     Ok(sink) => {
@@ -514,8 +595,7 @@ pub(super) async fn upload_chunk(
             }
             if !batch.is_empty() {
                 let r = match inner.sink.as_mut() {
-                    Some(Sink::Write(w)) => w.write(&batch).await,
-                    Some(Sink::Tar(t)) => t.write(&batch).await,
+                    Some(sink) => sink.write(&batch).await,
                     None => Err(Error::invalid("this upload is not open yet")),
                 };
                 if let Err(e) = r {
@@ -547,6 +627,7 @@ pub(super) async fn finish_upload(
     let client = client_of(&state, &headers)?;
     let req: proto::FinishReq = json_body(&state, body).await?;
     let up = state.files.upload(&client, &id)?;
+    let sub = Arc::clone(&state.sub);
     let done = detached(async move {
         let mut inner = up.inner.lock().await;
         if let Some(f) = &inner.finished {
@@ -558,15 +639,23 @@ pub(super) async fn finish_upload(
         if req.size != inner.accepted {
             return Err(not_here("finish at", req.size, inner.accepted));
         }
-        let r = match inner.sink.take() {
-            Some(Sink::Write(w)) => {
-                w.finish().await.map(|s| proto::Finished { stat: Some(s), entries: None })
-            }
-            Some(Sink::Tar(t)) => {
-                t.finish().await.map(|n| proto::Finished { stat: None, entries: Some(n) })
-            }
-            None => Err(Error::invalid("this upload is not open yet")),
-        };
+        let r =
+            match inner.sink.take() {
+                Some(Sink::Write(w)) => w.finish().await.map(|s| proto::Finished {
+                    stat: Some(s),
+                    entries: None,
+                    spill: None,
+                }),
+                Some(Sink::Tar(t)) => t.finish().await.map(|n| proto::Finished {
+                    stat: None,
+                    entries: Some(n),
+                    spill: None,
+                }),
+                Some(Sink::Spill(b)) => sub.keep_spill(b.take()).await.map(|kept| {
+                    proto::Finished { stat: None, entries: None, spill: kept.map(|k| k.path) }
+                }),
+                None => Err(Error::invalid("this upload is not open yet")),
+            };
         match r {
             Ok(f) => {
                 inner.finished = Some(f.clone());
