@@ -610,3 +610,36 @@ fn sandboxd_help_describes_the_daemon_and_not_the_benchmarks() {
     let out = conch().args(["bench", "--help"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("Benchmarks"));
 }
+
+/// A terminal send cut to its `max_output_bytes` names a spill that holds all of its output,
+/// through the tool as through the backend, in a local terminal and over `remote-terminal`
+/// (where the spill is on the daemon). The tool's own cap once dropped the note that names it.
+#[test]
+fn a_cut_terminal_send_names_a_spill_holding_all_of_it_locally_and_on_the_daemon() {
+    let daemon = Daemon::start();
+    let lines = [
+        call("terminal_open", serde_json::json!({"name": "main"})),
+        call(
+            "terminal_send",
+            serde_json::json!({"session_id": "pty-1", "text": "seq 1 30000", "max_output_bytes": 4096}),
+        ),
+        call("terminal_close", serde_json::json!({"session_id": "pty-1"})),
+    ];
+    for (composition, env) in [("terminal", Vec::new()), ("remote-terminal", daemon.env())] {
+        let out = batch(composition, &env, &lines);
+        let text = out[1]["text"].as_str().unwrap_or_else(|| panic!("{composition}: {:?}", out[1]));
+        let first = text.lines().next().unwrap_or_default();
+        let path = first
+            .strip_prefix("[earlier output omitted; full output: ")
+            .and_then(|p| p.strip_suffix(']'))
+            .unwrap_or_else(|| panic!("{composition}: the note names a spill: {first:?}"));
+        // The daemon runs on this machine, so its world's paths are readable here.
+        let whole = std::fs::read_to_string(path).expect("the spill is readable");
+        let numbers: String = (1..=30_000).map(|i| format!("{i}\n")).collect();
+        assert!(whole.contains(&numbers), "{composition}: all of it is in the spill");
+        let output = out[1]["structured"]["output"].as_str().unwrap();
+        assert!(output.starts_with(first), "{composition}: the structured output has the note");
+        assert!(output.len() <= 4096 + first.len() + 1, "{composition}: capped: {}", output.len());
+        assert!(output.contains("29999\n30000\n"), "{composition}: the newest output is kept");
+    }
+}

@@ -61,9 +61,9 @@ pub use subprocess::{
     TerminalProcess, TerminalSize, TerminalSpawnSpec, World,
 };
 pub use terminal::{
-    CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OpenRequest, ScreenView,
-    ScrollbackPage, SendOutcome, SendProgress, SendRequest, SendSettle, SendSlot, SessionStatus,
-    ShellState, StopCause, TerminalBackend, TerminalInfo, TerminalOpenSpec, TerminalSession,
-    Terminals, WaitReason,
+    CloseReport, CommandEnd, CommandOutcome, Interrupted, Key, OMITTED_NOTE, OpenRequest,
+    ScreenView, ScrollbackPage, SendOutcome, SendProgress, SendRequest, SendSettle, SendSlot,
+    SessionStatus, ShellState, StopCause, TerminalBackend, TerminalInfo, TerminalOpenSpec,
+    TerminalSession, Terminals, WaitReason,
 };
 pub use tools::{Progress, ProgressSink, Tool, ToolContext, ToolOutput, ToolRef};

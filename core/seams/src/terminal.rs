@@ -157,13 +157,19 @@ impl fmt::Debug for SendRequest {
 /// The result of one send that reached readiness.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendSettle {
-    /// Output produced during the send (markers stripped, bounded).
+    /// Output produced during the send (markers stripped, bounded). Output cut to the
+    /// send's `max_output_bytes` starts with a line beginning [`OMITTED_NOTE`], naming the
+    /// spill that holds all of it when one was kept; a renderer that caps again keeps it.
     pub delta: String,
     /// Why it returned.
     pub wait_reason: WaitReason,
     /// Session status at return.
     pub session_status: SessionStatus,
 }
+
+/// How the first line of a send's output begins when output was cut from its start:
+/// `[earlier output omitted; full output: PATH]` or `[earlier output omitted]`.
+pub const OMITTED_NOTE: &str = "[earlier output omitted";
 
 /// A send whose cancellation fired before readiness.
 #[derive(Clone, Debug, PartialEq, Eq)]

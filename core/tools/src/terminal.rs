@@ -12,8 +12,9 @@ use conch_registry::{
 };
 use conch_seams::{
     Error, ErrorCode, Interrupted, JobHooks, JobOutput, JobRead, JobSettlement, JobStart,
-    JobStatus, Jobs, Key, OpenRequest, Result, SendOutcome, SendRequest, SendSettle, SessionStatus,
-    Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext, ToolOutput, ToolRef,
+    JobStatus, Jobs, Key, OMITTED_NOTE, OpenRequest, Result, SendOutcome, SendRequest, SendSettle,
+    SessionStatus, Signal, TerminalInfo, TerminalSize, Terminals, Tool, ToolContext, ToolOutput,
+    ToolRef,
 };
 use conch_sync::LockExt;
 use schemars::JsonSchema;
@@ -154,7 +155,14 @@ fn render_send(
     max: usize,
 ) -> ToolOutput {
     let suffix = send_suffix(s, full_screen);
-    let text = cap_result(&cap_result(&s.delta, "", output_max), &suffix, max);
+    // The backend's note on output it cut names the spill holding all of it: capped again
+    // here, the note stays first (the cap would otherwise take it with the oldest lines).
+    let (note, body) = match s.delta.split_once('\n') {
+        Some((first, rest)) if first.starts_with(OMITTED_NOTE) => (&s.delta[..=first.len()], rest),
+        _ => ("", s.delta.as_str()),
+    };
+    let room = max.saturating_sub(note.len());
+    let text = format!("{note}{}", cap_result(&cap_result(body, "", output_max), &suffix, room));
     let output_len = text.len() - suffix.len();
     ToolOutput {
         structured: Some(serde_json::json!({

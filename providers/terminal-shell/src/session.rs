@@ -49,9 +49,9 @@ use async_trait::async_trait;
 use conch_output::{Collector, Strategy, TextRetainer};
 use conch_seams::{
     CloseReport, CommandEnd, CommandOutcome, Dialect, Error, ErrorBody, ErrorCode,
-    ForegroundTarget, Interrupted, Probe, Result, SandboxMode, ScreenView, ScrollbackPage,
-    SendOutcome, SendProgress, SendRequest, SendSettle, SessionStatus, ShellState, Signal,
-    SignalDelivery, SpillRef, StdinWait, StopCause, Subprocess, TerminalObservation,
+    ForegroundTarget, Interrupted, OMITTED_NOTE, Probe, Result, SandboxMode, ScreenView,
+    ScrollbackPage, SendOutcome, SendProgress, SendRequest, SendSettle, SessionStatus, ShellState,
+    Signal, SignalDelivery, SpillRef, StdinWait, StopCause, Subprocess, TerminalObservation,
     TerminalProcess, TerminalSession, TerminalSize, WaitReason,
 };
 use conch_sync::LockExt;
@@ -1252,8 +1252,8 @@ impl ShellSession {
             return text;
         }
         match self.shared.spills.keep(staged, str::to_string).await {
-            Some(p) => format!("[earlier output omitted; full output: {p}]\n{text}"),
-            None => format!("[earlier output omitted]\n{text}"),
+            Some(p) => format!("{OMITTED_NOTE}; full output: {p}]\n{text}"),
+            None => format!("{OMITTED_NOTE}]\n{text}"),
         }
     }
 }
