@@ -107,18 +107,7 @@ impl RemoteFiles {
 
     async fn open_upload(&self, kind: proto::UploadKind) -> Result<Upload> {
         let info = self.ready()?;
-        let chunk =
-            usize::try_from(info.max_chunk_bytes).unwrap_or(MAX_READ_CHUNK).clamp(1, 4 << 20);
-        let id = self.shared.new_id("u");
-        let req = proto::UploadReq { id: id.clone(), kind };
-        let state: proto::UploadState = self.call("/v1/files/uploads", &req).await?;
-        Ok(Upload {
-            shared: Arc::clone(&self.shared),
-            id,
-            sent: state.next_offset,
-            chunk,
-            done: false,
-        })
+        Upload::open(&self.shared, "u", kind, info.max_chunk_bytes).await
     }
 }
 
@@ -130,15 +119,8 @@ pub(crate) async fn keep_spill(shared: &Arc<Shared>, text: &[u8]) -> Result<Opti
         return Ok(None);
     }
     shared.check_alive()?;
-    let chunk = usize::try_from(shared.info.limits.max_body_bytes)
-        .unwrap_or(MAX_READ_CHUNK)
-        .clamp(1, 4 << 20);
-    let id = shared.new_id("s");
-    let req = proto::UploadReq { id: id.clone(), kind: proto::UploadKind::Spill };
-    let state: proto::UploadState =
-        shared.http.call(Method::POST, "/v1/files/uploads", Some(&req), Duration::ZERO).await?;
-    let mut up =
-        Upload { shared: Arc::clone(shared), id, sent: state.next_offset, chunk, done: false };
+    let max_chunk = shared.info.limits.max_body_bytes;
+    let mut up = Upload::open(shared, "s", proto::UploadKind::Spill, max_chunk).await?;
     up.send(text).await?;
     let finished = up.finish().await?;
     Ok(finished
@@ -319,6 +301,22 @@ struct Upload {
 }
 
 impl Upload {
+    /// Opens an upload of `kind` under a fresh id with `prefix`, sending chunks of at most
+    /// `max_chunk` bytes (and at most 4 MiB).
+    async fn open(
+        shared: &Arc<Shared>,
+        prefix: &str,
+        kind: proto::UploadKind,
+        max_chunk: u64,
+    ) -> Result<Self> {
+        let chunk = usize::try_from(max_chunk).unwrap_or(MAX_READ_CHUNK).clamp(1, 4 << 20);
+        let id = shared.new_id(prefix);
+        let req = proto::UploadReq { id: id.clone(), kind };
+        let state: proto::UploadState =
+            shared.http.call(Method::POST, "/v1/files/uploads", Some(&req), Duration::ZERO).await?;
+        Ok(Self { shared: Arc::clone(shared), id, sent: state.next_offset, chunk, done: false })
+    }
+
     /// Sends `data` (which starts at `self.sent`), resuming at the daemon's offset after a
     /// cut.
     async fn send(&mut self, data: &[u8]) -> Result<()> {
@@ -379,24 +377,32 @@ impl Upload {
     }
 }
 
+/// Tells the daemon, from a task of its own, to drop the transfer at `path` (`DELETE`); a
+/// message that is not delivered leaves it to the daemon's lease. Nothing is sent once the
+/// provider stopped (its leave dropped every transfer) or outside a runtime.
+fn forget(shared: &Arc<Shared>, path: String) {
+    if shared.stop.is_cancelled() {
+        return;
+    }
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let shared = Arc::clone(shared);
+        rt.spawn(async move {
+            let _: Result<serde_json::Value> =
+                shared.http.call(Method::DELETE, &path, None::<&()>, Duration::ZERO).await;
+        });
+    }
+}
+
 fn next_offset(e: &Error) -> Option<u64> {
     e.context().iter().find(|(k, _)| k == "next_offset").and_then(|(_, v)| v.parse().ok())
 }
 
 impl Drop for Upload {
     fn drop(&mut self) {
-        if self.done || self.shared.stop.is_cancelled() {
-            return;
-        }
         // Abandoned: the daemon drops its writer (an atomic write's target stays as it
         // was); if this is not delivered, the daemon discards it after a lease.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (shared, path) =
-                (Arc::clone(&self.shared), format!("/v1/files/uploads/{}", self.id));
-            rt.spawn(async move {
-                let _: Result<serde_json::Value> =
-                    shared.http.call(Method::DELETE, &path, None::<&()>, Duration::ZERO).await;
-            });
+        if !self.done {
+            forget(&self.shared, format!("/v1/files/uploads/{}", self.id));
         }
     }
 }
@@ -436,17 +442,7 @@ struct Export {
 
 impl Export {
     fn forget(&self) {
-        if self.shared.stop.is_cancelled() {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (shared, path) =
-                (Arc::clone(&self.shared), format!("/v1/files/exports/{}", self.id));
-            rt.spawn(async move {
-                let _: Result<serde_json::Value> =
-                    shared.http.call(Method::DELETE, &path, None::<&()>, Duration::ZERO).await;
-            });
-        }
+        forget(&self.shared, format!("/v1/files/exports/{}", self.id));
     }
 }
 
