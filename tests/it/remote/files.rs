@@ -36,6 +36,16 @@ async fn client(d: &Daemon) -> (Arc<RemoteSubprocess>, RemoteFiles) {
     (Arc::new(sub), files)
 }
 
+/// A daemon hosting `files-local` in `dir`, and a client reaching it through a proxy that can
+/// cut, delay or swallow its traffic. Keep the subprocess: dropping it stops the client.
+async fn proxied(dir: &Path) -> (Daemon, Proxy, Arc<RemoteSubprocess>, RemoteFiles) {
+    let d = daemon(HostFiles::local(dir));
+    let proxy = Proxy::start(d.addr).await;
+    let sub = client_via(&d, &proxy, |_| {}).await;
+    let files = RemoteFiles::new(&sub);
+    (d, proxy, sub, files)
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so a test needs no RNG crate.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -270,10 +280,7 @@ async fn a_read_cut_mid_file_resumes_at_the_exact_offset() {
     let data = pattern(64 << 20, 11);
     let path = dir.path().join("big.bin");
     std::fs::write(&path, &data).unwrap();
-    let d = daemon(HostFiles::local(dir.path()));
-    let proxy = Proxy::start(d.addr).await;
-    let sub = client_via(&d, &proxy, |_| {}).await;
-    let files = RemoteFiles::new(&sub);
+    let (d, proxy, _sub, files) = proxied(dir.path()).await;
     let mut got = Sha256::new();
     let mut offset = 0u64;
     let mut cuts = 0;
@@ -307,10 +314,8 @@ async fn an_upload_cut_mid_chunk_resumes_exactly_and_lands_every_byte_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = Arc::new(pattern(96 << 20, 13));
     let target = dir.path().join("up.bin");
-    let d = daemon(HostFiles::local(dir.path()));
-    let proxy = Proxy::start(d.addr).await;
-    let sub = client_via(&d, &proxy, |_| {}).await;
-    let files = Arc::new(RemoteFiles::new(&sub));
+    let (d, proxy, _sub, files) = proxied(dir.path()).await;
+    let files = Arc::new(files);
     proxy.swallow_responses("PUT /v1/files/uploads", 2);
     let writer = {
         let (files, data, target) = (Arc::clone(&files), Arc::clone(&data), target.clone());
@@ -352,10 +357,7 @@ async fn a_tar_export_cut_midway_resumes_exactly() {
     for i in 0..4u64 {
         std::fs::write(src.join(format!("f{i}")), pattern(5 << 20, i + 1)).unwrap();
     }
-    let d = daemon(HostFiles::local(dir.path()));
-    let proxy = Proxy::start(d.addr).await;
-    let sub = client_via(&d, &proxy, |_| {}).await;
-    let files = RemoteFiles::new(&sub);
+    let (d, proxy, _sub, files) = proxied(dir.path()).await;
     let local = HostFiles::local(dir.path());
     let mut out = files.export_tar(&src).await.unwrap();
     let mut sink = local.import_tar(&dir.path().join("dst")).await.unwrap();
@@ -474,10 +476,7 @@ async fn the_remote_composition_binds_files_remote_over_the_same_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resent_metadata_operations_run_once() {
     let dir = tempfile::tempdir().unwrap();
-    let d = daemon(HostFiles::local(dir.path()));
-    let proxy = Proxy::start(d.addr).await;
-    let sub = client_via(&d, &proxy, |_| {}).await;
-    let files = RemoteFiles::new(&sub);
+    let (d, proxy, _sub, files) = proxied(dir.path()).await;
     proxy.swallow_responses("POST /v1/files/mkdir", 1);
     files.make_dir(Path::new("m"), false).await.unwrap();
     proxy.swallow_responses("POST /v1/files/rename", 1);
@@ -505,10 +504,7 @@ async fn resent_metadata_operations_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_survives_a_cut_connection_with_an_overflow() {
     let dir = tempfile::tempdir().unwrap();
-    let d = daemon(HostFiles::local(dir.path()));
-    let proxy = Proxy::start(d.addr).await;
-    let sub = client_via(&d, &proxy, |_| {}).await;
-    let files = RemoteFiles::new(&sub);
+    let (d, proxy, _sub, files) = proxied(dir.path()).await;
     let mut w = files.watch(dir.path(), false).await.unwrap();
     std::fs::write(dir.path().join("a"), b"1").unwrap();
     let first = within("the first event", w.next_event()).await.unwrap().unwrap();
