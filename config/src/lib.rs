@@ -29,6 +29,8 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("sandbox-terminal", include_str!("../../compositions/sandbox-terminal.yaml")),
     ("pwsh", include_str!("../../compositions/pwsh.yaml")),
     ("pwsh-minimal", include_str!("../../compositions/pwsh-minimal.yaml")),
+    ("swerex", include_str!("../../compositions/swerex.yaml")),
+    ("swerex-sandbox", include_str!("../../compositions/swerex-sandbox.yaml")),
 ];
 
 /// ` (did you mean `x`?)` for the candidate closest to `name` (a few edits away, or one

@@ -146,8 +146,10 @@ pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) -> O
     let python = script(p, "python3 -c 'print(\"ready\"); input()'", "python3 -c \"input()\"");
     let r = send(s.as_ref(), &python).await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    assert!(!r.at_prompt, "a program's input wait is not the shell's prompt: {r:?}");
     let r = send(s.as_ref(), "an answer").await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "the prompt came back: {r:?}");
+    assert!(r.at_prompt, "the shell's prompt ended it: {r:?}");
     let r = send(s.as_ref(), &script(p, "read -p 'name? ' n", "$n = Read-Host 'name?'")).await;
     assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
     // Read-Host puts `: ` after its prompt.

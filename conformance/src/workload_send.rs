@@ -162,12 +162,16 @@ pub async fn a_multi_line_send_returns_after_its_last_line_under_load(
         let r = line(s.as_ref(), &text).await;
         let last = if i % 2 == 0 { format!("three-{i}") } else { format!("a b-{i}") };
         if !has_line(&r.delta, &last) {
-            // What the terminal showed next tells an early prompt from an early Tier 1.
+            // Which tier ended it, and what the terminal showed next.
+            let session = format!("{s:?}");
             let _ = s.send(SendRequest::typed("", false), CancellationToken::new()).await;
             let shown = terminal_tail(s.as_ref());
-            panic!("try {i}: the last line's output is in: {r:?}\nthe terminal then:\n{shown}");
+            panic!(
+                "try {i}: the last line's output is in: {r:?}\nthe session: {session}\nthe terminal then:\n{shown}"
+            );
         }
         assert_eq!(r.wait_reason, WaitReason::StdinRead, "try {i}: {r:?}");
+        assert!(r.at_prompt, "try {i}: the shell's prompt ended it: {r:?}");
     }
     close(s.as_ref()).await;
     Ok(())

@@ -18,6 +18,7 @@ mod conformance;
 pub mod logging;
 mod sandboxd;
 mod strict_json;
+mod swerex;
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -31,9 +32,13 @@ use conch_seams::{Error, ErrorCode, Notice, NoticeSink, Owner, ToolOutput};
 #[derive(Parser)]
 #[command(name = "conch", version, about = "execution framework for AI-agent harnesses")]
 struct Cli {
-    /// Composition: an embedded name (standard) or a YAML file path.
+    /// Composition: an embedded name (standard; swerex for swerex-remote) or a YAML file path.
     #[arg(long, global = true, default_value = crate::DEFAULT_COMPOSITION)]
     composition: String,
+    /// Whether `--composition` was given (a command with a default of its own uses that
+    /// otherwise).
+    #[arg(skip)]
+    composition_given: bool,
     /// Log lines on stderr as `text` or `json` (which events: the CONCH_LOG filter, default
     /// `warn`).
     #[arg(long, global = true, value_enum, default_value_t)]
@@ -58,6 +63,9 @@ pub enum BenchSuite {
     /// The files seam: 1 GiB through files-local next to `cat`, remote next to local, and a
     /// small `file_edit` round trip remote next to local.
     Files,
+    /// `conch swerex-remote` next to swe-rex's own server (`CONCH_SWEREX_SERVER` names it):
+    /// `run_in_session("echo x")` and `execute(["true"])`.
+    Swerex,
 }
 
 #[derive(Subcommand)]
@@ -107,6 +115,9 @@ enum Command {
     /// Serve this composition's subprocess provider to `remote-sandbox` clients over RXP/1
     /// (HTTP + WebSocket) until SIGTERM/SIGINT.
     Sandboxd(conch_frontend_sandboxd::Args),
+    /// Serve SWE-ReX's HTTP API (swe-rex 1.4.0's `swerex-remote`) from this composition until
+    /// SIGTERM/SIGINT; `conch` run under the name `swerex-remote` is this command.
+    SwerexRemote(swerex::Args),
     /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
     /// terminal_send vs persistent bash, and time to stdin_read), `floors` (every goal
     /// next to its floor measured in the same run, with the ratio), or `remote` (the same
@@ -145,7 +156,20 @@ pub fn main() -> ExitCode {
         let code = conch_provider_sandbox::sandbox_exec_main(&args);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    let cli = Cli::parse();
+    // Run under the name `swerex-remote` (a link in an image), conch is that server, taking
+    // its flags as SWE-ReX's deployments pass them.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let argv: Vec<std::ffi::OsString> =
+        if std::path::Path::new(&argv0).file_name().is_some_and(|n| n == "swerex-remote") {
+            ["conch", "swerex-remote"]
+                .map(Into::into)
+                .into_iter()
+                .chain(args.iter().map(Into::into))
+                .collect()
+        } else {
+            std::env::args_os().collect()
+        };
+    let cli = parse_cli(argv);
     if let Command::Bench(args) = &cli.command {
         // Replaces this process with `conch-bench`, which then owns stdout, the exit code
         // and signals; it returns only when no benchmark binary could be run.
@@ -157,7 +181,7 @@ pub fn main() -> ExitCode {
     // The MCP library warns (in its own debug format) about every error response it sends,
     // which a client already got as a protocol frame; by default only its errors show.
     let default_level = match cli.command {
-        Command::Sandboxd(_) => "info",
+        Command::Sandboxd(_) | Command::SwerexRemote(_) => "info",
         Command::Mcp => "warn,rmcp=error",
         _ => "warn",
     };
@@ -166,9 +190,11 @@ pub fn main() -> ExitCode {
     // current-thread runtime starts in a fraction of the time (no worker threads, no CPU
     // quota probe). Batches run many calls and keep the worker pool.
     let builder = match cli.command {
-        Command::Batch | Command::Sandboxd(_) | Command::Mcp | Command::Conformance(_) => {
-            tokio::runtime::Builder::new_multi_thread()
-        }
+        Command::Batch
+        | Command::Sandboxd(_)
+        | Command::SwerexRemote(_)
+        | Command::Mcp
+        | Command::Conformance(_) => tokio::runtime::Builder::new_multi_thread(),
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let rt = match { builder }.enable_all().build() {
@@ -189,6 +215,22 @@ pub fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Parses the command line (exiting with clap's message on a bad one), noting whether
+/// `--composition` was given.
+fn parse_cli(argv: Vec<std::ffi::OsString>) -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches_from(argv);
+    let given = |m: &clap::ArgMatches| {
+        m.value_source("composition").is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
+    };
+    // A global flag written after the subcommand is in the subcommand's matches.
+    let composition_given =
+        given(&matches) || matches.subcommand().is_some_and(|(_, sub)| given(sub));
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.composition_given = composition_given;
+    cli
 }
 
 /// The registered plugins that offer tools (by the `tool-` naming rule).
@@ -263,6 +305,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sandboxd::run(args, &cli.composition).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::SwerexRemote(args) => {
+            let composition =
+                if cli.composition_given { cli.composition.as_str() } else { swerex::COMPOSITION };
+            swerex::run(args, composition).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Mcp => mcp(&cli.composition).await,
         Command::Conformance(args) => conformance::run(args, &cli.composition).await,
         // Handed to `conch-bench` in `main`, before any runtime starts.
@@ -311,6 +359,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 | Command::SandboxExec { .. }
                 | Command::Bench(_)
                 | Command::Sandboxd(_)
+                | Command::SwerexRemote(_)
                 | Command::Mcp
                 | Command::Conformance(_) => ExitCode::SUCCESS,
             };

@@ -513,6 +513,7 @@ mod mcp;
 mod remote;
 mod remote_files;
 mod schemas;
+mod swerex;
 
 /// `conch sandbox-exec` is the runners' helper: it confines before it execs (a write inside
 /// the root lands, one outside does not) and fails closed on a bad policy.

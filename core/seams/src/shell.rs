@@ -38,6 +38,9 @@ pub struct ShellExecRequest {
     /// executor stamps it into the call's policy, and an unsandboxed one refuses a confining
     /// mode it cannot apply (`unsupported`).
     pub sandbox_mode: Option<SandboxMode>,
+    /// Collect stderr on its own ([`ShellRunResult::stderr`]) instead of merged into the
+    /// output.
+    pub separate_stderr: bool,
 }
 
 impl ShellExecRequest {
@@ -111,6 +114,9 @@ pub struct ShellExecSpec {
     /// far) while it runs; `None`: nowhere. `resolve` leaves it unset; a tool that has a
     /// progress sink sets it.
     pub progress: Option<std::sync::Arc<dyn crate::ProgressSink>>,
+    /// Collect stderr on its own instead of merged into stdout (a foreground run only; a
+    /// background process's output stays merged).
+    pub separate_stderr: bool,
 }
 
 /// A foreground result. Non-zero exit, timeout and abort are facts, not errors.
@@ -124,8 +130,10 @@ pub struct ShellRunResult {
     pub aborted: bool,
     /// Effective timeout after default and cap.
     pub timeout_ms: u64,
-    /// Merged stdout+stderr.
+    /// Merged stdout+stderr (stdout alone with [`ShellExecSpec::separate_stderr`]).
     pub output: CollectedOutput,
+    /// Stderr, when [`ShellExecSpec::separate_stderr`] asked for it on its own.
+    pub stderr: Option<CollectedOutput>,
     /// Sandbox facts; None for unsandboxed executors.
     pub sandbox: Option<SandboxInfo>,
     /// Processes the command left running when the shell exited; the executor stopped

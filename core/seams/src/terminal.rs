@@ -163,6 +163,10 @@ pub struct SendSettle {
     pub delta: String,
     /// Why it returned.
     pub wait_reason: WaitReason,
+    /// The shell's own prompt ended the wait (the shell, not a program it started, reads the
+    /// terminal again); false for a program's input wait, silence, a match, the deadline or
+    /// an exit.
+    pub at_prompt: bool,
     /// Session status at return.
     pub session_status: SessionStatus,
 }

@@ -48,6 +48,7 @@ impl TerminalSession for TestSession {
         Ok(SendOutcome::Ready(conch_seams::SendSettle {
             delta: text,
             wait_reason: WaitReason::StdinRead,
+            at_prompt: true,
             session_status: self.status(),
         }))
     }

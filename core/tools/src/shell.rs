@@ -652,6 +652,7 @@ mod tests {
             aborted: false,
             timeout_ms: 1000,
             output,
+            stderr: None,
             sandbox: None,
             leftovers: Vec::new(),
         }

@@ -282,6 +282,7 @@ impl<F: Flavor> LocalShell<F> {
         spec: &ShellExecSpec,
         command: CommandLine,
         kill: CancellationToken,
+        background: bool,
     ) -> SpawnSpec {
         let mut sspec = SpawnSpec::in_default_dir(command.argv)
             .with_cwd(command.cwd)
@@ -290,7 +291,11 @@ impl<F: Flavor> LocalShell<F> {
                 max_bytes: spec.output_max_bytes,
                 spill_cap: spec.spill_cap,
             })
-            .with_stderr(OutputSpec::MergeIntoStdout)
+            .with_stderr(if spec.separate_stderr && !background {
+                OutputSpec::Collect { max_bytes: spec.output_max_bytes, spill_cap: spec.spill_cap }
+            } else {
+                OutputSpec::MergeIntoStdout
+            })
             .with_grace(spec.grace)
             .with_cancel(kill)
             .with_after_exit(AfterExit::StopLeftovers {
@@ -407,6 +412,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
             cancel: request.cancel.unwrap_or_default(),
             sandbox,
             progress: None,
+            separate_stderr: request.separate_stderr,
         })
     }
 
@@ -418,6 +424,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
             aborted: true,
             timeout_ms: spec.timeout.as_millis() as u64,
             output: CollectedOutput::default(),
+            stderr: None,
             sandbox: None,
             leftovers: Vec::new(),
         };
@@ -429,7 +436,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
         let wrapped = prepared.wrapped;
         // Dropped when this call ends, every path: the command has settled (or never ran).
         let _release = prepared.release;
-        let sspec = self.spawn_spec(&spec, prepared.command, kill.clone());
+        let sspec = self.spawn_spec(&spec, prepared.command, kill.clone(), false);
         if spec.cancel.is_cancelled() {
             return Ok(aborted());
         }
@@ -471,10 +478,18 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
             }
         }?;
         let output = process.collected(StreamId::Stdout).unwrap_or_default();
+        let stderr =
+            spec.separate_stderr.then(|| process.collected(StreamId::Stderr).unwrap_or_default());
         // Whether the runner refused is the sandbox's to judge: its exit protocol is its own
-        // (the helper's fail-closed line, bwrap's setup errors).
+        // (the helper's fail-closed line, bwrap's setup errors), written to stderr.
         let sandbox = match self.policy_of(&spec) {
-            Some((c, policy)) => Some(c.verdict(&policy, &status, &output.text, wrapped)?),
+            Some((c, policy)) => {
+                let tail = match &stderr {
+                    Some(e) => std::borrow::Cow::Owned(format!("{}{}", output.text, e.text)),
+                    None => std::borrow::Cow::Borrowed(output.text.as_str()),
+                };
+                Some(c.verdict(&policy, &status, &tail, wrapped)?)
+            }
             None => None,
         };
         Ok(ShellRunResult {
@@ -483,6 +498,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
             aborted: cause == Cause::Abort,
             timeout_ms: spec.timeout.as_millis() as u64,
             output,
+            stderr,
             sandbox,
             leftovers: process.leftovers(),
         })
@@ -504,7 +520,7 @@ impl<F: Flavor> ShellExecutor for LocalShell<F> {
         };
         let wrapped = prepared.wrapped;
         let release = prepared.release;
-        let sspec = self.spawn_spec(&spec, prepared.command, kill.clone());
+        let sspec = self.spawn_spec(&spec, prepared.command, kill.clone(), true);
         // The caller's token may also stop a background process; no timeout applies.
         let caller = spec.cancel.clone();
         let k = kill.clone();

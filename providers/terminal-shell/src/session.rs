@@ -173,6 +173,22 @@ struct State {
     matched: bool,
     /// Sees the active send's output as it arrives.
     progress: Option<Progress>,
+    /// Which readiness tier ended the last wait, and what it saw (shown by `Debug`, so a
+    /// result that came early says why).
+    last_ready: Option<ReadyTrace>,
+}
+
+/// What ended a wait for readiness, for diagnosis.
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code, reason = "read through Debug only")]
+struct ReadyTrace {
+    tier: &'static str,
+    /// The prompt count then, and the count the wait had to exceed.
+    prompts: u64,
+    start_prompts: u64,
+    /// Time since the wait began.
+    after: Duration,
+    echo_seen: bool,
 }
 
 /// A send's progress callback (opaque to `Debug`).
@@ -202,6 +218,7 @@ impl std::fmt::Debug for State {
             .field("prompts", &self.prompts)
             .field("ingested", &self.ingested)
             .field("eof", &self.eof)
+            .field("last_ready", &self.last_ready)
             .finish_non_exhaustive()
     }
 }
@@ -385,6 +402,18 @@ pub(crate) struct Shared {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.locked()
+    }
+
+    /// Records which tier ended a wait for readiness (see [`ReadyTrace`]).
+    fn trace_ready(&self, tier: &'static str, start_prompts: u64, started: Instant, echo: bool) {
+        let mut st = self.lock();
+        st.last_ready = Some(ReadyTrace {
+            tier,
+            prompts: st.prompts,
+            start_prompts,
+            after: started.elapsed(),
+            echo_seen: echo,
+        });
     }
 
     /// Takes in a chunk of output; returns the answers to cursor position requests in it,
@@ -638,6 +667,7 @@ pub(crate) fn start(
             watch: None,
             matched: false,
             progress: None,
+            last_ready: None,
         }),
         config,
         changed: Notify::new(),
@@ -744,6 +774,8 @@ enum Ready {
     Reason(WaitReason),
     /// The framed command's end marker arrived and bash is back at its prompt.
     Framed(i32),
+    /// The shell's own prompt came back (Tier 0 of a plain send).
+    Prompt,
     /// The cancel token fired.
     Cancelled,
 }
@@ -924,9 +956,10 @@ impl ShellSession {
                 && prompt_counts
                 && sh.observe(Probe::Foreground).await?.leader_owns_foreground
             {
+                sh.trace_ready("tier 0: prompt", start_prompts, started, echo_seen);
                 return Ok(match code {
                     Some(c) if framed => Ready::Framed(c),
-                    _ => Ready::Reason(WaitReason::StdinRead),
+                    _ => Ready::Prompt,
                 });
             }
             // A framed command's shell that exited is done even while something it left
@@ -967,6 +1000,7 @@ impl ShellSession {
                         _ => (1, last_output),
                     };
                     if n >= TIER1_CONFIRMATIONS {
+                        sh.trace_ready("tier 1: stdin wait", start_prompts, started, echo_seen);
                         return Ok(Ready::Reason(WaitReason::StdinRead));
                     }
                     confirmed = Some((n, since));
@@ -990,6 +1024,7 @@ impl ShellSession {
                 if cpu.busy(&sh.observe(Probe::Stdin).await?) {
                     last_busy = now;
                 } else if sh.lock().last_output == last_output {
+                    sh.trace_ready("tier 2: silence", start_prompts, started, echo_seen);
                     return Ok(Ready::Reason(WaitReason::InferredIdle));
                 }
             }
@@ -1322,9 +1357,9 @@ impl TerminalSession for ShellSession {
             Wait::Send
         };
         let ready = self.readiness(start_prompts, timeout, wait, !bytes.is_empty(), &cancel).await;
-        let reason = match ready {
-            Ok(Ready::Reason(r)) => r,
-            Ok(Ready::Framed(_)) => WaitReason::StdinRead,
+        let (reason, at_prompt) = match ready {
+            Ok(Ready::Reason(r)) => (r, false),
+            Ok(Ready::Framed(_) | Ready::Prompt) => (WaitReason::StdinRead, true),
             Ok(Ready::Cancelled) => {
                 let interrupted = self.interrupt(start_prompts).await;
                 let delta = self.rendered_delta().await;
@@ -1349,6 +1384,7 @@ impl TerminalSession for ShellSession {
         Ok(SendOutcome::Ready(SendSettle {
             delta: self.rendered_delta().await,
             wait_reason: reason,
+            at_prompt,
             session_status: self.shared.status(),
         }))
     }
@@ -1426,7 +1462,10 @@ impl TerminalSession for ShellSession {
                 self.await_last_words().await;
                 Ok(CommandEnd::SessionExited)
             }
-            Ready::Reason(WaitReason::StdinRead) => stop(StopCause::WaitingForInput).await,
+            // A framed command's prompt is `Framed`; a bare prompt cannot end one.
+            Ready::Reason(WaitReason::StdinRead) | Ready::Prompt => {
+                stop(StopCause::WaitingForInput).await
+            }
             Ready::Reason(WaitReason::Timeout | WaitReason::InferredIdle | WaitReason::Matched) => {
                 stop(StopCause::Timeout).await
             }

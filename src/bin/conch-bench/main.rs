@@ -7,13 +7,15 @@
 //!
 //! `bench.rs` holds the `oneshot` and `terminal` suites, `floors.rs` the `floors` suite and
 //! the goal rows the others share, `remote_bench.rs` the `remote` suite and
-//! `sandbox_bench.rs` the `sandbox` suite and `files_bench.rs` the `files` suite.
+//! `sandbox_bench.rs` the `sandbox` suite, `files_bench.rs` the `files` suite and
+//! `swerex_bench.rs` the `swerex` suite.
 
 mod bench;
 mod files_bench;
 mod floors;
 mod remote_bench;
 mod sandbox_bench;
+mod swerex_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,8 +39,8 @@ struct Cli {
     /// `warn`).
     #[arg(long, value_enum, default_value_t)]
     log_format: LogFormat,
-    /// The `conch` binary whose `conch call` process the `floors` suite times (`conch bench`
-    /// names itself; default: the `conch` next to this binary).
+    /// The `conch` binary the `floors` suite times (`conch call`) and the `swerex` suite
+    /// serves with (`conch bench` names itself; default: the `conch` next to this binary).
     #[arg(long, value_name = "PATH")]
     conch: Option<PathBuf>,
     #[command(flatten)]
@@ -87,6 +89,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         BenchSuite::Remote => remote_bench::run(iterations, json).await,
         BenchSuite::Sandbox => sandbox_bench::run(iterations, json).await,
         BenchSuite::Files => files_bench::run(iterations, json).await,
+        BenchSuite::Swerex => swerex_bench::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Floors => floors::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
         BenchSuite::Oneshot => {
