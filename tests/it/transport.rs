@@ -1,7 +1,8 @@
-//! A lost transport is an error, never an exit or EOF: terminal-bash over a subprocess
-//! provider whose PTY stream breaks. The only test double in the suites: a wrapper around
-//! the real local provider that cuts the output stream on demand, the way a dropped
-//! connection to a remote world would.
+//! A lost transport is an error, never an exit or EOF, and a reader that falls behind is not
+//! silence: terminal-bash over a subprocess provider whose PTY stream breaks or stalls. The
+//! only test double in the suites: a wrapper around the real local provider that cuts the
+//! output stream on demand, the way a dropped connection to a remote world would, or holds it
+//! back, the way a starved reader on a loaded machine does.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,17 +20,20 @@ use conch_seams::{
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// The local provider, with a switch that breaks every terminal's output stream.
+/// The local provider, with switches that break or hold back every terminal's output
+/// stream.
 #[derive(Debug)]
 struct Cuttable {
     inner: LocalSubprocess,
     cut: watch::Sender<bool>,
+    stall: watch::Sender<bool>,
 }
 
 #[derive(Debug)]
 struct CutTerminal {
     inner: Arc<dyn TerminalProcess>,
     cut: watch::Receiver<bool>,
+    stall: watch::Receiver<bool>,
 }
 
 #[async_trait]
@@ -39,6 +43,8 @@ impl TerminalProcess for CutTerminal {
     }
     async fn read_chunk(&self) -> Result<Option<Vec<u8>>> {
         let mut cut = self.cut.clone();
+        // While stalled, nothing is read: the provider keeps what its programs write.
+        let _ = self.stall.clone().wait_for(|s| !*s).await;
         tokio::select! {
             r = self.inner.read_chunk() => r,
             _ = cut.wait_for(|c| *c) => {
@@ -95,7 +101,11 @@ impl Subprocess for Cuttable {
     }
     async fn spawn_terminal(&self, spec: TerminalSpawnSpec) -> Result<Arc<dyn TerminalProcess>> {
         let inner = self.inner.spawn_terminal(spec).await?;
-        Ok(Arc::new(CutTerminal { inner, cut: self.cut.subscribe() }))
+        Ok(Arc::new(CutTerminal {
+            inner,
+            cut: self.cut.subscribe(),
+            stall: self.stall.subscribe(),
+        }))
     }
     async fn shutdown(&self) {
         self.inner.shutdown().await;
@@ -107,6 +117,7 @@ async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
     let sub = Arc::new(Cuttable {
         inner: LocalSubprocess::new(LocalConfig::default()),
         cut: watch::Sender::new(false),
+        stall: watch::Sender::new(false),
     });
     let backend = TerminalShell::new(
         TerminalShellConfig { idle_silence_ms: 60_000, ..TerminalShellConfig::default() },
@@ -161,5 +172,47 @@ async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
     let report = session.close().await.expect("close");
     assert!(report.survivors.is_empty(), "{report:?}");
     assert!(!marker.exists(), "nothing was typed into the lost session");
+    sub.shutdown().await;
+}
+
+/// Output a program wrote that the session has not read yet is not silence: a send does not
+/// end "idle" while its reader is behind. (Seen in a soak under load: `seq 1 30000` returned
+/// `inferred_idle` with only 8,247 lines read, the rest still queued.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_waiting_unread_is_not_silence() {
+    let sub = Arc::new(Cuttable {
+        inner: LocalSubprocess::new(LocalConfig::default()),
+        cut: watch::Sender::new(false),
+        stall: watch::Sender::new(false),
+    });
+    let backend = TerminalShell::new(
+        TerminalShellConfig { idle_silence_ms: 200, ..TerminalShellConfig::default() },
+        Arc::clone(&sub) as Arc<dyn Subprocess>,
+    )
+    .unwrap();
+    let session = backend.open(TerminalOpenSpec::default()).await.expect("open");
+    // The reader stops taking output for longer than the idle window; the command finishes
+    // meanwhile and its output waits in the provider.
+    sub.stall.send_replace(true);
+    let send =
+        session.send(conch_seams::SendRequest::line("seq 1 30000"), CancellationToken::new());
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sub.stall.send_replace(false);
+    };
+    let (r, ()) =
+        tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(send, release) })
+            .await
+            .expect("the send returns");
+    let SendOutcome::Ready(s) = r.expect("send") else { panic!("interrupted") };
+    assert_eq!(
+        s.wait_reason,
+        WaitReason::StdinRead,
+        "not idle while output waited: {:.200}",
+        s.delta
+    );
+    assert!(s.delta.lines().any(|l| l.trim_end() == "30000"), "all of it: {:.200}", s.delta);
+    let report = session.close().await.expect("close");
+    assert!(report.survivors.is_empty(), "{report:?}");
     sub.shutdown().await;
 }

@@ -256,10 +256,11 @@ impl TermInner {
             stdin,
             delivered_bytes,
             // Anything read from the master while the sample ran is pending too, and so is
-            // what a waiter wrote before it blocked that the reader has not read yet.
+            // what the programs wrote that the reader has not read yet (before a waiter
+            // blocked, or while the reader fell behind).
             output_pending: output_pending
                 || self.queued.load(Ordering::Acquire) > 0
-                || (stdin == StdinWait::Waiting && self.output_in_flight()),
+                || (probe_stdin == Probe::Stdin && self.output_in_flight()),
             cpu,
         }
     }

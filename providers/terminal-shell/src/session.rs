@@ -18,6 +18,7 @@
 //! # Invariants
 //! - A prompt counts (Tier 0) only once printable text follows our private marker *and* the
 //!   provider observes bash's own group in the foreground.
+//! - Silence (Tier 2) counts only while no output the terminal produced waits unread.
 //! - The stdin-wait probe (Tier 1) counts only after [`TIER1_CONFIRMATIONS`] consecutive
 //!   positive samples with no output between them, and only once every byte the terminal
 //!   produced before the sample was taken in; "unavailable" is never taken as waiting.
@@ -1021,7 +1022,11 @@ impl ShellSession {
             // computing, or a shell running a slow PROMPT_COMMAND, is busy, not idle.
             if silence_ends && last_output.max(last_busy).elapsed() >= idle {
                 let now = Instant::now();
-                if cpu.busy(&sh.observe(Probe::Stdin).await?) {
+                let obs = sh.observe(Probe::Stdin).await?;
+                // Output written but not taken in yet is the reader falling behind (a starved
+                // pump on a loaded machine), not the program going quiet.
+                let unread = obs.output_pending || obs.delivered_bytes > sh.lock().ingested;
+                if cpu.busy(&obs) || unread {
                     last_busy = now;
                 } else if sh.lock().last_output == last_output {
                     sh.trace_ready("tier 2: silence", start_prompts, started, echo_seen);
