@@ -1,5 +1,6 @@
 //! Unguessable hex: the remote protocol's boot and client ids and `terminal-bash`'s private
-//! in-band markers, which the commands they frame must not be able to forge.
+//! in-band markers, which the commands they frame must not be able to forge; and the one
+//! constant-time comparison the daemons check their tokens with.
 //!
 //! The bytes come from the OS RNG. If that fails, the clock and the pid still keep values
 //! distinct between sessions and processes (guessable then), so a caller always gets a value
@@ -21,6 +22,15 @@ pub fn random_hex<const BYTES: usize>() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Constant-time comparison of two byte strings (length leaks, content does not): how a
+/// front end checks a presented token against its own.
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -32,5 +42,13 @@ mod tests {
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{a}");
         assert_ne!(a, b);
         assert_eq!(random_hex::<16>().len(), 32);
+    }
+
+    #[test]
+    fn secrets_match_only_byte_for_byte() {
+        assert!(same_secret(b"tok", b"tok"));
+        assert!(!same_secret(b"tok", b"tol"));
+        assert!(!same_secret(b"tok", b"to"));
+        assert!(same_secret(b"", b""));
     }
 }

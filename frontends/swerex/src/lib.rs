@@ -32,6 +32,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use conch_nonce::same_secret;
 use conch_seams::{Files, NoticeSink, Owner, ShellExecutor, Subprocess, Terminals};
 use conch_sync::LockExt;
 use serde_json::json;
@@ -132,11 +133,6 @@ pub async fn serve(
     let r = axum::serve(listener, app).with_graceful_shutdown(stop).await;
     api.shutdown().await;
     r
-}
-
-/// Constant-time comparison of two byte strings (length leaks, content does not).
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn authenticate(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response {

@@ -18,7 +18,9 @@ use conch_seams::{Error, ErrorCode, ErrorReason, StreamId, TerminalObservation};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::{Entry, Held, ProcEntry, State, TermEntry, same_secret};
+use conch_nonce::same_secret;
+
+use super::{Entry, Held, ProcEntry, State, TermEntry};
 use conch_provider_remote_proto::{
     self as proto, Accepted, ErrorReply, ProcStatus, Started, Which,
 };
