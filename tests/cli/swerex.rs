@@ -305,6 +305,19 @@ fn a_custom_prompt_or_the_marker_text_cannot_break_a_session() {
     );
     assert!(e["extra_info"]["bash_stderr"].as_str().unwrap().contains("syntax error"), "{e}");
     assert!(!marker.exists(), "nothing ran");
+    // A startup file is sourced in the session's shell (a conda activation sets a PS1 too).
+    let rc = dir.path().join("rc");
+    std::fs::write(&rc, "export FROM_RC=yes\nPS1='(conda) $ '\necho sourced\n").unwrap();
+    let r = server.ok(
+        "/create_session",
+        json!({"session": "rc", "startup_source": [rc.display().to_string()]}),
+    );
+    assert!(r["output"].as_str().unwrap().contains("sourced"), "{r}");
+    let r = server.ok(
+        "/run_in_session",
+        json!({"command": "echo $FROM_RC", "session": "rc", "action_type": "bash"}),
+    );
+    assert_eq!(r["output"], "yes\n", "{r}");
 }
 
 #[test]

@@ -180,9 +180,19 @@ fn lossy_with(mut bytes: &[u8], sub: impl Fn(u8) -> String) -> String {
 
 /// `write_file`: replaces the file (parents made), atomically.
 pub(crate) async fn write_file(files: &Arc<dyn Files>, w: WriteFile) -> Result<(), Raised> {
-    let mut spec = WriteSpec::new(&w.path, WriteMode::Truncate).atomic();
+    replace_file(files, Path::new(&w.path), w.content.as_bytes()).await
+}
+
+/// Replaces `path` with `data`, atomically, making its parents (`write_file`, and `upload`
+/// without `unzip`).
+pub(crate) async fn replace_file(
+    files: &Arc<dyn Files>,
+    path: &Path,
+    data: &[u8],
+) -> Result<(), Raised> {
+    let mut spec = WriteSpec::new(path, WriteMode::Truncate).atomic();
     spec.create_parents = true;
-    conch_seams::files::write_all(files.as_ref(), spec, w.content.as_bytes()).await?;
+    conch_seams::files::write_all(files.as_ref(), spec, data).await?;
     Ok(())
 }
 

@@ -330,13 +330,7 @@ async fn upload(State(api): State<Arc<Api>>, mut form: Multipart) -> Response {
     let r = if unzip {
         execute::unzip_into(files, &target, file).await
     } else {
-        let mut spec =
-            conch_seams::WriteSpec::new(&target, conch_seams::WriteMode::Truncate).atomic();
-        spec.create_parents = true;
-        conch_seams::files::write_all(files.as_ref(), spec, &file)
-            .await
-            .map(|_| ())
-            .map_err(Raised::from)
+        execute::replace_file(files, &target, &file).await
     };
     answer(r.map(|()| json!({})))
 }

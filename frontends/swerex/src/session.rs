@@ -106,22 +106,31 @@ impl Sessions {
             .await
             .map_err(shell_error)?;
         let named = Arc::new(Named { id: info.id, turn: AsyncMutex::new(()) });
-        let mut output = info.motd;
-        // Each file is sourced in the shell itself, so what it sets (a conda env, a PS1)
-        // stays; the framing does not depend on the prompt it leaves.
+        let output = match self.source(&named, info.motd, &req).await {
+            Ok(output) => output,
+            Err(e) => {
+                let _ = self.terminals.close(&self.owner, &named.id).await;
+                return Err(e);
+            }
+        };
+        self.named.locked().insert(req.session, named);
+        Ok(CreateSessionResponse { output, session_type: "bash" })
+    }
+
+    /// Sources each `startup_source` file in the new shell itself, so what it sets (a conda
+    /// env, a PS1) stays; the framing does not depend on the prompt it leaves. Returns the
+    /// output so far after `motd`.
+    async fn source(
+        &self,
+        named: &Named,
+        mut output: String,
+        req: &CreateSession,
+    ) -> Result<String, Raised> {
         for path in &req.startup_source {
             let line = format!("source {}", quote(path));
-            let ran = self.run_framed(&named, &line, seconds(req.startup_timeout)).await;
-            let ran = match ran {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = self.terminals.close(&self.owner, &named.id).await;
-                    return Err(e);
-                }
-            };
+            let ran = self.run_framed(named, &line, seconds(req.startup_timeout)).await?;
             output.push_str(&ran.output);
             if !matches!(ran.end, CommandEnd::Exited(_)) {
-                let _ = self.terminals.close(&self.owner, &named.id).await;
                 return Err(Raised::new(
                     class::TIMEOUT,
                     format!("sourcing {path:?} did not finish within startup_timeout"),
@@ -129,9 +138,7 @@ impl Sessions {
                 .with("output", output));
             }
         }
-        let mut named_map = self.named.locked();
-        named_map.insert(req.session, named);
-        Ok(CreateSessionResponse { output, session_type: "bash" })
+        Ok(output)
     }
 
     /// Closes one session: every process it started is stopped before this returns.
@@ -299,9 +306,7 @@ impl Sessions {
         let (output, expect_string) = before_match(&s, &patterns);
         let output = strip_echo(&output, &a.command);
         let expect_string = match (s.wait_reason, s.at_prompt) {
-            (WaitReason::Matched | WaitReason::StdinRead, true) | (WaitReason::Matched, _) => {
-                expect_string
-            }
+            (WaitReason::Matched, _) | (WaitReason::StdinRead, true) => expect_string,
             // A program reads the terminal: with no patterns, that is the answer.
             (WaitReason::StdinRead, false) if patterns.is_empty() => String::new(),
             (WaitReason::StdinRead, false) => {
