@@ -112,19 +112,28 @@ impl Subprocess for Cuttable {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
+/// A `terminal-bash` session (idle window `idle_ms`) over the local provider behind the
+/// switches, and the provider that holds them.
+async fn open_over_cuttable(
+    idle_ms: u64,
+) -> (Arc<Cuttable>, Arc<dyn conch_seams::TerminalSession>) {
     let sub = Arc::new(Cuttable {
         inner: LocalSubprocess::new(LocalConfig::default()),
         cut: watch::Sender::new(false),
         stall: watch::Sender::new(false),
     });
     let backend = TerminalShell::new(
-        TerminalShellConfig { idle_silence_ms: 60_000, ..TerminalShellConfig::default() },
+        TerminalShellConfig { idle_silence_ms: idle_ms, ..TerminalShellConfig::default() },
         Arc::clone(&sub) as Arc<dyn Subprocess>,
     )
     .unwrap();
     let session = backend.open(TerminalOpenSpec::default()).await.expect("open");
+    (sub, session)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
+    let (sub, session) = open_over_cuttable(60_000).await;
     let first = session
         .send(conch_seams::SendRequest::line("echo fine"), CancellationToken::new())
         .await
@@ -180,17 +189,7 @@ async fn a_lost_terminal_stream_is_a_connection_error_not_a_session_exit() {
 /// `inferred_idle` with only 8,247 lines read, the rest still queued.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_waiting_unread_is_not_silence() {
-    let sub = Arc::new(Cuttable {
-        inner: LocalSubprocess::new(LocalConfig::default()),
-        cut: watch::Sender::new(false),
-        stall: watch::Sender::new(false),
-    });
-    let backend = TerminalShell::new(
-        TerminalShellConfig { idle_silence_ms: 200, ..TerminalShellConfig::default() },
-        Arc::clone(&sub) as Arc<dyn Subprocess>,
-    )
-    .unwrap();
-    let session = backend.open(TerminalOpenSpec::default()).await.expect("open");
+    let (sub, session) = open_over_cuttable(200).await;
     // The reader stops taking output for longer than the idle window; the command finishes
     // meanwhile and its output waits in the provider.
     sub.stall.send_replace(true);
