@@ -68,8 +68,10 @@ pub const STATE_MAX: usize = 256 * 1024;
 /// `__conch_snap NONCE`, called after a frame's end marker, prints the state marker when the
 /// shell's state (its exports and working directory) differs from what it last reported:
 /// `export -p` is written to a scratch file (chosen here by writing it) and read back with
-/// `read` (no process is started per call), and the script that restores both goes out as one
-/// `printf %q` word. A replacement shell gets that script from [`frame`].
+/// `mapfile` (no process is started per call; `read` costs several times more, since it takes
+/// the text a byte at a time), compared with `test` (a plain string comparison, where `[[ ==
+/// ]]` matches a pattern), and only a change is formatted: the script that restores both goes
+/// out as one `printf %q` word. A replacement shell gets that script from [`frame`].
 ///
 /// `trap` (listing) leaves these traps out: they are the shell's machinery, not the user's.
 ///
@@ -119,14 +121,17 @@ pub const INIT: &str = concat!(
     "__conch_sf=; for __conch_d in /dev/shm \"${TMPDIR:-/tmp}\"; do ",
     "if { : >| \"$__conch_d/.conch-state-$$\"; } 2>/dev/null; then __conch_sf=$__conch_d/.conch-state-$$; break; fi; done; ",
     "unset __conch_d; ",
-    "__conch_ls=; ",
+    "__conch_lk=; __conch_lp=; __conch_lv=; ",
     // Defined once per shell, not before every prompt: it is the costliest helper to parse,
     // and a command that removes it loses only the next state report.
-    "__conch_snap() { local v= k=x s; { [[ -n ${__conch_sf-} ]] && builtin export -p >| \"$__conch_sf\" ",
-    "&& { IFS= builtin read -r -d '' v < \"$__conch_sf\"; :; }; } || k=c; ",
-    "builtin printf -v s '%s\\nbuiltin cd -- %q' \"$v\" \"$PWD\"; if (( ${#s} > 262144 )); then k=c; ",
-    "builtin printf -v s 'builtin cd -- %q' \"$PWD\"; fi; [[ $k$s == \"${__conch_ls-}\" ]] && return 0; ",
-    "__conch_ls=$k$s; builtin printf '\\n%s_STATE_%s:%s:%q__\\n' __CONCH_PB \"$1\" \"$k\" \"$s\"; }; ",
+    "__conch_snap() { local v=() k=x s; { [[ -n ${__conch_sf-} ]] && builtin export -p >| \"$__conch_sf\" ",
+    "&& builtin mapfile -d '' v < \"$__conch_sf\"; } || k=c; ",
+    "[[ $k == \"${__conch_lk-}\" ]] && builtin test \"$PWD\" = \"${__conch_lp-}\" ",
+    "&& builtin test \"${v-}\" = \"${__conch_lv-}\" && return 0; ",
+    "__conch_lk=$k; __conch_lp=$PWD; __conch_lv=${v-}; ",
+    "builtin printf -v s '%s\\nbuiltin cd -- %q' \"${v-}\" \"$PWD\"; if (( ${#s} > 262144 )); then k=c; ",
+    "builtin printf -v s 'builtin cd -- %q' \"$PWD\"; fi; ",
+    "builtin printf '\\n%s_STATE_%s:%s:%q__\\n' __CONCH_PB \"$1\" \"$k\" \"$s\"; }; ",
     // Exported, so a shell this one execs prints the fresh-shell marker (see
     // `prompt_command`); a session that never framed a command never prints it.
     "export __conch_framed=1; ",
