@@ -8,12 +8,15 @@
 //!   headers: the client reads a large file as a sequence of ranges at offsets it owns, so
 //!   a cut connection resumes at the exact byte, and no side holds more than one range.
 //! - A write (and a tar import) is an upload the client opens by id, feeds in chunks at
-//!   explicit offsets and then finishes. A chunk's body is streamed into the provider's
-//!   writer in batches of at most 1 MiB (never buffered whole), in a task of its own, so the
-//!   accepted count is exactly what the writer took even when the connection is cut
-//!   mid-chunk (what arrived before the cut is written); a
-//!   chunk whose offset is not the accepted count is refused with `next_offset`, which is
-//!   where the client resumes. The finish's answer is kept, so a repeated finish gets it.
+//!   explicit offsets and then finishes. A chunk's body is received in batches of at most
+//!   1 MiB (never buffered whole), in a task of its own, and each batch is queued for a
+//!   writer task that feeds the provider's writer (`Queue`), so the disk works while the
+//!   network does. The accepted count is exactly what was queued, even when the connection
+//!   is cut mid-chunk (what arrived before the cut is written); a queued batch is written
+//!   unless the writer fails, which fails the upload and answers the next chunk or the
+//!   finish. A chunk whose offset is not the accepted count is refused with `next_offset`,
+//!   which is where the client resumes. The finish waits for the queue to be written; its
+//!   answer is kept, so a repeated finish gets it.
 //! - A tar export is staged by a task of its own into an unnamed temporary file (gone when
 //!   closed, even if the daemon dies), and served by range like a read: a cut resumes at
 //!   the exact offset. The staging does not wait for the client, so the whole archive
@@ -27,8 +30,9 @@
 //!   unused for a lease (`--lease-ms`), when the client leaves, and when the daemon stops:
 //!   an abandoned atomic write leaves its target untouched (the provider drops its temp).
 //!
-//! Limits: at most [`MAX_TRANSFERS`] open uploads plus exports per client; a chunk is at
-//! most `max_body_bytes`; paths travel as JSON strings, so a path that is not UTF-8 cannot
+//! Limits: at most [`MAX_TRANSFERS`] open uploads plus exports per client, each holding at
+//! most 4 MiB of batches at once ([`QUEUED_BATCHES`] queued, one being written, one being
+//! received); a chunk is at most `max_body_bytes`; paths travel as JSON strings, so a path that is not UTF-8 cannot
 //! be named.
 
 use std::collections::{HashMap, VecDeque};
@@ -64,6 +68,9 @@ const OPS_KEPT: usize = 256;
 
 /// The most bytes of an upload chunk the daemon holds before writing them to the sink.
 const WRITE_BATCH: usize = 1 << 20;
+
+/// Batches an upload may have queued in front of its writer (see [`Queue`]).
+const QUEUED_BATCHES: usize = 2;
 
 /// The most bytes all unfinished spill uploads may hold in the daemon's memory at once.
 pub const SPILL_BUDGET: u64 = 256 << 20;
@@ -193,27 +200,98 @@ impl FilesHost {
 
 /// Where an upload's bytes go.
 enum Sink {
-    Write(Box<dyn FileWriter>),
-    Tar(Box<dyn TarSink>),
+    /// A file write or a tar import, written behind a queue (see [`Queue`]).
+    Queued(Queue),
+    /// Held in memory and checked against the budget as each batch arrives, so the chunk
+    /// that crosses a limit is the one refused.
     Spill(SpillBuf),
 }
 
 impl std::fmt::Debug for Sink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Sink::Write(_) => "Sink::Write",
-            Sink::Tar(_) => "Sink::Tar",
+            Sink::Queued(_) => "Sink::Queued",
             Sink::Spill(_) => "Sink::Spill",
         })
     }
 }
 
 impl Sink {
+    async fn write(&mut self, batch: Vec<u8>) -> Result<()> {
+        match self {
+            Sink::Queued(q) => q.push(batch).await,
+            Sink::Spill(b) => b.push(&batch),
+        }
+    }
+}
+
+/// The provider's writer for a file write or a tar import.
+enum Target {
+    Write(Box<dyn FileWriter>),
+    Tar(Box<dyn TarSink>),
+}
+
+impl Target {
     async fn write(&mut self, data: &[u8]) -> Result<()> {
         match self {
-            Sink::Write(w) => w.write(data).await,
-            Sink::Tar(t) => t.write(data).await,
-            Sink::Spill(b) => b.push(data),
+            Target::Write(w) => w.write(data).await,
+            Target::Tar(t) => t.write(data).await,
+        }
+    }
+}
+
+/// Batches queued in front of a [`Target`] that a task of its own writes, so the network
+/// and the disk overlap: while one batch is written the next ones arrive, within a chunk
+/// and across the gap before the client's next chunk (written in turn, the two added up).
+/// A queued batch counts as accepted: the only way it is not written is an error of the
+/// target, which fails the whole upload and is answered to the next chunk or the finish.
+/// The queue holds at most [`QUEUED_BATCHES`] batches, so an upload holds at most that
+/// many plus the one being written and the one being received.
+struct Queue {
+    tx: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    task: tokio::task::JoinHandle<(Target, Result<()>)>,
+}
+
+impl Queue {
+    fn new(mut target: Target) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(QUEUED_BATCHES);
+        // An abandoned upload drops the sender: the task writes what was queued, then drops
+        // the target unfinished (an atomic write's target stays as it was).
+        let task = tokio::spawn(async move {
+            while let Some(batch) = rx.recv().await {
+                if let Err(e) = target.write(&batch).await {
+                    return (target, Err(e));
+                }
+            }
+            (target, Ok(()))
+        });
+        Self { tx: Some(tx), task }
+    }
+
+    async fn push(&mut self, batch: Vec<u8>) -> Result<()> {
+        let sent = match &self.tx {
+            Some(tx) => tx.send(batch).await.is_ok(),
+            None => false,
+        };
+        if sent {
+            return Ok(());
+        }
+        // The task stopped taking batches: it failed (or panicked); its error is the answer.
+        self.tx = None;
+        match (&mut self.task).await {
+            Ok((_, Err(e))) => Err(e),
+            Ok((_, Ok(()))) => Err(Error::internal("an upload's writer stopped early")),
+            Err(e) => Err(Error::internal(format!("an upload's writer failed: {e}"))),
+        }
+    }
+
+    /// Waits until every queued batch is written, and hands the target back.
+    async fn drain(mut self) -> Result<Target> {
+        self.tx = None;
+        match self.task.await {
+            Ok((target, Ok(()))) => Ok(target),
+            Ok((_, Err(e))) => Err(e),
+            Err(e) => Err(Error::internal(format!("an upload's writer failed: {e}"))),
         }
     }
 }
@@ -496,11 +574,12 @@ pub(super) async fn open_upload(
             .get_or_init(|| async {
                 let sink = match (kind, files) {
                     (proto::UploadKind::Write { spec }, Some(files)) => {
-                        files.write(spec).await.map(Sink::Write)
+                        files.write(spec).await.map(|w| Sink::Queued(Queue::new(Target::Write(w))))
                     }
-                    (proto::UploadKind::Tar { path }, Some(files)) => {
-                        files.import_tar(&path).await.map(Sink::Tar)
-                    }
+                    (proto::UploadKind::Tar { path }, Some(files)) => files
+                        .import_tar(&path)
+                        .await
+                        .map(|t| Sink::Queued(Queue::new(Target::Tar(t)))),
                     (proto::UploadKind::Spill, _) => {
                         Ok(Sink::Spill(SpillBuf { bytes: Vec::new(), held }))
                     }
@@ -594,8 +673,10 @@ pub(super) async fn upload_chunk(
                 }
             }
             if !batch.is_empty() {
+                let len = batch.len() as u64;
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(WRITE_BATCH));
                 let r = match inner.sink.as_mut() {
-                    Some(sink) => sink.write(&batch).await,
+                    Some(sink) => sink.write(full).await,
                     None => Err(Error::invalid("this upload is not open yet")),
                 };
                 if let Err(e) = r {
@@ -603,8 +684,7 @@ pub(super) async fn upload_chunk(
                     inner.failed = Some(e.to_body());
                     return Err(err(e));
                 }
-                inner.accepted += batch.len() as u64;
-                batch.clear();
+                inner.accepted += len;
                 up.touch();
             }
             if frame.is_none() {
@@ -641,16 +721,19 @@ pub(super) async fn finish_upload(
         }
         let r =
             match inner.sink.take() {
-                Some(Sink::Write(w)) => w.finish().await.map(|s| proto::Finished {
-                    stat: Some(s),
-                    entries: None,
-                    spill: None,
-                }),
-                Some(Sink::Tar(t)) => t.finish().await.map(|n| proto::Finished {
-                    stat: None,
-                    entries: Some(n),
-                    spill: None,
-                }),
+                Some(Sink::Queued(q)) => match q.drain().await {
+                    Ok(Target::Write(w)) => w.finish().await.map(|s| proto::Finished {
+                        stat: Some(s),
+                        entries: None,
+                        spill: None,
+                    }),
+                    Ok(Target::Tar(t)) => t.finish().await.map(|n| proto::Finished {
+                        stat: None,
+                        entries: Some(n),
+                        spill: None,
+                    }),
+                    Err(e) => Err(e),
+                },
                 Some(Sink::Spill(b)) => sub.keep_spill(b.take()).await.map(|kept| {
                     proto::Finished { stat: None, entries: None, spill: kept.map(|k| k.path) }
                 }),
