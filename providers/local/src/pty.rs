@@ -413,13 +413,10 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
     }
     cmd.cwd(&cwd);
 
-    let pair = native_pty_system()
-        .openpty(PtySize {
-            rows: spec.size.rows,
-            cols: spec.size.cols,
-            pixel_width: 0,
-            pixel_height: 0,
-        })
+    let size =
+        PtySize { rows: spec.size.rows, cols: spec.size.cols, pixel_width: 0, pixel_height: 0 };
+    // No fork may see the new descriptors before they are close-on-exec.
+    let pair = reaper::without_spawns(|| native_pty_system().openpty(size))
         .map_err(|e| spawn_failed(format!("cannot open a pty: {e:#}")))?;
     // Everything fallible on the master happens before the child exists.
     let reader = pair

@@ -128,6 +128,19 @@ impl Drop for Owned {
     }
 }
 
+/// Runs `open` with no spawn of this process's providers in flight: every spawn forks under
+/// the reaper's lock (see [`owning`]), and so does this. A PTY's descriptors are made without
+/// `O_CLOEXEC` and marked close-on-exec a step later (`portable-pty` calls `openpty(3)`, then
+/// `fcntl`); a pipe child forked between the two would keep the other end of that PTY open
+/// for its whole life (a `sleep 600` delayed a PTY's EOF by that long). A fork by code outside
+/// the providers is not covered; without the reaper nothing is.
+pub(crate) fn without_spawns<T>(open: impl FnOnce() -> T) -> T {
+    init();
+    let Some(r) = REAPER.get() else { return open() };
+    let _st = r.state.locked();
+    open()
+}
+
 /// Runs `spawn` (one fork) and registers the child it made as owned, both under the reaper's
 /// lock, so the reaper never sees that child unregistered.
 pub(crate) fn owning<T, E>(
