@@ -32,8 +32,8 @@
 //!
 //! Limits: at most [`MAX_TRANSFERS`] open uploads plus exports per client, each holding at
 //! most 4 MiB of batches at once ([`QUEUED_BATCHES`] queued, one being written, one being
-//! received); a chunk is at most `max_body_bytes`; paths travel as JSON strings, so a path that is not UTF-8 cannot
-//! be named.
+//! received); a chunk is at most `max_body_bytes`; paths travel as JSON strings, so a path
+//! that is not UTF-8 cannot be named.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::unix::fs::FileExt as _;
@@ -278,21 +278,27 @@ impl Queue {
         }
         // The task stopped taking batches: it failed (or panicked); its error is the answer.
         self.tx = None;
-        match (&mut self.task).await {
-            Ok((_, Err(e))) => Err(e),
-            Ok((_, Ok(()))) => Err(Error::internal("an upload's writer stopped early")),
-            Err(e) => Err(Error::internal(format!("an upload's writer failed: {e}"))),
+        match written((&mut self.task).await) {
+            Ok(_) => Err(Error::internal("an upload's writer stopped early")),
+            Err(e) => Err(e),
         }
     }
 
     /// Waits until every queued batch is written, and hands the target back.
     async fn drain(mut self) -> Result<Target> {
         self.tx = None;
-        match self.task.await {
-            Ok((target, Ok(()))) => Ok(target),
-            Ok((_, Err(e))) => Err(e),
-            Err(e) => Err(Error::internal(format!("an upload's writer failed: {e}"))),
-        }
+        written(self.task.await)
+    }
+}
+
+/// How a [`Queue`]'s writer task ended: its target, or its error (a panic is one too).
+fn written(
+    joined: std::result::Result<(Target, Result<()>), tokio::task::JoinError>,
+) -> Result<Target> {
+    match joined {
+        Ok((target, Ok(()))) => Ok(target),
+        Ok((_, Err(e))) => Err(e),
+        Err(e) => Err(Error::internal(format!("an upload's writer failed: {e}"))),
     }
 }
 
