@@ -15,6 +15,7 @@
 
 mod bench;
 mod conformance;
+mod e2b;
 pub mod logging;
 mod sandboxd;
 mod strict_json;
@@ -66,6 +67,10 @@ pub enum BenchSuite {
     /// `conch swerex-remote` next to swe-rex's own server (`CONCH_SWEREX_SERVER` names it):
     /// `run_in_session("echo x")` and `execute(["true"])`.
     Swerex,
+    /// `conch e2b` through the e2b SDK (`CONCH_E2B_PYTHON` names its venv's python) next to
+    /// the same work through conch's own tools and files seam: `commands.run("true")` and a
+    /// 50 MiB `files.write` + `files.read`.
+    E2b,
 }
 
 #[derive(Subcommand)]
@@ -118,6 +123,9 @@ enum Command {
     /// Serve SWE-ReX's HTTP API (swe-rex 1.4.0's `swerex-remote`) from this composition until
     /// SIGTERM/SIGINT; `conch` run under the name `swerex-remote` is this command.
     SwerexRemote(swerex::Args),
+    /// Serve E2B's envd (the protocol the `e2b` SDK speaks to a sandbox) from this
+    /// composition's subprocess and files seams until SIGTERM/SIGINT (docs/e2b.md).
+    E2b(e2b::Args),
     /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
     /// terminal_send vs persistent bash, and time to stdin_read), `floors` (every goal
     /// next to its floor measured in the same run, with the ratio), or `remote` (the same
@@ -181,7 +189,7 @@ pub fn main() -> ExitCode {
     // The MCP library warns (in its own debug format) about every error response it sends,
     // which a client already got as a protocol frame; by default only its errors show.
     let default_level = match cli.command {
-        Command::Sandboxd(_) | Command::SwerexRemote(_) => "info",
+        Command::Sandboxd(_) | Command::SwerexRemote(_) | Command::E2b(_) => "info",
         Command::Mcp => "warn,rmcp=error",
         _ => "warn",
     };
@@ -193,6 +201,7 @@ pub fn main() -> ExitCode {
         Command::Batch
         | Command::Sandboxd(_)
         | Command::SwerexRemote(_)
+        | Command::E2b(_)
         | Command::Mcp
         | Command::Conformance(_) => tokio::runtime::Builder::new_multi_thread(),
         _ => tokio::runtime::Builder::new_current_thread(),
@@ -311,6 +320,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             swerex::run(args, composition).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::E2b(args) => {
+            e2b::run(args, &cli.composition).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Mcp => mcp(&cli.composition).await,
         Command::Conformance(args) => conformance::run(args, &cli.composition).await,
         // Handed to `conch-bench` in `main`, before any runtime starts.
@@ -360,6 +373,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 | Command::Bench(_)
                 | Command::Sandboxd(_)
                 | Command::SwerexRemote(_)
+                | Command::E2b(_)
                 | Command::Mcp
                 | Command::Conformance(_) => ExitCode::SUCCESS,
             };

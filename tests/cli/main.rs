@@ -508,6 +508,7 @@ fn detached_processes_outlive_neither_their_call_nor_their_session_nor_conch() {
     assert!(pid_gone(c), "the detached {c} outlived conch");
 }
 mod conformance;
+mod e2b;
 mod logs;
 mod mcp;
 mod remote;

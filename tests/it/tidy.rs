@@ -107,6 +107,27 @@ fn mentions(line: &str, pat: &str) -> bool {
     })
 }
 
+/// `pat` as a whole word, or, for the `"/proc` pattern, the `/proc` filesystem only (not a
+/// route such as `"/process.Process/..."`).
+fn mentions_forbidden(line: &str, pat: &str) -> bool {
+    if pat != "\"/proc" {
+        return mentions(line, pat);
+    }
+    line.match_indices(pat).any(|(i, _)| {
+        let next = line[i + pat.len()..].chars().next();
+        !next.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+    })
+}
+
+#[test]
+fn the_proc_pattern_means_the_filesystem_not_a_route() {
+    let p = "\"/proc";
+    assert!(mentions_forbidden(r#"read("/proc/self/stat")"#, p));
+    assert!(mentions_forbidden(r#"Path::new("/proc")"#, p));
+    assert!(mentions_forbidden(r#"format!("/proc{}", x)"#, p));
+    assert!(!mentions_forbidden(r#"route("/process.Process/{method}")"#, p));
+}
+
 fn rel(p: &Path) -> String {
     p.strip_prefix(root()).unwrap_or(p).display().to_string()
 }
@@ -185,7 +206,7 @@ fn only_the_local_provider_touches_the_process_world() {
                         && !["signal", "Pid", "pty", "kill", "wait", "fork", "exec"]
                             .iter()
                             .any(|w| mentions(line, w));
-                    if mentions(line, pat)
+                    if mentions_forbidden(line, pat)
                         && !files_fs
                         && !bench_floor
                         && !bench_self

@@ -602,6 +602,8 @@ fn build_error(composition: &Composition, plugin: &str, error: Error) -> Registr
 pub struct Runtime {
     source_name: String,
     seams: Seams,
+    /// The composition's default sandbox policy (its `sandbox-policy` entry).
+    sandbox_policy: Option<Arc<SandboxPolicy>>,
     tools: Vec<Arc<dyn Tool>>,
     teardowns: std::sync::Mutex<Vec<(&'static str, Teardown)>>,
     shell_env: Arc<ShellEnv>,
@@ -690,10 +692,17 @@ impl Runtime {
         Ok(Self {
             source_name: composition.source_name().into(),
             seams,
+            sandbox_policy,
             tools,
             teardowns: std::sync::Mutex::new(teardowns),
             shell_env,
         })
+    }
+
+    /// The composition's default sandbox policy, when it has a `sandbox-policy` entry: what a
+    /// front end that spawns through the subprocess seam itself wraps its commands under.
+    pub fn sandbox_policy(&self) -> Option<Arc<SandboxPolicy>> {
+        self.sandbox_policy.clone()
     }
 
     /// Where the composition came from.

@@ -7,10 +7,11 @@
 //!
 //! `bench.rs` holds the `oneshot` and `terminal` suites, `floors.rs` the `floors` suite and
 //! the goal rows the others share, `remote_bench.rs` the `remote` suite and
-//! `sandbox_bench.rs` the `sandbox` suite, `files_bench.rs` the `files` suite and
-//! `swerex_bench.rs` the `swerex` suite.
+//! `sandbox_bench.rs` the `sandbox` suite, `files_bench.rs` the `files` suite,
+//! `swerex_bench.rs` the `swerex` suite and `e2b_bench.rs` the `e2b` suite.
 
 mod bench;
+mod e2b_bench;
 mod files_bench;
 mod floors;
 mod remote_bench;
@@ -90,6 +91,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         BenchSuite::Sandbox => sandbox_bench::run(iterations, json).await,
         BenchSuite::Files => files_bench::run(iterations, json).await,
         BenchSuite::Swerex => swerex_bench::run(iterations, json, &conch_binary(cli)?).await,
+        BenchSuite::E2b => e2b_bench::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Floors => floors::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
         BenchSuite::Oneshot => {
