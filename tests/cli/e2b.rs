@@ -163,6 +163,7 @@ const SDK_CHECKS: &[&str] = &[
     "timeout_stops_the_tree",
     "broken_utf8",
     "many_lines_exact",
+    "a_slow_reader_loses_nothing",
     "background_kill_leaves_nothing",
     "connect_and_stdin",
     "close_stdin",
@@ -264,4 +265,46 @@ print("inside:", sbx.files.read("inside.txt"))
     assert!(text.contains("sandbox"), "the denial says it is the sandbox's: {text}");
     assert!(!target.exists(), "nothing appeared outside the workspace");
     assert_eq!(std::fs::read_to_string(dir.path().join("inside.txt")).unwrap(), "ok");
+}
+
+#[test]
+fn a_cut_upload_leaves_the_old_file_and_a_bad_body_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[], &[]);
+    let target = dir.path().join("kept.txt");
+    let path = format!("/files?path={}", target.display());
+    let raw = [("Content-Type", "application/octet-stream")];
+    let (status, body) = server.call("POST", &path, &raw, b"old content\n");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"type\":\"file\""), "{body}");
+    // A body that promises a megabyte and stops after a thousand bytes: the server answers
+    // the cut body with an error once it gave the upload up.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n\r\n",
+        server.addr
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&[b'x'; 1000]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "old content\n");
+    // The abandoned temporary file is removed (off the request's path, so waited for).
+    let deadline = std::time::Instant::now() + LIMIT;
+    while std::fs::read_dir(dir.path()).unwrap().count() != 1 {
+        assert!(std::time::Instant::now() < deadline, "a temporary file was left behind");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A body that says gzip and is not, and a download of what is not there.
+    let gz = [("Content-Type", "application/octet-stream"), ("Content-Encoding", "gzip")];
+    let (status, body) = server.call("POST", &path, &gz, b"not gzip at all");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "old content\n");
+    let missing = format!("/files?path={}", dir.path().join("missing").display());
+    let (status, body) = server.call("GET", &missing, &[], b"");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("\"code\":404"), "{body}");
 }

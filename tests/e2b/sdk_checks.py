@@ -76,7 +76,8 @@ def check_timeout_stops_the_tree(sbx):
     marker = path("timeout.pid")
     started = time.monotonic()
     try:
-        sbx.commands.run(f"sleep 300 & echo $! > {marker}; wait", timeout=2)
+        # 5 s: time enough for the child to start and name itself on a loaded machine.
+        sbx.commands.run(f"sleep 300 & echo $! > {marker}; wait", timeout=5)
     except TimeoutException:
         pass
     except CommandExitException as e:
@@ -100,6 +101,16 @@ def check_many_lines_exact(sbx):
     r = sbx.commands.run("seq 1 200000")
     want = "".join(f"{i}\n" for i in range(1, 200001))
     assert r.stdout == want, (len(r.stdout), len(want))
+
+
+def check_a_slow_reader_loses_nothing(sbx):
+    # Far more output than the server keeps in memory, produced while this client reads
+    # none of it: the stream reads what fell out of memory back from the spill file.
+    h = sbx.commands.run("seq 1 3000000", background=True)
+    until("the command has finished", lambda: h.pid not in [p.pid for p in sbx.commands.list()])
+    r = h.wait()
+    want = "".join(f"{i}\n" for i in range(1, 3000001))
+    assert len(r.stdout) == len(want) and r.stdout == want, (len(r.stdout), len(want))
 
 
 def check_background_kill_leaves_nothing(sbx):
@@ -173,6 +184,12 @@ def check_files_roundtrip(sbx):
     assert hashlib.sha256(back).digest() == hashlib.sha256(big).digest(), len(back)
     streamed = b"".join(sbx.files.read(path("big.bin"), format="stream"))
     assert streamed == big
+    # The raw-body upload, plain and gzip-compressed.
+    sbx.files.write(path("raw.txt"), "raw body\n", use_octet_stream=True)
+    assert sbx.files.read(path("raw.txt")) == "raw body\n"
+    zipped = "compressible line\n" * 100_000
+    sbx.files.write(path("gz.txt"), zipped, gzip=True)
+    assert sbx.files.read(path("gz.txt")) == zipped
     try:
         sbx.files.read(path("missing.txt"))
     except FileNotFoundException:
@@ -298,6 +315,7 @@ CHECKS = [
     check_timeout_stops_the_tree,
     check_broken_utf8,
     check_many_lines_exact,
+    check_a_slow_reader_loses_nothing,
     check_background_kill_leaves_nothing,
     check_connect_and_stdin,
     check_close_stdin,

@@ -128,6 +128,13 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(Arc::clone(&envd)).into_make_service_with_connect_info::<SocketAddr>();
+    // A stream's messages are small writes on a connection the SDK keeps: with Nagle on,
+    // each one after the first waits for the client's delayed ACK (40 ms a call).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
     let r = axum::serve(listener, app).with_graceful_shutdown(stop).await;
     envd.shutdown().await;
     r
