@@ -173,6 +173,7 @@ const SDK_CHECKS: &[&str] = &[
     "files_tree",
     "watch_dir",
     "connect_replay_with_conch_header",
+    "keepalives_at_the_asked_interval",
     "async",
 ];
 

@@ -273,6 +273,14 @@ def check_connect_replay_with_conch_header(sbx):
     assert rest[-1]["end"]["exitCode"] == -1 and rest[-1]["end"]["exited"] is False, rest
 
 
+def check_keepalives_at_the_asked_interval(sbx):
+    h = sbx.commands.run("sleep 3; echo late", background=True)
+    events = list(connect_events(h.pid, {"Keepalive-Ping-Interval": "1"}))
+    kinds = [next(iter(e)) for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "end", kinds
+    assert "keepalive" in kinds[: kinds.index("data")], kinds
+
+
 async def async_checks():
     sbx = await AsyncSandbox.create()
     r = await sbx.commands.run("echo async-$((1+1))")
@@ -325,6 +333,7 @@ CHECKS = [
     check_files_tree,
     check_watch_dir,
     check_connect_replay_with_conch_header,
+    check_keepalives_at_the_asked_interval,
     check_async,
 ]
 
