@@ -3,14 +3,13 @@
 //! venv with the `e2b` SDK (tests/e2b/setup.sh), the SDK's own public API driving it
 //! (`tests/e2b/sdk_checks.py`).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use super::conch;
+use super::{conch, listening_address};
 
 /// Every wait here is for an event (a line, a response, an exit), bounded by this.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -39,26 +38,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn conch e2b");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut seen = String::new();
-        let addr = loop {
-            match rx.recv_timeout(LIMIT) {
-                Ok(line) => {
-                    if let Some(a) = line.strip_prefix("e2b envd listening on ") {
-                        break a.trim().to_string();
-                    }
-                    seen.push_str(&line);
-                    seen.push('\n');
-                }
-                Err(_) => panic!("no listening line; stderr:\n{seen}"),
-            }
-        };
+        let addr = listening_address(&mut child, "e2b envd listening on ");
         Self { child, addr }
     }
 

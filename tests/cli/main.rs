@@ -20,6 +20,33 @@ fn test_spill_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-spills")
 }
 
+/// The address a server `child` names on the stderr line starting with `prefix` (then its
+/// stderr is drained, so the server never blocks on it); panics with what it printed when
+/// no such line comes within 60 s.
+fn listening_address(child: &mut std::process::Child, prefix: &str) -> String {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("the server's stderr is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = String::new();
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) => {
+                if let Some(a) = line.strip_prefix(prefix) {
+                    return a.trim().to_string();
+                }
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(_) => panic!("no `{prefix}` line; stderr:\n{seen}"),
+        }
+    }
+}
+
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -4,15 +4,14 @@
 //! replay, confinement under a sandbox composition), and, when `CONCH_SWEREX_PYTHON` names a
 //! venv with swe-rex 1.4.0, SWE-ReX's own suite (`swerex_suite_passes_against_conch`).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{conch, pid_gone};
+use super::{conch, listening_address, pid_gone};
 
 const KEY: &str = "swerex-test-key-0123456789";
 /// Every wait here is for an event (a line, a response), bounded by this.
@@ -48,26 +47,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn conch swerex-remote");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut seen = String::new();
-        let addr = loop {
-            match rx.recv_timeout(LIMIT) {
-                Ok(line) => {
-                    if let Some(a) = line.strip_prefix("swerex-remote listening on ") {
-                        break a.trim().to_string();
-                    }
-                    seen.push_str(&line);
-                    seen.push('\n');
-                }
-                Err(_) => panic!("no listening line; stderr:\n{seen}"),
-            }
-        };
+        let addr = listening_address(&mut child, "swerex-remote listening on ");
         Self { child, addr }
     }
 

@@ -330,6 +330,22 @@ pub(crate) fn stream_refused(error: RpcError) -> Response {
     r
 }
 
+/// Resolves at `deadline` (a stream's `Connect-Timeout-Ms`), or never.
+pub(crate) async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves after `period` (one keepalive's silence), or never.
+pub(crate) async fn idle(period: Option<Duration>) {
+    match period {
+        Some(p) => tokio::time::sleep(p).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use conch_sync::LockExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::connect::{CallOptions, Code, RpcError, Stream};
+use crate::connect::{CallOptions, Code, RpcError, Stream, idle, until};
 use crate::proto::{self, timestamp};
 
 /// Events a non-streaming watcher keeps between two `GetWatcherEvents`.
@@ -382,20 +382,6 @@ impl Filesystem {
 impl Drop for Watcher {
     fn drop(&mut self) {
         self.stop.cancel();
-    }
-}
-
-async fn until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn idle(period: Option<std::time::Duration>) {
-    match period {
-        Some(p) => tokio::time::sleep(p).await,
-        None => std::future::pending().await,
     }
 }
 

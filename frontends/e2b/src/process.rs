@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::connect::{CallOptions, Code, RpcError, Stream};
+use crate::connect::{CallOptions, Code, RpcError, Stream, idle, until};
 use crate::proto::{self, ProcessConfig, Selector, Signal};
 
 /// The largest data event's payload.
@@ -805,21 +805,5 @@ impl Follower {
                 self.err_done = done;
             }
         }
-    }
-}
-
-/// Resolves at `deadline`, or never.
-async fn until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Resolves after `period` (one keepalive's silence), or never.
-async fn idle(period: Option<Duration>) {
-    match period {
-        Some(p) => tokio::time::sleep(p).await,
-        None => std::future::pending().await,
     }
 }

@@ -10,16 +10,15 @@
 //! The SDK side runs in the Python that `CONCH_E2B_PYTHON` names (`tests/e2b/setup.sh VENV`
 //! makes one), which times each call itself and prints the samples as JSON.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
 use conch_seams::{Files, WriteMode, WriteSpec};
 use serde_json::json;
 
-use crate::floors::{Goal, Row, owner, render};
+use crate::floors::{Goal, LoopbackServer as Server, Row, owner, render};
 
 /// The file moved each way.
 const FILE_BYTES: usize = 50 << 20;
@@ -47,46 +46,16 @@ for _ in range(rounds):
 print(json.dumps({"run": run, "files": files}))
 "#;
 
-/// `conch e2b` on loopback, killed when dropped.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Server {
-    fn start(conch: &Path, dir: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(conch)
+    /// `conch e2b` on loopback, in `dir`.
+    fn e2b(conch: &Path, dir: &Path) -> anyhow::Result<Self> {
+        let mut command = Command::new(conch);
+        command
             .current_dir(dir)
             // The SDK runs commands as `bash -l`; the machine's dotfiles are not conch's cost.
             .env("HOME", dir)
-            .args(["e2b", "--host", "127.0.0.1", "--port", "0"])
-            .env("CONCH_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", conch.display()))?;
-        let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
-        let mut lines = BufReader::new(stderr).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(l)) => {
-                    if let Some(a) = l.strip_prefix("e2b envd listening on ") {
-                        break a.trim().to_string();
-                    }
-                }
-                _ => bail!("conch e2b exited before listening"),
-            }
-        };
-        std::thread::spawn(move || lines.for_each(drop));
-        Ok(Self { child, addr })
+            .args(["e2b", "--host", "127.0.0.1", "--port", "0"]);
+        Self::start(command, "e2b envd listening on ")
     }
 }
 
@@ -158,7 +127,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool, conch: &Path) -> anyho
     let n = iterations.max(1);
     let rounds = (n / 10).clamp(3, 10);
     let dir = tempfile::tempdir().context("a scratch directory")?;
-    let server = Server::start(conch, dir.path())?;
+    let server = Server::e2b(conch, dir.path())?;
     let (sdk_run, sdk_files) =
         sdk_samples(&python, &server.addr, n, rounds, &dir.path().join("sdk.bin"))?;
     drop(server);

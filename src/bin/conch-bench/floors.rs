@@ -106,6 +106,67 @@ pub(crate) fn owner() -> Arc<Owner> {
     Owner::new("bench", Arc::new(RoutingSink::default()) as Arc<dyn NoticeSink>)
 }
 
+/// A server the benchmarks started on loopback, killed when dropped.
+#[derive(Debug)]
+pub(crate) struct LoopbackServer {
+    pub(crate) child: std::process::Child,
+    pub(crate) addr: String,
+}
+
+impl LoopbackServer {
+    /// Starts `command` (a `conch` server listening on port 0) quietly, and waits for the
+    /// stderr line starting with `prefix` that names its address.
+    ///
+    /// # Errors
+    /// It could not start, or exited before naming its address.
+    pub(crate) fn start(mut command: std::process::Command, prefix: &str) -> anyhow::Result<Self> {
+        use std::process::Stdio;
+        let program = command.get_program().to_owned();
+        let mut child = command
+            .env("CONCH_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| anyhow!("starting {}: {e}", program.display()))?;
+        let addr = listening_address(&mut child, prefix)?;
+        Ok(Self { child, addr })
+    }
+}
+
+impl Drop for LoopbackServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The address a server `child` names on the stderr line starting with `prefix`; its stderr
+/// is then drained on a thread, so the server never blocks on it.
+///
+/// # Errors
+/// The server exited (or closed stderr) before naming its address.
+pub(crate) fn listening_address(
+    child: &mut std::process::Child,
+    prefix: &str,
+) -> anyhow::Result<String> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().ok_or_else(|| anyhow!("the server's stderr is not piped"))?;
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let addr = loop {
+        match lines.next() {
+            Some(Ok(l)) => {
+                if let Some(a) = l.strip_prefix(prefix) {
+                    break a.trim().to_string();
+                }
+            }
+            _ => anyhow::bail!("the server exited before printing `{prefix}`"),
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok(addr)
+}
+
 pub(crate) fn e(err: conch_seams::Error) -> anyhow::Error {
     anyhow!("{err}")
 }

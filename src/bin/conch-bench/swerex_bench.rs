@@ -7,58 +7,25 @@
 //! swe-rex's server is the `swerex-remote` that `CONCH_SWEREX_SERVER` names
 //! (`tests/swerex/setup.sh VENV SDIST SERVER_VENV` makes one in `SERVER_VENV/bin`).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::floors::{Goal, Row, paired, render};
+use crate::floors::{Goal, LoopbackServer as Server, Row, paired, render};
 
 const KEY: &str = "conch-bench-swerex-key";
-
-/// A server on loopback, killed when dropped.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 impl Server {
     /// conch, which names its address on its first stderr line.
     fn conch(conch: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(conch)
-            .args(["swerex-remote", "--host", "127.0.0.1", "--port", "0", "--auth-token", KEY])
-            .env("CONCH_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", conch.display()))?;
-        let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
-        let mut lines = BufReader::new(stderr).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(l)) => {
-                    if let Some(a) = l.strip_prefix("swerex-remote listening on ") {
-                        break a.trim().to_string();
-                    }
-                }
-                _ => bail!("conch swerex-remote exited before listening"),
-            }
-        };
-        // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || lines.for_each(drop));
-        Ok(Self { child, addr })
+        let mut command = Command::new(conch);
+        command.args(["swerex-remote", "--host", "127.0.0.1", "--port", "0", "--auth-token", KEY]);
+        Self::start(command, "swerex-remote listening on ")
     }
 
     /// swe-rex's own server on a free port, ready once `/is_alive` answers.
