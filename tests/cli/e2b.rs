@@ -24,7 +24,13 @@ struct Server {
 impl Server {
     /// `conch [extra] e2b --port 0 [flags]` in `dir`.
     fn start(dir: &Path, extra: &[&str], flags: &[&str]) -> Self {
+        Self::start_with(dir, extra, flags, &[])
+    }
+
+    /// As [`Server::start`], with `env` set for the server.
+    fn start_with(dir: &Path, extra: &[&str], flags: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = conch()
+            .envs(env.iter().copied())
             .current_dir(dir)
             // The SDK runs every command as `bash -l`: a home of its own keeps this machine's
             // dotfiles out (root's runs `pyenv init`, whose rehash lock a stopped login shell
@@ -152,6 +158,8 @@ const SDK_CHECKS: &[&str] = &[
     "files_roundtrip",
     "files_tree",
     "watch_dir",
+    "envd_semantics_kept",
+    "watch_sees_the_file_itself_written",
     "connect_replay_with_conch_header",
     "keepalives_at_the_asked_interval",
     "async",
@@ -249,7 +257,7 @@ print("inside:", sbx.files.read("inside.txt"))
 }
 
 #[test]
-fn a_cut_upload_leaves_the_old_file_and_a_bad_body_is_refused() {
+fn a_cut_upload_is_answered_with_an_error_and_a_bad_body_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[], &[]);
     let target = dir.path().join("kept.txt");
@@ -272,20 +280,29 @@ fn a_cut_upload_leaves_the_old_file_and_a_bad_body_is_refused() {
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    assert_eq!(std::fs::read_to_string(&target).unwrap(), "old content\n");
-    // The abandoned temporary file is removed (off the request's path, so waited for).
-    let deadline = std::time::Instant::now() + LIMIT;
-    while std::fs::read_dir(dir.path()).unwrap().count() != 1 {
-        assert!(std::time::Instant::now() < deadline, "a temporary file was left behind");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Written in place, as envd writes: what arrived is there, and nothing else appeared.
+    let left = std::fs::read(&target).unwrap();
+    assert!(left.len() <= 1000 && left.iter().all(|b| *b == b'x'), "{} bytes", left.len());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     // A body that says gzip and is not, and a download of what is not there.
     let gz = [("Content-Type", "application/octet-stream"), ("Content-Encoding", "gzip")];
     let (status, body) = server.call("POST", &path, &gz, b"not gzip at all");
     assert_eq!(status, 400, "{body}");
-    assert_eq!(std::fs::read_to_string(&target).unwrap(), "old content\n");
     let missing = format!("/files?path={}", dir.path().join("missing").display());
     let (status, body) = server.call("GET", &missing, &[], b"");
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("\"code\":404"), "{body}");
+}
+
+#[test]
+fn a_reader_behind_an_evicted_spill_gets_an_error_not_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    // 8 MB of spills in all: a 21 MB output's spill is evicted as soon as it is final.
+    let env = [("CONCH_PLUGINS__SUBPROCESS_LOCAL__MAX_SPILL_TOTAL_BYTES", "8000000")];
+    let server = Server::start_with(dir.path(), &[], &[], &env);
+    let Some(out) = sdk_checks(&server, dir.path(), &["evicted_spill_is_an_error_not_a_gap"])
+    else {
+        return;
+    };
+    assert_eq!(out.trim(), "ok evicted_spill_is_an_error_not_a_gap");
 }

@@ -22,7 +22,7 @@ import time
 import httpx
 
 from e2b import AsyncSandbox, CommandExitException, Sandbox, TimeoutException
-from e2b.exceptions import FileNotFoundException
+from e2b.exceptions import FileNotFoundException, NotFoundException
 from e2b.sandbox.commands.command_handle import PtySize
 
 SCRATCH = sys.argv[1]
@@ -218,6 +218,55 @@ def check_files_tree(sbx):
     assert not sbx.files.exists(d)
 
 
+def check_envd_semantics_kept(sbx):
+    # Found by a review against envd: each answered differently before.
+    sbx.files.remove(path("never-there"))  # envd's RemoveAll: nothing to remove is fine
+    info = sbx.files.write(path("dots", "..", "flat.txt"), "x")
+    assert info.path == path("flat.txt") and not os.path.exists(path("dots")), info
+    assert sbx.files.exists(path("flat.txt", "child")) is False
+    h = sbx.commands.run("echo done", background=True)
+    assert h.wait().stdout == "done\n"
+    assert sbx.commands.kill(h.pid) is False, "a finished command is not found"
+    late = sbx.commands.connect(h.pid)  # envd keeps the end for a late connect
+    assert late.wait().exit_code == 0
+    try:
+        sbx.commands.send_stdin(h.pid, "x")
+    except NotFoundException:
+        pass
+    else:
+        raise AssertionError("input to a finished command is refused as not found")
+
+
+def check_watch_sees_the_file_itself_written(sbx):
+    d = path("watched-write")
+    sbx.files.make_dir(d)
+    sbx.files.write(os.path.join(d, "x.txt"), "0")
+    h = sbx.files.watch_dir(d)
+    sbx.files.write(os.path.join(d, "x.txt"), "1")
+    seen = []
+
+    def written():
+        seen.extend(h.get_new_events())
+        return any(e.name == "x.txt" and e.type.value == "write" for e in seen)
+
+    until("a WRITE of x.txt", written)
+    assert all(e.name == "x.txt" for e in seen), [(e.name, e.type) for e in seen]
+    h.stop()
+
+
+def check_evicted_spill_is_an_error_not_a_gap(sbx):
+    # Run against a server whose spill limit is far below the output: once the command has
+    # finished, its spill is evicted, and a reader that read nothing yet is told so.
+    h = sbx.commands.run("seq 1 3000000", background=True)
+    until("the command has finished", lambda: h.pid not in [p.pid for p in sbx.commands.list()])
+    try:
+        h.wait()
+    except Exception as e:  # the SDK passes data_loss on as a generic exception
+        assert "fell" in str(e) and "bytes of stdout behind" in str(e), repr(e)
+    else:
+        raise AssertionError("a stream behind an evicted spill ended as if complete")
+
+
 def check_watch_dir(sbx):
     d = path("watched")
     sbx.files.make_dir(d)
@@ -332,16 +381,24 @@ CHECKS = [
     check_files_roundtrip,
     check_files_tree,
     check_watch_dir,
+    check_envd_semantics_kept,
+    check_watch_sees_the_file_itself_written,
     check_connect_replay_with_conch_header,
     check_keepalives_at_the_asked_interval,
     check_async,
 ]
 
 
+# Named explicitly only: they need a server set up for them.
+ONLY_WHEN_NAMED = [check_evicted_spill_is_an_error_not_a_gap]
+
+
 def main():
     wanted = sys.argv[2:]
     sbx = Sandbox.create()
-    for check in CHECKS:
+    for check in CHECKS + ONLY_WHEN_NAMED:
+        if check in ONLY_WHEN_NAMED and check.__name__[len("check_"):] not in wanted:
+            continue
         name = check.__name__[len("check_"):]
         if wanted and name not in wanted:
             continue

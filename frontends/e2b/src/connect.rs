@@ -46,6 +46,7 @@ pub(crate) enum Code {
     Unimplemented,
     Internal,
     Unavailable,
+    DataLoss,
     Unauthenticated,
 }
 
@@ -63,6 +64,7 @@ impl Code {
             Code::Unimplemented => "unimplemented",
             Code::Internal => "internal",
             Code::Unavailable => "unavailable",
+            Code::DataLoss => "data_loss",
             Code::Unauthenticated => "unauthenticated",
         }
     }
@@ -71,7 +73,7 @@ impl Code {
     fn status(self) -> StatusCode {
         match self {
             Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
             Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::NotFound => StatusCode::NOT_FOUND,

@@ -4,9 +4,10 @@
 //!
 //! - Both stream: a download is read in [`READ_CHUNK`] pieces as the client takes them, and
 //!   an upload is written as it arrives, so a file of any size crosses in bounded memory.
-//! - An upload creates missing parent directories and replaces the file atomically (a
-//!   temporary file renamed over it when the body ended), so a reader never sees half of it
-//!   and a cut upload leaves the old file as it was.
+//! - An upload creates missing parent directories and writes the file in place, truncated
+//!   first, as envd does (a watch sees the file itself created and written, and a hard link
+//!   stays shared); a cut upload is answered with an error and leaves what arrived.
+//! - Paths are cleaned lexically first (`a/../b` is `b`), as envd cleans them.
 //! - Errors are envd's: a status and `{"code": <status>, "message": "..."}`. A missing file
 //!   is 404 (the SDK's `FileNotFoundException`).
 //! - Not served: the `username` parameter (everything runs as the server's user), signed
@@ -25,6 +26,8 @@ use conch_seams::{ErrorCode, FileKind, FileWriter, Files, WriteMode, WriteSpec};
 use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::json;
+
+use crate::proto;
 
 /// The size of one read of a download.
 pub const READ_CHUNK: usize = 4 << 20;
@@ -76,7 +79,7 @@ pub(crate) async fn download(files: Arc<dyn Files>, Query(q): Query<FileQuery>) 
     let Some(path) = q.path.filter(|p| !p.is_empty()) else {
         return refused(StatusCode::BAD_REQUEST, "the path parameter is required").into_response();
     };
-    let stat = match files.stat(Path::new(&path)).await {
+    let stat = match files.stat(&proto::clean_path(&path)).await {
         Ok(s) => s,
         Err(e) => return seam_refused(&e).into_response(),
     };
@@ -188,7 +191,9 @@ struct Upload {
 impl Upload {
     async fn open(files: &dyn Files, path: &Path, headers: &HeaderMap) -> Result<Self, Refused> {
         let decode = Decode::of(headers)?;
-        let spec = WriteSpec::new(path, WriteMode::Truncate).atomic().with_parents();
+        // In place, as envd writes: a watch sees the file itself created and written (an
+        // atomic replace would show a temporary file and a rename), and hard links stay one.
+        let spec = WriteSpec::new(path, WriteMode::Truncate).with_parents();
         let writer = files.write(spec).await.map_err(|e| seam_refused(&e))?;
         Ok(Self { writer, decode })
     }
@@ -226,7 +231,7 @@ pub(crate) async fn upload(files: Arc<dyn Files>, q: FileQuery, req: Request) ->
         .into_response();
     }
     let ctype = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let param = q.path.filter(|p| !p.is_empty()).map(PathBuf::from);
+    let param = q.path.filter(|p| !p.is_empty()).map(|p| proto::clean_path(&p));
     let result = if ctype.starts_with("multipart/form-data") {
         match Multipart::from_request(req, &()).await {
             Ok(form) => multipart(files.as_ref(), form, param).await,
@@ -283,7 +288,7 @@ async fn multipart(
         let path = match param.take() {
             Some(p) => p,
             None => match field.file_name().filter(|n| !n.is_empty()) {
-                Some(n) => PathBuf::from(n),
+                Some(n) => proto::clean_path(n),
                 None => {
                     return Err(refused(
                         StatusCode::BAD_REQUEST,

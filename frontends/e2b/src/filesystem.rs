@@ -16,13 +16,17 @@ use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use conch_seams::{FileKind, FileStat, Files, ListSpec, WatchEvent, WatchStream};
+use conch_seams::{ErrorCode, FileKind, FileStat, Files, ListSpec, WatchEvent, WatchStream};
 use conch_sync::LockExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::connect::{CallOptions, Code, RpcError, Stream, idle, until};
 use crate::proto::{self, timestamp};
+
+/// The most entries one `ListDir` answers (envd has no limit; this bounds the answer's
+/// memory, about 300 bytes an entry).
+pub const MAX_LISTED: usize = 1_000_000;
 
 /// Events a non-streaming watcher keeps between two `GetWatcherEvents`.
 pub const WATCHER_QUEUE: usize = 10_000;
@@ -105,7 +109,7 @@ fn path_of(text: &str) -> Result<PathBuf, RpcError> {
     if text.is_empty() {
         return Err(RpcError::invalid("path is empty"));
     }
-    Ok(PathBuf::from(text))
+    Ok(proto::clean_path(text))
 }
 
 /// A watch's events as envd's `FilesystemEvent`s.
@@ -166,7 +170,14 @@ impl Filesystem {
 
     pub(crate) async fn stat(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::PathRequest = proto::decode(message)?;
-        let stat = self.files.stat(&path_of(&req.path)?).await?;
+        let stat = match self.files.stat(&path_of(&req.path)?).await {
+            Ok(s) => s,
+            // `file/child` does not exist (the SDK's `exists` asks this way).
+            Err(e) if e.code() == ErrorCode::NotADirectory => {
+                return Err(RpcError::not_found(format!("path not found: {}", req.path)));
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(json!({"entry": entry_info(&stat)}))
     }
 
@@ -209,14 +220,14 @@ impl Filesystem {
 
     pub(crate) async fn list_dir(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::ListDirRequest = proto::decode(message)?;
-        let spec = ListSpec::new(path_of(&req.path)?).with_depth(req.depth.max(1));
+        let spec =
+            ListSpec::new(path_of(&req.path)?).with_depth(req.depth.max(1)).with_limit(MAX_LISTED);
         let listing = self.files.list(spec).await?;
         if listing.truncated {
             return Err(RpcError::new(
-                Code::ResourceExhausted,
+                Code::FailedPrecondition,
                 format!(
-                    "the listing passed {} entries: list a smaller depth or a subdirectory",
-                    ListSpec::DEFAULT_LIMIT
+                    "the listing passed {MAX_LISTED} entries: list a smaller depth or a subdirectory"
                 ),
             ));
         }
@@ -226,8 +237,11 @@ impl Filesystem {
 
     pub(crate) async fn remove(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::PathRequest = proto::decode(message)?;
-        self.files.remove(&path_of(&req.path)?, true).await?;
-        Ok(json!({}))
+        // As envd's `os.RemoveAll`: a path that is not there is removed already.
+        match self.files.remove(&path_of(&req.path)?, true).await {
+            Err(e) if e.code() != ErrorCode::NotFound => Err(e.into()),
+            _ => Ok(json!({})),
+        }
     }
 
     /// Starts a watch of a directory (refusing anything else, as envd does).

@@ -12,20 +12,22 @@
 //!   with `X-Conch-Replay: all`, at the oldest byte still kept.
 //! - A follower that fell behind the pipe collector's memory window reads the gap from the
 //!   stream's spill file through the files seam, so a slow client loses nothing while the
-//!   spill holds the stream ([`SPILL_CAP`]).
+//!   spill is kept.
 //! - `SendSignal` (SIGTERM or SIGKILL) stops the whole tree through the seam (TERM, grace,
 //!   KILL for pipes; HUP, grace, KILL for a PTY), where envd signals only the leader.
 //! - `Connect-Timeout-Ms` on `Start` is the process's own limit, as in envd: past it the tree
 //!   is stopped and the end says why. The server adds no limit of its own.
 //! - The end event always carries `exitCode` and `exited`, zero or not.
+//! - A finished process leaves the table: `kill`, input and resizes find it no more (as in
+//!   envd), and a late `Connect` gets its start and its end, kept for the last [`KEPT_ENDED`].
+//!   Its output goes with the last follower's handle.
 //!
-//! Limits: a PTY's log keeps the newest [`PTY_LOG_BYTES`]; a follower further behind skips
-//! to the oldest kept byte. A pipe follower more than [`MEMORY_BYTES`] behind with no spill
-//! left (past [`SPILL_CAP`], or evicted) skips likewise. Finished processes stay findable by
-//! `Connect` for the last [`KEPT_ENDED`] of them.
+//! Limits: a PTY's log keeps the newest [`PTY_LOG_BYTES`]; a pipe follower can be as far
+//! behind as the stream's spill reaches ([`SPILL_CAP`], within the provider's spill limits).
+//! A follower further behind than what is kept ends its stream with `data_loss`, naming the
+//! bytes lost: never a silent gap.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -157,21 +159,29 @@ impl PtyLog {
         self.grew.send_modify(|n| *n += 1);
     }
 
-    /// Bytes from `offset` (or from the oldest kept, when it is older), the next offset, and
-    /// whether the log is finished and read to its end.
-    fn read(&self, offset: u64) -> (Vec<u8>, u64, bool) {
+    /// Bytes from `offset`, the next offset, and whether the log is finished and read to its
+    /// end; `Err` with the bytes lost when `offset` is older than the oldest kept.
+    fn read(&self, offset: u64) -> Result<(Vec<u8>, u64, bool), u64> {
         let s = self.state.locked();
+        if offset < s.start {
+            return Err(s.start - offset);
+        }
         let end = s.start + s.buf.len() as u64;
-        let from = offset.clamp(s.start, end);
+        let from = offset.min(end);
         let i = usize::try_from(from - s.start).unwrap_or(usize::MAX).min(s.buf.len());
         let j = (i + CHUNK).min(s.buf.len());
         let next = s.start + j as u64;
-        (s.buf[i..j].to_vec(), next, s.eof && next == end)
+        Ok((s.buf[i..j].to_vec(), next, s.eof && next == end))
     }
 
     fn end(&self) -> u64 {
         let s = self.state.locked();
         s.start + s.buf.len() as u64
+    }
+
+    /// The offset of the oldest byte kept.
+    fn start(&self) -> u64 {
+        self.state.locked().start
     }
 }
 
@@ -205,10 +215,6 @@ impl Entry {
         info
     }
 
-    fn ended(&self) -> Option<End> {
-        self.end.borrow().clone()
-    }
-
     /// Stops the whole tree; returns once the seam took the request.
     async fn stop(&self, grace: Duration) -> Result<(), RpcError> {
         match &self.io {
@@ -227,11 +233,19 @@ impl Entry {
     }
 }
 
+/// What is kept of a finished process: what `Connect` answers (its start and its end).
+#[derive(Clone, Debug)]
+struct Ended {
+    pid: u32,
+    tag: Option<String>,
+    end: End,
+}
+
 #[derive(Debug, Default)]
 struct Table {
     live: HashMap<u32, Arc<Entry>>,
-    /// Newest last.
-    ended: VecDeque<Arc<Entry>>,
+    /// Newest last; no output (its collectors go with the last follower).
+    ended: VecDeque<Ended>,
     /// Ids for processes whose provider exposes no pid.
     next_id: u32,
 }
@@ -245,6 +259,23 @@ pub(crate) struct Processes {
     confinement: Option<Confinement>,
     table: Mutex<Table>,
     stop: CancellationToken,
+}
+
+/// What a selector found.
+#[derive(Debug)]
+enum Found {
+    Live(Arc<Entry>),
+    Ended(Ended),
+}
+
+fn not_found(selector: Option<&Selector>) -> RpcError {
+    match selector.map(|s| (s.pid, s.tag.as_deref())) {
+        Some((Some(pid), _)) => RpcError::not_found(format!("process with pid {pid} not found")),
+        Some((None, Some(tag))) => {
+            RpcError::not_found(format!("process with tag {tag:?} not found"))
+        }
+        _ => RpcError::not_found("process not found"),
+    }
 }
 
 /// Where a follower starts reading.
@@ -286,28 +317,35 @@ impl Processes {
         }
     }
 
-    fn find(&self, selector: Option<&Selector>) -> Result<Arc<Entry>, RpcError> {
+    /// A running process, as envd finds one for input, signals and resizes: a finished one
+    /// is `not_found` (the SDK's `kill` then answers False).
+    fn find_live(&self, selector: Option<&Selector>) -> Result<Arc<Entry>, RpcError> {
+        match self.find(selector)? {
+            Found::Live(e) => Ok(e),
+            Found::Ended(_) => Err(not_found(selector)),
+        }
+    }
+
+    /// A running process, or what is kept of a finished one.
+    fn find(&self, selector: Option<&Selector>) -> Result<Found, RpcError> {
         let Some(sel) = selector else {
             return Err(RpcError::invalid("the request names no process (pid or tag)"));
         };
         let t = self.table.locked();
-        let found = match (sel.pid, sel.tag.as_deref()) {
-            (Some(pid), _) => t
-                .live
-                .get(&pid)
-                .cloned()
-                .or_else(|| t.ended.iter().rev().find(|e| e.pid == pid).cloned()),
-            (None, Some(tag)) => {
-                t.live.values().find(|e| e.tag.as_deref() == Some(tag)).cloned().or_else(|| {
-                    t.ended.iter().rev().find(|e| e.tag.as_deref() == Some(tag)).cloned()
-                })
-            }
-            (None, None) => return Err(RpcError::invalid("the selector names no pid or tag")),
-        };
-        found.ok_or_else(|| match (sel.pid, sel.tag.as_deref()) {
-            (Some(pid), _) => RpcError::not_found(format!("process with pid {pid} not found")),
-            (_, tag) => RpcError::not_found(format!("process with tag {tag:?} not found")),
-        })
+        let found =
+            match (sel.pid, sel.tag.as_deref()) {
+                (Some(pid), _) => t.live.get(&pid).cloned().map(Found::Live).or_else(|| {
+                    t.ended.iter().rev().find(|e| e.pid == pid).cloned().map(Found::Ended)
+                }),
+                (None, Some(tag)) => {
+                    let tagged = |t: &Option<String>| t.as_deref() == Some(tag);
+                    t.live.values().find(|e| tagged(&e.tag)).cloned().map(Found::Live).or_else(
+                        || t.ended.iter().rev().find(|e| tagged(&e.tag)).cloned().map(Found::Ended),
+                    )
+                }
+                (None, None) => return Err(RpcError::invalid("the selector names no pid or tag")),
+            };
+        found.ok_or_else(|| not_found(selector))
     }
 
     /// Registers a started process and starts the task that records its end.
@@ -368,24 +406,18 @@ impl Processes {
         let because = entry.stopped_because.locked().clone();
         let end = End { error: because.or(end.error.clone()), ..end };
         // Out of the live table before the end is told: a client that saw the end never
-        // finds the process in `List`.
-        let evicted = {
+        // finds the process in `List`. Only the end is kept: the output goes with the last
+        // follower's handle (a spill file stays, under the provider's spill limits).
+        {
             let mut t = self.table.locked();
             if t.live.get(&entry.pid).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
                 t.live.remove(&entry.pid);
             }
-            t.ended.push_back(Arc::clone(&entry));
+            t.ended.push_back(Ended { pid: entry.pid, tag: entry.tag.clone(), end: end.clone() });
             let over = t.ended.len().saturating_sub(KEPT_ENDED);
-            t.ended.drain(..over).collect::<Vec<_>>()
-        };
-        entry.end.send_replace(Some(end));
-        for old in evicted {
-            if let Io::Pipe { process, .. } = &old.io
-                && let Err(e) = process.release().await
-            {
-                tracing::debug!(pid = old.pid, "releasing a finished process's output: {e}");
-            }
+            t.ended.drain(..over);
         }
+        entry.end.send_replace(Some(end));
     }
 
     /// `Start`: spawns the process and follows it from its first byte.
@@ -402,7 +434,7 @@ impl Processes {
         let mut argv = vec![config.cmd.clone()];
         argv.extend(config.args.iter().cloned());
         let mut line = CommandLine::new(argv);
-        line.cwd = config.cwd.clone().filter(|c| !c.is_empty()).map(PathBuf::from);
+        line.cwd = config.cwd.as_deref().filter(|c| !c.is_empty()).map(proto::clean_path);
         line.env = config.envs.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
         // Under a sandbox composition every process runs behind its runner, as the shell's
         // commands do; one that cannot run confined does not run at all.
@@ -479,9 +511,24 @@ impl Processes {
         replay: bool,
     ) -> Result<axum::response::Response, RpcError> {
         let req: proto::ProcessRequest = proto::decode(message)?;
-        let entry = self.find(req.process.as_ref())?;
-        let from = if replay { From::Oldest } else { From::Live };
-        Ok(self.follow(entry, from, opts))
+        match self.find(req.process.as_ref())? {
+            Found::Live(entry) => {
+                let from = if replay { From::Oldest } else { From::Live };
+                Ok(self.follow(entry, from, opts))
+            }
+            // As envd answers a late `Connect`: the start and the kept end, no output.
+            Found::Ended(ended) => {
+                let (stream, response) = Stream::open();
+                tokio::spawn(async move {
+                    if stream.send(&json!({"event": {"start": {"pid": ended.pid}}})).await
+                        && stream.send(&ended.end.event()).await
+                    {
+                        stream.end(None).await;
+                    }
+                });
+                Ok(response)
+            }
+        }
     }
 
     fn follow(&self, entry: Arc<Entry>, from: From, opts: CallOptions) -> axum::response::Response {
@@ -505,7 +552,7 @@ impl Processes {
     /// `SendInput`: bytes to a piped stdin or to a PTY.
     pub(crate) async fn send_input(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::SendInputRequest = proto::decode(message)?;
-        let entry = self.find(req.process.as_ref())?;
+        let entry = self.find_live(req.process.as_ref())?;
         let input = req.input.unwrap_or_default();
         match (&entry.io, input.stdin, input.pty) {
             (Io::Pipe { stdin: false, .. }, Some(_), _) => Err(RpcError::new(
@@ -538,22 +585,20 @@ impl Processes {
     /// `SendSignal`: SIGTERM or SIGKILL stops the process's whole tree.
     pub(crate) async fn send_signal(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::SendSignalRequest = proto::decode(message)?;
-        let entry = self.find(req.process.as_ref())?;
+        let entry = self.find_live(req.process.as_ref())?;
         let grace = match req.signal {
             Signal::Unspecified => return Err(RpcError::invalid("the signal is unspecified")),
             Signal::Term => GRACE,
             Signal::Kill => Duration::ZERO,
         };
-        if entry.ended().is_none() {
-            entry.stop(grace).await?;
-        }
+        entry.stop(grace).await?;
         Ok(json!({}))
     }
 
     /// `CloseStdin`: EOF on a piped stdin.
     pub(crate) async fn close_stdin(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::ProcessRequest = proto::decode(message)?;
-        let entry = self.find(req.process.as_ref())?;
+        let entry = self.find_live(req.process.as_ref())?;
         match &entry.io {
             Io::Pipe { process, .. } => process.close_stdin().await.map_err(RpcError::from)?,
             Io::Pty { .. } => {
@@ -569,7 +614,7 @@ impl Processes {
     /// `Update`: a PTY's size.
     pub(crate) async fn update(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::UpdateRequest = proto::decode(message)?;
-        let entry = self.find(req.process.as_ref())?;
+        let entry = self.find_live(req.process.as_ref())?;
         let Some(size) = req.pty.and_then(|p| p.size) else {
             return Ok(json!({}));
         };
@@ -612,6 +657,19 @@ async fn pump(term: Arc<dyn TerminalProcess>, log: Arc<PtyLog>) {
     log.close();
 }
 
+/// A follower that fell further behind than the output kept for it.
+fn fell_behind(stream: &str, lost: u64) -> RpcError {
+    RpcError::new(
+        Code::DataLoss,
+        format!(
+            "this stream fell {lost} bytes of {stream} behind the output the server keeps (the \
+             newest {} MiB in memory, and the whole stream while its spill file is kept): they \
+             are gone, so the stream ends here rather than skip them",
+            MEMORY_BYTES >> 20
+        ),
+    )
+}
+
 /// Which output a data event carries.
 #[derive(Clone, Copy, Debug)]
 enum Output {
@@ -643,8 +701,16 @@ struct Follower {
 
 impl Follower {
     fn new(entry: &Entry, from: From, files: Arc<dyn Files>) -> Self {
+        // The oldest byte still kept: the first, while a spill holds the whole stream.
+        let oldest = |process: &Arc<dyn Process>, id| match process.read(id, 0, 0) {
+            Ok(r) if r.lossy && r.spill.is_none() => r.start_offset,
+            _ => 0,
+        };
         let (out, err) = match (&entry.io, from) {
-            (_, From::Oldest) => (0, 0),
+            (Io::Pipe { process, .. }, From::Oldest) => {
+                (oldest(process, StreamId::Stdout), oldest(process, StreamId::Stderr))
+            }
+            (Io::Pty { log, .. }, From::Oldest) => (log.start(), 0),
             (Io::Pipe { process, .. }, From::Live) => (
                 process.read(StreamId::Stdout, u64::MAX, 0).map(|r| r.next_offset).unwrap_or(0),
                 process.read(StreamId::Stderr, u64::MAX, 0).map(|r| r.next_offset).unwrap_or(0),
@@ -723,7 +789,8 @@ impl Follower {
                 let mut grew = log.grew.subscribe();
                 loop {
                     grew.borrow_and_update();
-                    let (data, next, finished) = log.read(self.out);
+                    let (data, next, finished) =
+                        log.read(self.out).map_err(|lost| fell_behind("pty", lost))?;
                     self.out = next;
                     if !data.is_empty() {
                         return Ok(Some((Output::Pty, data)));
@@ -784,10 +851,9 @@ impl Follower {
                     Err(e) => tracing::debug!("reading a spill for a follower: {e}"),
                 }
             }
-            tracing::warn!(
-                skipped = r.start_offset - offset,
-                "a follower fell behind the kept output; the gap is lost"
-            );
+            // Never a silent gap: the stream ends with an error the client sees.
+            let name = if id == StreamId::Stdout { "stdout" } else { "stderr" };
+            return Err(fell_behind(name, r.start_offset - offset));
         }
         let finished = r.sealed && r.data.is_empty();
         self.advance(id, r.next_offset, finished);
@@ -805,5 +871,26 @@ impl Follower {
                 self.err_done = done;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pty_log_keeps_its_newest_bytes_and_says_what_a_late_reader_lost() {
+        let log = PtyLog::new();
+        log.append(b"hello ");
+        assert_eq!(log.read(0), Ok((b"hello ".to_vec(), 6, false)));
+        log.append(&vec![b'x'; 2 * PTY_LOG_BYTES]);
+        let start = log.start();
+        assert!(start > 0 && log.end() - start >= PTY_LOG_BYTES as u64);
+        assert_eq!(log.read(0), Err(start), "the bytes before the oldest kept are named lost");
+        let (data, next, finished) = log.read(start).unwrap();
+        assert_eq!((data.len(), next, finished), (CHUNK, start + CHUNK as u64, false));
+        log.close();
+        let end = log.end();
+        assert_eq!(log.read(end), Ok((Vec::new(), end, true)));
     }
 }

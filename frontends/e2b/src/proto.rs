@@ -244,6 +244,33 @@ pub(crate) struct WatcherRequest {
     pub(crate) watcher_id: String,
 }
 
+/// A path as envd takes one: cleaned lexically, as Go's `filepath.Clean` does (`a/../b` is
+/// `b`, `.` parts and repeated slashes go), so `..` never makes a directory appear on the way;
+/// relative paths stay relative (the files seam resolves them against its directory). The
+/// seam still checks the result against the world's policy.
+pub(crate) fn clean_path(text: &str) -> std::path::PathBuf {
+    use std::path::{Component, PathBuf};
+    let mut out: Vec<Component<'_>> = Vec::new();
+    for c in std::path::Path::new(text).components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => match out.last() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                // `/..` is `/`.
+                Some(Component::RootDir | Component::Prefix(_)) => {}
+                _ => out.push(c),
+            },
+            other => out.push(other),
+        }
+    }
+    if out.is_empty() {
+        return PathBuf::from(".");
+    }
+    out.iter().collect()
+}
+
 /// A time in milliseconds since the epoch as an RFC 3339 UTC timestamp (protobuf's
 /// `Timestamp` in JSON).
 pub(crate) fn timestamp(ms: i64) -> String {
@@ -302,6 +329,20 @@ mod tests {
         assert!(w.include_entry);
         let bad: Result<SendInputRequest, _> = decode(json!({"process": {"pid": -1}}));
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn paths_are_cleaned_as_go_cleans_them() {
+        for (raw, clean) in [
+            ("a/../b.txt", "b.txt"),
+            ("/w/./x//y/../z", "/w/x/z"),
+            ("/../etc", "/etc"),
+            ("../up", "../up"),
+            ("a/..", "."),
+            ("/", "/"),
+        ] {
+            assert_eq!(clean_path(raw), std::path::PathBuf::from(clean), "{raw}");
+        }
     }
 
     #[test]
