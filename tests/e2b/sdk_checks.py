@@ -256,8 +256,9 @@ def check_watch_sees_the_file_itself_written(sbx):
 
 def check_evicted_spill_is_an_error_not_a_gap(sbx):
     # Run against a server whose spill limit is far below the output: once the command has
-    # finished, its spill is evicted, and a reader that read nothing yet is told so.
-    h = sbx.commands.run("seq 1 3000000", background=True)
+    # finished, its spill is evicted, and a reader that read nothing yet is told so. 79 MB,
+    # far more than the socket buffers and the server's queue can hold for the stream.
+    h = sbx.commands.run("seq 1 10000000", background=True)
     until("the command has finished", lambda: h.pid not in [p.pid for p in sbx.commands.list()])
     try:
         h.wait()
