@@ -79,7 +79,7 @@ pub(crate) async fn download(files: Arc<dyn Files>, Query(q): Query<FileQuery>) 
     let Some(path) = q.path.filter(|p| !p.is_empty()) else {
         return refused(StatusCode::BAD_REQUEST, "the path parameter is required").into_response();
     };
-    let stat = match files.stat(&proto::clean_path(&path)).await {
+    let stat = match files.stat(&proto::resolve_path(files.default_dir(), &path)).await {
         Ok(s) => s,
         Err(e) => return seam_refused(&e).into_response(),
     };
@@ -231,7 +231,8 @@ pub(crate) async fn upload(files: Arc<dyn Files>, q: FileQuery, req: Request) ->
         .into_response();
     }
     let ctype = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let param = q.path.filter(|p| !p.is_empty()).map(|p| proto::clean_path(&p));
+    let param =
+        q.path.filter(|p| !p.is_empty()).map(|p| proto::resolve_path(files.default_dir(), &p));
     let result = if ctype.starts_with("multipart/form-data") {
         match Multipart::from_request(req, &()).await {
             Ok(form) => multipart(files.as_ref(), form, param).await,
@@ -288,7 +289,7 @@ async fn multipart(
         let path = match param.take() {
             Some(p) => p,
             None => match field.file_name().filter(|n| !n.is_empty()) {
-                Some(n) => proto::clean_path(n),
+                Some(n) => proto::resolve_path(files.default_dir(), n),
                 None => {
                     return Err(refused(
                         StatusCode::BAD_REQUEST,

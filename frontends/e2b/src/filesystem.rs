@@ -105,11 +105,11 @@ pub(crate) fn entry_info(stat: &FileStat) -> Value {
     info
 }
 
-fn path_of(text: &str) -> Result<PathBuf, RpcError> {
+fn path_of(files: &dyn Files, text: &str) -> Result<PathBuf, RpcError> {
     if text.is_empty() {
         return Err(RpcError::invalid("path is empty"));
     }
-    Ok(proto::clean_path(text))
+    Ok(proto::resolve_path(files.default_dir(), text))
 }
 
 /// A watch's events as envd's `FilesystemEvent`s.
@@ -170,7 +170,7 @@ impl Filesystem {
 
     pub(crate) async fn stat(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::PathRequest = proto::decode(message)?;
-        let stat = match self.files.stat(&path_of(&req.path)?).await {
+        let stat = match self.files.stat(&path_of(self.files.as_ref(), &req.path)?).await {
             Ok(s) => s,
             // `file/child` does not exist (the SDK's `exists` asks this way).
             Err(e) if e.code() == ErrorCode::NotADirectory => {
@@ -183,7 +183,7 @@ impl Filesystem {
 
     pub(crate) async fn make_dir(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::PathRequest = proto::decode(message)?;
-        let path = path_of(&req.path)?;
+        let path = path_of(self.files.as_ref(), &req.path)?;
         // envd answers `already_exists` for a directory (the SDK's `make_dir` returns False)
         // and `invalid_argument` for anything else in the way.
         match self.files.stat(&path).await {
@@ -208,7 +208,10 @@ impl Filesystem {
 
     pub(crate) async fn move_entry(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::MoveRequest = proto::decode(message)?;
-        let (from, to) = (path_of(&req.source)?, path_of(&req.destination)?);
+        let (from, to) = (
+            path_of(self.files.as_ref(), &req.source)?,
+            path_of(self.files.as_ref(), &req.destination)?,
+        );
         // envd creates the destination's parents and replaces what is there (rename(2)).
         if let Some(parent) = to.parent().filter(|p| !p.as_os_str().is_empty()) {
             self.files.make_dir(parent, true).await?;
@@ -220,8 +223,9 @@ impl Filesystem {
 
     pub(crate) async fn list_dir(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::ListDirRequest = proto::decode(message)?;
-        let spec =
-            ListSpec::new(path_of(&req.path)?).with_depth(req.depth.max(1)).with_limit(MAX_LISTED);
+        let spec = ListSpec::new(path_of(self.files.as_ref(), &req.path)?)
+            .with_depth(req.depth.max(1))
+            .with_limit(MAX_LISTED);
         let listing = self.files.list(spec).await?;
         if listing.truncated {
             return Err(RpcError::new(
@@ -238,7 +242,7 @@ impl Filesystem {
     pub(crate) async fn remove(&self, message: Value) -> Result<Value, RpcError> {
         let req: proto::PathRequest = proto::decode(message)?;
         // As envd's `os.RemoveAll`: a path that is not there is removed already.
-        match self.files.remove(&path_of(&req.path)?, true).await {
+        match self.files.remove(&path_of(self.files.as_ref(), &req.path)?, true).await {
             Err(e) if e.code() != ErrorCode::NotFound => Err(e.into()),
             _ => Ok(json!({})),
         }
@@ -249,7 +253,7 @@ impl Filesystem {
         &self,
         req: &proto::WatchRequest,
     ) -> Result<(PathBuf, Box<dyn WatchStream>), RpcError> {
-        let path = path_of(&req.path)?;
+        let path = path_of(self.files.as_ref(), &req.path)?;
         let stat = self.files.stat(&path).await?;
         if stat.kind != FileKind::Directory {
             return Err(RpcError::invalid(format!(

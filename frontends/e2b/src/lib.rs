@@ -30,6 +30,7 @@ mod files;
 mod filesystem;
 mod process;
 mod proto;
+pub mod sandboxes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,7 +49,7 @@ use crate::connect::{CallOptions, Code, RpcError};
 
 pub use files::READ_CHUNK;
 pub use filesystem::WATCHER_QUEUE;
-pub use process::{KEPT_ENDED, MEMORY_BYTES, PTY_LOG_BYTES, SPILL_CAP};
+pub use process::{KEPT_ENDED, MEMORY_BYTES, PTY_LOG_BYTES, ProcessDefaults, SPILL_CAP};
 
 /// The largest RPC request (a `SendInput`'s bytes, base64 in JSON).
 pub const MAX_RPC_BODY: usize = 64 << 20;
@@ -66,6 +67,8 @@ pub struct Seams {
     /// The composition's sandbox with its default policy, when it binds one: every process
     /// starts behind its runner (the files seam of such a composition confines itself).
     pub confinement: Option<conch_confine::Confinement>,
+    /// The working directory and environment of a process whose `Start` gives none.
+    pub defaults: ProcessDefaults,
 }
 
 /// The server's state.
@@ -88,6 +91,7 @@ impl Envd {
                 seams.subprocess,
                 Arc::clone(&seams.files),
                 seams.confinement,
+                seams.defaults,
             ),
             filesystem: filesystem::Filesystem::new(seams.files),
         })
@@ -127,7 +131,18 @@ pub async fn serve(
     envd: Arc<Envd>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(Arc::clone(&envd)).into_make_service_with_connect_info::<SocketAddr>();
+    let r = serve_router(listener, router(Arc::clone(&envd)), stop).await;
+    envd.shutdown().await;
+    r
+}
+
+/// Serves `app` on `listener` until `stop` resolves.
+async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     // A stream's messages are small writes on a connection the SDK keeps: with Nagle on,
     // each one after the first waits for the client's delayed ACK (40 ms a call).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -135,9 +150,7 @@ pub async fn serve(
             tracing::debug!("TCP_NODELAY: {e}");
         }
     });
-    let r = axum::serve(listener, app).with_graceful_shutdown(stop).await;
-    envd.shutdown().await;
-    r
+    axum::serve(listener, app).with_graceful_shutdown(stop).await
 }
 
 async fn authenticate(State(envd): State<Arc<Envd>>, req: Request, next: Next) -> Response {

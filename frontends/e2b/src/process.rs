@@ -257,8 +257,19 @@ pub(crate) struct Processes {
     files: Arc<dyn Files>,
     /// The composition's sandbox and default policy, which every process starts under.
     confinement: Option<Confinement>,
+    defaults: ProcessDefaults,
     table: Mutex<Table>,
     stop: CancellationToken,
+}
+
+/// What a process gets when its `Start` does not say: a sandbox's home and environment.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessDefaults {
+    /// The working directory of a process started without `cwd` (`None`: the subprocess
+    /// provider's default directory).
+    pub cwd: Option<std::path::PathBuf>,
+    /// Variables every process gets; a `Start`'s own `envs` override them.
+    pub env: Vec<(String, String)>,
 }
 
 /// What a selector found.
@@ -292,11 +303,13 @@ impl Processes {
         subprocess: Arc<dyn Subprocess>,
         files: Arc<dyn Files>,
         confinement: Option<Confinement>,
+        defaults: ProcessDefaults,
     ) -> Arc<Self> {
         Arc::new(Self {
             subprocess,
             files,
             confinement,
+            defaults,
             table: Mutex::new(Table { next_id: 1 << 30, ..Table::default() }),
             stop: CancellationToken::new(),
         })
@@ -356,7 +369,7 @@ impl Processes {
         config: ProcessConfig,
         io: Io,
         release: Option<SandboxRelease>,
-    ) -> Arc<Entry> {
+    ) -> Result<Arc<Entry>, Arc<Entry>> {
         let mut t = self.table.locked();
         let pid = pid.unwrap_or_else(|| {
             t.next_id += 1;
@@ -371,6 +384,11 @@ impl Processes {
             stopped_because: Mutex::new(None),
             _release: release,
         });
+        // Checked under the table's lock, which `shutdown` takes after cancelling: a process
+        // registered after its sweep would outlive the server's (or the sandbox's) teardown.
+        if self.stop.is_cancelled() {
+            return Err(entry);
+        }
         // A recycled pid: the finished process that had it is no longer findable by pid.
         t.ended.retain(|e| e.pid != pid);
         t.live.insert(pid, Arc::clone(&entry));
@@ -378,7 +396,7 @@ impl Processes {
         let me = Arc::clone(self);
         let watched = Arc::clone(&entry);
         tokio::spawn(async move { me.settle(watched).await });
-        entry
+        Ok(entry)
     }
 
     /// Waits for `entry`'s end, records it and moves the entry to the finished ones.
@@ -434,8 +452,16 @@ impl Processes {
         let mut argv = vec![config.cmd.clone()];
         argv.extend(config.args.iter().cloned());
         let mut line = CommandLine::new(argv);
-        line.cwd = config.cwd.as_deref().filter(|c| !c.is_empty()).map(proto::clean_path);
-        line.env = config.envs.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+        line.cwd = config
+            .cwd
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .map(|c| proto::resolve_path(self.files.default_dir(), c))
+            .or_else(|| self.defaults.cwd.clone());
+        let mut env: std::collections::BTreeMap<&str, &str> =
+            self.defaults.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        env.extend(config.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        line.env = env.into_iter().map(|(k, v)| (k.to_owned(), Some(v.to_owned()))).collect();
         // Under a sandbox composition every process runs behind its runner, as the shell's
         // commands do; one that cannot run confined does not run at all.
         let (line, release) = match &self.confinement {
@@ -469,6 +495,22 @@ impl Processes {
                 spec.env = line.env;
                 let process = self.subprocess.spawn(spec).await?;
                 self.register(process.pid(), req.tag, config, Io::Pipe { process, stdin }, release)
+            }
+        };
+        let entry = match entry {
+            Ok(e) => e,
+            Err(late) => {
+                if let Err(e) = late.stop(Duration::ZERO).await {
+                    tracing::warn!(
+                        pid = late.pid,
+                        "stopping a process started during shutdown: {}",
+                        e.message
+                    );
+                }
+                return Err(RpcError::new(
+                    Code::Unavailable,
+                    "the sandbox is shutting down: the process was stopped",
+                ));
             }
         };
         if let Some(limit) = opts.timeout.filter(|t| !t.is_zero()) {

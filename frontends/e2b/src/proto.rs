@@ -244,14 +244,19 @@ pub(crate) struct WatcherRequest {
     pub(crate) watcher_id: String,
 }
 
-/// A path as envd takes one: cleaned lexically, as Go's `filepath.Clean` does (`a/../b` is
-/// `b`, `.` parts and repeated slashes go), so `..` never makes a directory appear on the way;
-/// relative paths stay relative (the files seam resolves them against its directory). The
-/// seam still checks the result against the world's policy.
-pub(crate) fn clean_path(text: &str) -> std::path::PathBuf {
+/// A path as envd takes one: a relative one joined to `home` (the world's default
+/// directory, where envd uses the user's home), then cleaned lexically, as Go's
+/// `filepath.Clean` does (`a/../b` is `b`, `.` parts and repeated slashes go), so `..` never
+/// makes a directory appear on the way. The seam still checks the result against the
+/// world's policy.
+pub(crate) fn resolve_path(home: &std::path::Path, text: &str) -> std::path::PathBuf {
+    clean_path(&home.join(text))
+}
+
+fn clean_path(path: &std::path::Path) -> std::path::PathBuf {
     use std::path::{Component, PathBuf};
     let mut out: Vec<Component<'_>> = Vec::new();
-    for c in std::path::Path::new(text).components() {
+    for c in path.components() {
         match c {
             Component::CurDir => {}
             Component::ParentDir => match out.last() {
@@ -341,8 +346,12 @@ mod tests {
             ("a/..", "."),
             ("/", "/"),
         ] {
-            assert_eq!(clean_path(raw), std::path::PathBuf::from(clean), "{raw}");
+            assert_eq!(clean_path(raw.as_ref()), std::path::PathBuf::from(clean), "{raw}");
         }
+        let home = std::path::Path::new("/home/user");
+        assert_eq!(resolve_path(home, "."), std::path::PathBuf::from("/home/user"));
+        assert_eq!(resolve_path(home, "a/../b"), std::path::PathBuf::from("/home/user/b"));
+        assert_eq!(resolve_path(home, "/etc/./x"), std::path::PathBuf::from("/etc/x"));
     }
 
     #[test]
