@@ -563,7 +563,8 @@ macro_rules! __sandbox_cases {
             a_unix_socket_outside_the_root_is_not_reachable,
             a_socket_gone_before_the_start_does_not_fail_the_command,
             a_private_tmpdir_is_writable_and_the_shared_tmp_is_not,
-            other_terminals_are_not_writable
+            other_terminals_are_not_writable,
+            hidden_paths_are_neither_read_nor_written
         }
     };
 }

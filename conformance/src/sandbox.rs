@@ -628,6 +628,31 @@ fn daemon_alive(arg: &str) -> bool {
     })
 }
 
+/// A process outside every sandbox, killed and reaped when dropped, a panicking or cancelled
+/// case included. Its output goes nowhere: holding the runner's stdout (`conch conformance`
+/// is read to its end by whoever ran it) would keep that reader waiting for 1000 s.
+struct Victim(std::process::Child);
+
+impl Victim {
+    fn spawn() -> Self {
+        let child = std::process::Command::new("sleep")
+            .arg("1000")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub async fn signals_to_outside_processes_are_denied(
     sandbox: &dyn Sandbox,
     sub: &dyn Subprocess,
@@ -638,14 +663,13 @@ pub async fn signals_to_outside_processes_are_denied(
         return skip("no signal scoping on this kernel");
     }
     let f = Fixture::new();
-    let mut victim = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
-    let pid = victim.id();
+    let mut victim = Victim::spawn();
+    let pid = victim.0.id();
     let policy = f.policy(SandboxMode::WorkspaceWrite);
     let (out, st, _) =
         run(sandbox, sub, &policy, &f.root, &format!("echo {MARK}; kill -KILL {pid}")).await;
-    let survived = victim.try_wait().unwrap().is_none();
-    let _ = victim.kill();
-    let _ = victim.wait();
+    let survived = victim.0.try_wait().unwrap().is_none();
+    drop(victim);
     assert!(out.contains(MARK), "{out}");
     assert_ne!(st.code, Some(0), "kill reported success: {out}");
     assert!(survived, "the victim outside the sandbox was killed");
@@ -1009,5 +1033,46 @@ pub async fn other_terminals_are_not_writable(
             sandbox.capabilities().enforcement
         ));
     }
+    Ok(())
+}
+
+/// A hidden directory shows empty (but for the workspace root bound back beneath it) and
+/// read-only, a hidden file shows empty, and the workspace beneath the hidden directory stays
+/// whole and writable.
+pub async fn hidden_paths_are_neither_read_nor_written(
+    sandbox: &dyn Sandbox,
+    sub: &dyn Subprocess,
+) -> Outcome {
+    confining(sandbox)?;
+    let f = Fixture::new();
+    // The hidden directory holds a secret, a sibling workspace and the policy's own root.
+    let hidden = f.outside.join("sandboxes");
+    let ws = hidden.join("mine");
+    let other = hidden.join("theirs");
+    for d in [&ws, &other] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(other.join("secret"), "their-secret").unwrap();
+    let hidden_file = f.outside.join("token");
+    std::fs::write(&hidden_file, "file-secret").unwrap();
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, ws.clone())
+        .with_hidden_paths(vec![hidden.clone(), hidden_file.clone()]);
+    let script = format!(
+        "echo {MARK}; cat {o}/secret; echo listing:$(ls -A {h} | tr '\\n' ' '); cat {t}; \
+         echo planted > {o}/planted; echo x > {h}/new; echo kept > {w}/own && cat {w}/own",
+        o = other.display(),
+        h = hidden.display(),
+        t = hidden_file.display(),
+        w = ws.display(),
+    );
+    let (out, status, _) = run(sandbox, sub, &policy, &ws, &script).await;
+    assert!(out.contains(MARK), "the command ran: {out}");
+    assert!(!out.contains("their-secret") && !out.contains("file-secret"), "{out}");
+    assert!(out.contains("listing:mine\n"), "only the own root shows: {out}");
+    assert!(out.contains("kept"), "the own root is writable: {out}");
+    assert_eq!(status.code, Some(0), "{out}");
+    assert!(!other.join("planted").exists() && !hidden.join("new").exists(), "{out}");
+    assert_eq!(std::fs::read_to_string(ws.join("own")).unwrap(), "kept\n");
+    assert_eq!(std::fs::read_to_string(&hidden_file).unwrap(), "file-secret");
     Ok(())
 }

@@ -134,6 +134,9 @@ struct CompositionWorlds {
     composition: Composition,
     name: String,
     sandboxed: bool,
+    /// Under a sandbox composition: its own hidden paths and the sandboxes directory, so no
+    /// sandbox's commands or files reach another's workspace.
+    hidden: Vec<PathBuf>,
 }
 
 impl Worlds for CompositionWorlds {
@@ -145,6 +148,9 @@ impl Worlds for CompositionWorlds {
             .with_setting("sandbox-policy", "workspace_root", &ws)
             .with_setting("files-local", "root", &ws)
             .with_setting("files-sandbox", "root", &ws);
+        if self.sandboxed {
+            c = c.with_setting("sandbox-policy", "hidden_paths", &self.hidden);
+        }
         match spec.internet {
             Some(false) if !self.sandboxed => {
                 return Err(WorldError::Refused(format!(
@@ -218,7 +224,17 @@ async fn run_api(
         }
     };
     let settings = Settings { api_key, dir: dir.clone(), max_sandboxes: args.max_sandboxes.max(1) };
-    let worlds = CompositionWorlds { composition: loaded, name: composition.to_owned(), sandboxed };
+    let mut hidden = if sandboxed {
+        loaded
+            .plugin_config::<conch_registry::PolicyConfig>(conch_registry::SANDBOX_POLICY)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .hidden_paths
+    } else {
+        Vec::new()
+    };
+    hidden.push(dir.clone());
+    let worlds =
+        CompositionWorlds { composition: loaded, name: composition.to_owned(), sandboxed, hidden };
     let sandboxes = conch_frontend_e2b::sandboxes::Sandboxes::new(settings, Box::new(worlds));
     let listener = listen(ip, args.port, &args.host).await?;
     let addr = listener.local_addr()?;

@@ -129,7 +129,7 @@ fn terminal_runs_the_terminal_suites_and_passes() {
 }
 
 /// Whether `composition`'s sandbox can confine on this machine: one confined call.
-fn sandbox_works(composition: &str) -> bool {
+pub(super) fn sandbox_works(composition: &str) -> bool {
     let out = conch()
         .args(["--composition", composition, "call", "bash", r#"{"command":"true"}"#])
         .output()

@@ -14,6 +14,7 @@ use super::{conch, listening_address};
 /// Every wait here is for an event (a line, a response, an exit), bounded by this.
 const LIMIT: Duration = Duration::from_secs(60);
 const TOKEN: &str = "e2b-test-token-0123456789";
+const API_KEY: &str = "e2b-test-api-key-0123456789";
 
 /// A running `conch e2b`, killed when dropped.
 struct Server {
@@ -29,6 +30,22 @@ impl Server {
 
     /// As [`Server::start`], with `env` set for the server.
     fn start_with(dir: &Path, extra: &[&str], flags: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(dir, extra, flags, env, "e2b envd listening on ")
+    }
+
+    /// `conch [extra] e2b --port 0 --api-key KEY --sandboxes-dir SANDBOXES` in `dir`.
+    fn start_api(dir: &Path, extra: &[&str], sandboxes: &Path) -> Self {
+        let flags = ["--api-key", API_KEY, "--sandboxes-dir", sandboxes.to_str().unwrap()];
+        Self::spawn(dir, extra, &flags, &[], "e2b sandbox API listening on ")
+    }
+
+    fn spawn(
+        dir: &Path,
+        extra: &[&str],
+        flags: &[&str],
+        env: &[(&str, &str)],
+        listening: &str,
+    ) -> Self {
         let mut child = conch()
             .envs(env.iter().copied())
             .current_dir(dir)
@@ -44,7 +61,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn conch e2b");
-        let addr = listening_address(&mut child, "e2b envd listening on ");
+        let addr = listening_address(&mut child, listening);
         Self { child, addr }
     }
 
@@ -79,7 +96,19 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// SIGTERM first, so a failed test leaves no sandbox's process behind; SIGKILL if the
+    /// server does not stop within [`LIMIT`].
     fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        if Command::new("kill").args(["-TERM", &pid]).status().is_ok_and(|s| s.success()) {
+            let deadline = std::time::Instant::now() + LIMIT;
+            while std::time::Instant::now() < deadline {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -305,4 +334,224 @@ fn a_reader_behind_an_evicted_spill_gets_an_error_not_a_gap() {
         return;
     };
     assert_eq!(out.trim(), "ok evicted_spill_is_an_error_not_a_gap");
+}
+
+/// The checks in `tests/e2b/api_checks.py` that run on every composition.
+const API_CHECKS: &[&str] = &[
+    "lifecycle",
+    "sandboxes_are_apart",
+    "kill_leaves_nothing",
+    "timeout_ends_it",
+    "set_timeout_moves_the_end",
+    "bad_api_key",
+    "unserved_asks_are_refused",
+    "async",
+];
+
+/// Runs `tests/e2b/api_checks.py` against `server` in the SDK's sandbox API mode.
+fn api_checks(server: &Server, sandboxes: &Path, checks: &[&str]) -> Option<String> {
+    let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
+        println!(
+            "SKIP: CONCH_E2B_PYTHON is not set (.ci/run sets it; tests/e2b/setup.sh makes the venv)"
+        );
+        return None;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/api_checks.py");
+    let url = format!("http://{}", server.addr);
+    let out = Command::new(python)
+        .arg(script)
+        .arg(sandboxes)
+        .args(checks)
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", API_KEY)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the SDK's API checks failed after:\n{text}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(text)
+}
+
+fn passed(out: &str) -> Vec<&str> {
+    out.lines().filter_map(|l| l.strip_prefix("ok ")).collect()
+}
+
+#[test]
+fn the_e2b_sdk_drives_the_sandbox_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandboxes = tempfile::tempdir().unwrap();
+    let server = Server::start_api(dir.path(), &[], sandboxes.path());
+    let Some(out) = api_checks(&server, sandboxes.path(), &[]) else { return };
+    assert_eq!(passed(&out), API_CHECKS, "every check ran and passed:\n{out}");
+}
+
+#[test]
+fn under_sandbox_compositions_sandboxes_cannot_reach_each_other() {
+    for composition in ["sandbox", "sandbox-bwrap"] {
+        if !super::conformance::sandbox_works(composition) {
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sandboxes = tempfile::tempdir().unwrap();
+        let server =
+            Server::start_api(dir.path(), &["--composition", composition], sandboxes.path());
+        let checks = ["lifecycle", "sandboxes_are_apart", "confined_apart"];
+        let Some(out) = api_checks(&server, sandboxes.path(), &checks) else { return };
+        assert_eq!(passed(&out), checks, "{composition}:\n{out}");
+    }
+}
+
+/// Whether `pid` runs nothing any more (a zombie counts as gone).
+fn zombie_or_gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |s| s.rsplit(')').next().unwrap().split_whitespace().next() == Some("Z"))
+}
+
+/// Starts `sleep 1000` in `dir` through `Start` with `headers`, leaving its stream open (the
+/// returned connection), and waits for its pid, which it writes to `dir/pid`.
+fn start_sleeper(server: &Server, headers: &[(&str, &str)], dir: &Path) -> (i32, TcpStream) {
+    let sleeper = format!(
+        r#"{{"process":{{"cmd":"/bin/sh","args":["-c","echo $$ > pid; exec sleep 1000"],"cwd":"{}"}},"stdin":false}}"#,
+        dir.display()
+    );
+    let body = envelope(&sleeper);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    let mut req = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nContent-Type: application/connect+json\r\n",
+        server.addr,
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(&body).unwrap();
+    let pid_file = dir.join("pid");
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        if let Ok(t) = std::fs::read_to_string(&pid_file)
+            && let Ok(p) = t.trim().parse()
+        {
+            return (p, s);
+        }
+        assert!(std::time::Instant::now() < deadline, "the sleeper never wrote its pid");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stops `server` with SIGTERM and waits for its exit, which must be a success. A server
+/// that drained its connections before stopping its processes waited on every open stream
+/// (about a minute); an exit within half of [`LIMIT`] tells the two apart on a loaded machine.
+fn terminate(server: &mut Server) {
+    let term = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status();
+    assert!(term.unwrap().success());
+    let deadline = std::time::Instant::now() + LIMIT / 2;
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn sigterm_stops_every_process_while_its_stream_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[], &[]);
+    let (pid, _stream) = start_sleeper(&server, &[], dir.path());
+    assert!(!zombie_or_gone(pid), "the sleeper runs");
+    terminate(&mut server);
+    assert!(zombie_or_gone(pid), "the process ended with the server");
+}
+
+/// `POST /sandboxes` over raw HTTP: the new sandbox's id and envd access token.
+fn create_sandbox(server: &Server) -> (String, String) {
+    let headers = [("Content-Type", "application/json"), ("X-API-Key", API_KEY)];
+    let (status, body) =
+        server.call("POST", "/sandboxes", &headers, br#"{"templateID":"base","timeout":120}"#);
+    assert_eq!(status, 201, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    (v["sandboxID"].as_str().unwrap().to_owned(), v["envdAccessToken"].as_str().unwrap().to_owned())
+}
+
+#[test]
+fn the_api_key_and_each_sandboxs_token_are_checked_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandboxes = tempfile::tempdir().unwrap();
+    let mut server = Server::start_api(dir.path(), &[], sandboxes.path());
+    let json = ("Content-Type", "application/json");
+    // Every API route refuses a missing or wrong key, and no workspace is made.
+    for key in [None, Some("wrong-key"), Some("")] {
+        let mut headers = vec![json];
+        if let Some(k) = key {
+            headers.push(("X-API-Key", k));
+        }
+        for (method, path) in [
+            ("POST", "/sandboxes"),
+            ("POST", "/v2/sandboxes"),
+            ("GET", "/sandboxes"),
+            ("GET", "/v2/sandboxes"),
+            ("GET", "/sandboxes/x"),
+            ("DELETE", "/sandboxes/x"),
+            ("POST", "/sandboxes/x/timeout"),
+            ("POST", "/sandboxes/x/connect"),
+            ("POST", "/v2/sandboxes/x/connect"),
+        ] {
+            let (status, body) =
+                server.call(method, path, &headers, br#"{"templateID":"base","timeout":5}"#);
+            assert_eq!(status, 401, "{key:?} {method} {path}: {body}");
+        }
+    }
+    assert_eq!(std::fs::read_dir(sandboxes.path()).unwrap().count(), 0);
+
+    let (a, a_token) = create_sandbox(&server);
+    let (b, b_token) = create_sandbox(&server);
+    assert_ne!(a_token, b_token);
+    let a_dir = sandboxes.path().join(&a);
+    let marker = a_dir.join("ran");
+    let start = format!(
+        r#"{{"process":{{"cmd":"/bin/sh","args":["-c","touch {}"]}},"stdin":false}}"#,
+        marker.display()
+    );
+    let stream = ("Content-Type", "application/connect+json");
+    // A's envd refuses no token, a wrong one and B's, before anything runs.
+    for token in [None, Some("wrong-token"), Some(b_token.as_str())] {
+        let mut headers = vec![stream, ("E2b-Sandbox-Id", a.as_str())];
+        if let Some(t) = token {
+            headers.push(("X-Access-Token", t));
+        }
+        let (status, body) =
+            server.call("POST", "/process.Process/Start", &headers, &envelope(&start));
+        assert_eq!(status, 401, "{token:?}: {body}");
+    }
+    assert!(!marker.exists(), "a refused request ran nothing");
+    // An unknown sandbox is gone, as E2B's proxy says it; a call naming none is refused.
+    let gone = [stream, ("E2b-Sandbox-Id", "nosuch"), ("X-Access-Token", a_token.as_str())];
+    let (status, body) = server.call("GET", "/health", &gone, b"");
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("was not found"), "{body}");
+    let (status, body) = server.call("GET", "/health", &[], b"");
+    assert_eq!(status, 400, "{body}");
+    // With its own token, A runs it, in A's workspace.
+    let own = [stream, ("E2b-Sandbox-Id", a.as_str()), ("X-Access-Token", a_token.as_str())];
+    let (status, body) = server.call("POST", "/process.Process/Start", &own, &envelope(&start));
+    assert_eq!(status, 200, "{body}");
+    assert!(marker.exists(), "{body}");
+    // A long-lived process in B, then the server stops: every sandbox is killed first.
+    let b_own = [("E2b-Sandbox-Id", b.as_str()), ("X-Access-Token", b_token.as_str())];
+    let (pid, _stream) = start_sleeper(&server, &b_own, &sandboxes.path().join(&b));
+    assert!(!zombie_or_gone(pid), "the sleeper runs");
+    terminate(&mut server);
+    assert!(zombie_or_gone(pid), "the sandbox's process ended with the server");
+    assert_eq!(std::fs::read_dir(sandboxes.path()).unwrap().count(), 0, "workspaces removed");
 }

@@ -170,23 +170,28 @@ def check_kill_leaves_nothing():
 def check_timeout_ends_it():
     sbx = Sandbox.create(timeout=2)
     ws = workspace(sbx)
-    h = sbx.commands.run("sleep 1000", background=True)
+    try:
+        h = sbx.commands.run("sleep 1000", background=True)
+    except SandboxException as e:
+        # A loaded machine took the 2 s before the command came: the sandbox is gone.
+        assert "was not found" in str(e), e
+        h = None
     until("the sandbox's end", lambda: not sbx.is_running())
-    until("its process's end", lambda: gone(h.pid))
+    if h is not None:
+        until("its process's end", lambda: gone(h.pid))
     until("its workspace's removal", lambda: not os.path.exists(ws))
     ids = [s.sandbox_id for s in Sandbox.list().next_items()]
     assert sbx.sandbox_id not in ids, ids
 
 
-def check_set_timeout_extends():
-    sbx = Sandbox.create(timeout=3)
-    first_end = sbx.get_info().end_at
-    sbx.set_timeout(120)
-    # The first end passes: the sandbox lives on.
-    until("the first end", lambda: datetime.datetime.now(datetime.timezone.utc) > first_end + datetime.timedelta(seconds=1))
-    assert sbx.is_running()
-    assert sbx.commands.run("echo alive").stdout == "alive\n"
-    sbx.kill()
+def check_set_timeout_moves_the_end():
+    # The end reported is the end kept: lifecycle saw set_timeout move it later; here a
+    # shorter one ends the sandbox.
+    sbx = Sandbox.create(timeout=600)
+    h = sbx.commands.run("sleep 1000", background=True)
+    sbx.set_timeout(1)
+    until("the sandbox's new end", lambda: not sbx.is_running())
+    until("its process's end", lambda: gone(h.pid))
 
 
 def check_bad_api_key():
@@ -225,7 +230,7 @@ CHECKS = [
     check_sandboxes_are_apart,
     check_kill_leaves_nothing,
     check_timeout_ends_it,
-    check_set_timeout_extends,
+    check_set_timeout_moves_the_end,
     check_bad_api_key,
     check_unserved_asks_are_refused,
     check_async,

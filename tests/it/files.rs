@@ -264,3 +264,70 @@ async fn escapes_refused_to_files_sandbox_are_refused_to_bash_sandbox_under_land
 async fn escapes_refused_to_files_sandbox_are_refused_to_bash_sandbox_under_bwrap() {
     the_shell_refuses_the_escapes(Arc::new(BwrapSandbox::new(Path::new("bwrap"), helper()))).await;
 }
+
+/// `files-sandbox` refuses what its policy hides, as the confined shell cannot see it: reads
+/// and writes, spelled directly, through `..` or through a symlink; listings and tar exports
+/// that reach a hidden directory show it and nothing in it; the own root beneath it works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_sandbox_refuses_hidden_paths() {
+    use conch_conformance::files_sandbox::assert_denied;
+    use conch_seams::WriteMode;
+    use conch_seams::files::{ListSpec, WriteSpec, read_all, write_all};
+    let t = tempfile::tempdir().unwrap();
+    let top = std::fs::canonicalize(t.path()).unwrap();
+    let hidden = top.join("sandboxes");
+    let ws = hidden.join("mine");
+    let theirs = hidden.join("theirs");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::write(theirs.join("secret"), "their-secret").unwrap();
+    let token = top.join("token");
+    std::fs::write(&token, "file-secret").unwrap();
+    std::os::unix::fs::symlink(theirs.join("secret"), ws.join("link")).unwrap();
+    std::os::unix::fs::symlink(&hidden, top.join("dirlink")).unwrap();
+    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, &ws)
+        .with_hidden_paths(vec![hidden.clone(), token.clone()]);
+    let files = HostFiles::sandboxed(&ws, &policy);
+    let secret = theirs.join("secret");
+    for p in [
+        secret.clone(),
+        ws.join("../theirs/secret"),
+        ws.join("link"),
+        top.join("dirlink/theirs/secret"),
+        token.clone(),
+    ] {
+        assert_denied(&format!("read {}", p.display()), read_all(&files, &p, 1 << 20).await);
+        assert_denied(&format!("stat {}", p.display()), files.stat(&p).await);
+    }
+    assert_denied("list hidden", files.list(ListSpec::new(&hidden)).await);
+    assert_denied("list theirs", files.list(ListSpec::new(top.join("dirlink/theirs"))).await);
+    assert_denied("export theirs", files.export_tar(&theirs).await.map(drop));
+    assert_denied("watch theirs", files.watch(&theirs, false).await.map(drop));
+    let w = |p: PathBuf| write_all(&files, WriteSpec::new(p, WriteMode::Create), b"x");
+    assert_denied("write into theirs", w(theirs.join("planted")).await);
+    assert_denied("write into hidden", w(hidden.join("new")).await);
+    assert!(!theirs.join("planted").exists() && !hidden.join("new").exists());
+    // A listing from above shows the hidden directory and nothing in it.
+    let listed = files.list(ListSpec::new(&top).with_depth(4)).await.unwrap();
+    let names: Vec<PathBuf> = listed.entries.iter().map(|e| e.path.clone()).collect();
+    assert!(names.contains(&hidden), "{names:?}");
+    assert!(!names.iter().any(|p| p.starts_with(&hidden) && p != &hidden), "{names:?}");
+    // So does a tar export.
+    let mut tar = files.export_tar(&top).await.unwrap();
+    let mut bytes = Vec::new();
+    while let Some(c) = tar.next_chunk().await.unwrap() {
+        bytes.extend(c);
+    }
+    let mut archive = tar::Archive::new(bytes.as_slice());
+    let entries: Vec<PathBuf> =
+        archive.entries().unwrap().map(|e| e.unwrap().path().unwrap().into_owned()).collect();
+    assert!(entries.iter().any(|p| p == Path::new("sandboxes")), "{entries:?}");
+    let inside = |p: &PathBuf| p.starts_with("sandboxes") && p != Path::new("sandboxes");
+    assert!(!entries.iter().any(inside), "{entries:?}");
+    assert!(!entries.iter().any(|p| p == Path::new("token")), "{entries:?}");
+    assert!(!names.contains(&token), "{names:?}");
+    // The own root beneath the hidden directory works as ever.
+    w(ws.join("own")).await.unwrap();
+    assert_eq!(read_all(&files, &ws.join("own"), 100).await.unwrap(), b"x");
+    assert_eq!(files.list(ListSpec::new(&ws)).await.unwrap().entries.len(), 2);
+}

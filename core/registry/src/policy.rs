@@ -32,6 +32,9 @@ pub struct PolicyConfig {
     /// Let commands write the workspace's `.git/hooks` and `.git/config` (they run or
     /// configure code outside the sandbox later, so they are read-only by default).
     pub writable_git_config: bool,
+    /// Paths commands and file tools can neither read nor write (absolute); a writable root
+    /// beneath one stays whole.
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 impl Default for PolicyConfig {
@@ -42,6 +45,7 @@ impl Default for PolicyConfig {
             writable_roots: Vec::new(),
             network: false,
             writable_git_config: false,
+            hidden_paths: Vec::new(),
         }
     }
 }
@@ -59,6 +63,9 @@ impl PluginConfig for PolicyConfig {
         }
         if self.writable_roots.iter().any(|r| !r.is_absolute()) {
             return Err(ConfigIssue::new("writable_roots", "every root must be an absolute path"));
+        }
+        if self.hidden_paths.iter().any(|r| !r.is_absolute()) {
+            return Err(ConfigIssue::new("hidden_paths", "every path must be absolute"));
         }
         Ok(())
     }
@@ -80,7 +87,7 @@ impl PolicyConfig {
         if self.writable_git_config {
             policy = policy.with_read_only_paths(Vec::new());
         }
-        policy
+        policy.with_hidden_paths(self.hidden_paths.clone())
     }
 }
 

@@ -77,6 +77,11 @@ pub struct SandboxPolicy {
     /// sandbox later).
     #[cfg_attr(feature = "serde", serde(default))]
     pub read_only_paths: Vec<PathBuf>,
+    /// Paths the sandbox can neither read nor write: a directory shows as an empty read-only
+    /// one, a file as an empty one. A writable root beneath one stays whole. A path that does
+    /// not exist when a command starts hides nothing from it.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 impl SandboxPolicy {
@@ -86,7 +91,14 @@ impl SandboxPolicy {
         let workspace_root = workspace_root.into();
         let read_only_paths =
             vec![workspace_root.join(".git/hooks"), workspace_root.join(".git/config")];
-        Self { mode, workspace_root, writable_roots: Vec::new(), network: false, read_only_paths }
+        Self {
+            mode,
+            workspace_root,
+            writable_roots: Vec::new(),
+            network: false,
+            read_only_paths,
+            hidden_paths: Vec::new(),
+        }
     }
 
     /// Adds a writable root.
@@ -107,6 +119,13 @@ impl SandboxPolicy {
     #[must_use]
     pub fn with_read_only_paths(mut self, paths: Vec<PathBuf>) -> Self {
         self.read_only_paths = paths;
+        self
+    }
+
+    /// Replaces the hidden paths.
+    #[must_use]
+    pub fn with_hidden_paths(mut self, paths: Vec<PathBuf>) -> Self {
+        self.hidden_paths = paths;
         self
     }
 

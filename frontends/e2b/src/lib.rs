@@ -9,6 +9,8 @@
 //! - `process.rs`: `/process.Process/*` over the subprocess seam.
 //! - `filesystem.rs`: `/filesystem.Filesystem/*` over the files seam.
 //! - `files.rs`: `GET`/`POST /files`, streamed both ways.
+//! - `sandboxes.rs`: E2B's sandbox API (`--api-key`): a world, an envd and a token per
+//!   sandbox, envd calls routed by `E2b-Sandbox-Id`.
 //! - `GET /health` answers `204` without a token, as envd's does.
 //!
 //! # Invariants
@@ -131,6 +133,13 @@ pub async fn serve(
     envd: Arc<Envd>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let stopping = Arc::clone(&envd);
+    // Stopped before the server drains: a stream follows its process until it ends, so
+    // draining first would wait on every running process.
+    let stop = async move {
+        stop.await;
+        stopping.shutdown().await;
+    };
     let r = serve_router(listener, router(Arc::clone(&envd)), stop).await;
     envd.shutdown().await;
     r

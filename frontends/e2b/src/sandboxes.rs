@@ -21,12 +21,15 @@
 //! - A call for an unknown sandbox gets what E2B's proxy answers, `502` with a message that
 //!   says the sandbox "was not found", which the SDK reads as a sandbox that is gone.
 //!
+//! Isolation is that of the composition's world. The API keeps each sandbox's process table,
+//! files root and token apart. Under a sandbox composition the server's sandboxes directory
+//! is a hidden path of every sandbox's policy (the runners cover it, `files-sandbox` refuses
+//! it), so a sandbox's commands and file calls reach no other sandbox's workspace. Unconfined
+//! (`standard`), a command reaches whatever the server's user can.
+//!
 //! Limits, stated in docs/e2b.md: no templates (only `base`), pause, resume, snapshots,
-//! forks, metrics, logs, volumes, MCP, network rules or auto-pause; a request for any of them
-//! is refused, never ignored. Isolation is that of the composition's world: the API keeps
-//! each sandbox's processes, files root and token apart, and a sandbox composition confines
-//! each one's commands to its own workspace for writes; reads of the host and its process
-//! list are shared until sandboxes run in containers of their own.
+//! forks, metrics, logs, volumes, MCP, network rules or auto-pause; a create that asks for
+//! one is refused, never ignored.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -205,6 +208,19 @@ fn api_error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
+/// A refusal, answered as [`api_error`] answers it.
+struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        api_error(self.0, self.1)
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> Refusal {
+    Refusal(StatusCode::BAD_REQUEST, message.into())
+}
+
 fn not_found(id: &str) -> Response {
     api_error(StatusCode::NOT_FOUND, format!("sandbox \"{id}\" not found"))
 }
@@ -308,7 +324,7 @@ impl Sandboxes {
         }
         let lifetime = match lifetime(req.timeout) {
             Ok(t) => t.unwrap_or(DEFAULT_TIMEOUT),
-            Err(r) => return r,
+            Err(r) => return r.into_response(),
         };
         {
             let live = self.table.locked().len();
@@ -446,17 +462,17 @@ impl Sandboxes {
 }
 
 /// `timeout` in seconds, checked.
-fn lifetime(timeout: Option<i64>) -> Result<Option<Duration>, Response> {
+fn lifetime(timeout: Option<i64>) -> Result<Option<Duration>, Refusal> {
     match timeout {
         None => Ok(None),
-        Some(t) if t < 0 => Err(api_error(StatusCode::BAD_REQUEST, "timeout must not be negative")),
+        Some(t) if t < 0 => Err(bad_request("timeout must not be negative")),
         Some(t) => {
             let t = Duration::from_secs(t.unsigned_abs());
             if t > MAX_TIMEOUT {
-                return Err(api_error(
-                    StatusCode::BAD_REQUEST,
-                    format!("timeout is at most {} seconds", MAX_TIMEOUT.as_secs()),
-                ));
+                return Err(bad_request(format!(
+                    "timeout is at most {} seconds",
+                    MAX_TIMEOUT.as_secs()
+                )));
             }
             Ok(Some(t))
         }
@@ -609,12 +625,11 @@ async fn delete(State(s): State<Arc<Sandboxes>>, UrlPath(id): UrlPath<String>) -
     if s.kill(&id).await { StatusCode::NO_CONTENT.into_response() } else { not_found(&id) }
 }
 
-fn timeout_body(body: &[u8]) -> Result<TimeoutBody, Response> {
+fn timeout_body(body: &[u8]) -> Result<TimeoutBody, Refusal> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(TimeoutBody::default());
     }
-    serde_json::from_slice(body)
-        .map_err(|e| api_error(StatusCode::BAD_REQUEST, format!("request body: {e}")))
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("request body: {e}")))
 }
 
 async fn set_timeout(
@@ -622,12 +637,11 @@ async fn set_timeout(
     UrlPath(id): UrlPath<String>,
     body: Bytes,
 ) -> Response {
-    let t = match timeout_body(&body).and_then(|b| {
-        lifetime(b.timeout)?
-            .ok_or_else(|| api_error(StatusCode::BAD_REQUEST, "timeout is required"))
-    }) {
+    let t = match timeout_body(&body)
+        .and_then(|b| lifetime(b.timeout)?.ok_or_else(|| bad_request("timeout is required")))
+    {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     match s.find(&id) {
         Some(sb) => {
@@ -646,7 +660,7 @@ async fn connect(
 ) -> Response {
     let t = match timeout_body(&body).and_then(|b| lifetime(b.timeout)) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     match s.find(&id) {
         Some(sb) => {
@@ -673,6 +687,13 @@ async fn to_envd(
     req: Request<Body>,
 ) -> Response {
     let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) else {
+        let path = req.uri().path();
+        let envd =
+            ["/process.Process/", "/filesystem.Filesystem/"].iter().any(|p| path.starts_with(p))
+                || ["/files", "/health", "/envs", "/init", "/metrics"].contains(&path);
+        if !envd {
+            return api_error(StatusCode::NOT_FOUND, format!("{path} is not served by conch"));
+        }
         return api_error(
             StatusCode::BAD_REQUEST,
             "no E2b-Sandbox-Id header: an envd call names its sandbox (the SDK sends it when \
@@ -709,6 +730,12 @@ pub async fn serve(
     sandboxes: Arc<Sandboxes>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let stopping = Arc::clone(&sandboxes);
+    // Killed before the server drains: a stream follows its process until it ends.
+    let stop = async move {
+        stop.await;
+        stopping.shutdown().await;
+    };
     let r = crate::serve_router(listener, api_router(Arc::clone(&sandboxes)), stop).await;
     sandboxes.shutdown().await;
     r

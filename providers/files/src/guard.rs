@@ -18,6 +18,14 @@
 //!    to `.git/config` included); and a removal or rename must not take a read-only path's
 //!    ancestor (`.git`) away.
 //!
+//! Hidden paths (the policy's `hidden_paths`, covered in the confined shell's view) are
+//! refused to reads and writes alike: the path as spelled and as it resolves now (symlinks
+//! followed) must not lie in one, unless it lies in a writable root beneath it. A listing,
+//! tar export or recursive watch that reaches a hidden directory shows the directory and
+//! never descends into it; a hidden file is left out. Hole, stated: reads act by path, so a directory swapped for a
+//! symlink between the check and the read (by a command of the same sandbox racing the
+//! call) is read through.
+//!
 //! In read-only mode every write is denied. Every denial is `sandbox_denied`, its message
 //! starting with the shell's marker for a file denial
 //! (`[sandbox: file access denied under workspace-write mode]`) and naming the path and why.
@@ -64,6 +72,78 @@ pub(crate) struct Guard {
     mode: SandboxMode,
     roots: Vec<PathBuf>,
     read_only: Vec<PathBuf>,
+    hidden: Vec<PathBuf>,
+}
+
+/// The hidden paths and the writable roots, as they resolve now.
+#[derive(Clone, Debug)]
+pub(crate) struct Hidden {
+    hidden: Vec<PathBuf>,
+    roots: Vec<PathBuf>,
+}
+
+impl Hidden {
+    /// The hidden path that covers `resolved` (absolute, symlink-free), unless a writable root
+    /// beneath that path holds it.
+    fn covering(&self, resolved: &Path) -> Option<&Path> {
+        self.hidden.iter().map(PathBuf::as_path).find(|h| {
+            resolved.starts_with(h)
+                && !self
+                    .roots
+                    .iter()
+                    .any(|r| r.starts_with(h) && r.as_path() != *h && resolved.starts_with(r))
+        })
+    }
+
+    /// Whether `path` is hidden as it resolves now: a walk shows a hidden directory without
+    /// descending into it, and leaves a hidden file out.
+    /// A final symlink is the entry itself, not what it names.
+    pub(crate) fn hides(&self, path: &Path) -> bool {
+        self.covering(&resolve_now(path, false)).is_some()
+    }
+}
+
+/// `path` cleaned lexically (`.` dropped, `..` taking the previous name).
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// `path` as it resolves now: its nearest existing ancestor resolved, the rest appended
+/// (with `follow` false, the last component is kept as it is, as `lstat` takes it).
+fn resolve_now(path: &Path, follow: bool) -> PathBuf {
+    let path = lexical(path);
+    let (base, last) = match (follow, path.parent(), path.file_name()) {
+        (false, Some(p), Some(n)) => (p.to_owned(), Some(n.to_owned())),
+        _ => (path.clone(), None),
+    };
+    let mut rest: Vec<OsString> = Vec::new();
+    let mut cur = base.as_path();
+    loop {
+        if let Ok(mut c) = std::fs::canonicalize(cur) {
+            c.extend(rest.iter().rev());
+            if let Some(l) = &last {
+                c.push(l);
+            }
+            return c;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(p), Some(n)) => {
+                rest.push(n.to_owned());
+                cur = p;
+            }
+            _ => return path,
+        }
+    }
 }
 
 /// A `sandbox_denied` error for `path`, marked as a shell result's file denial is
@@ -121,7 +201,51 @@ impl Guard {
                 mode,
                 roots: policy.writable(),
                 read_only: policy.read_only_paths.clone(),
+                hidden: policy.hidden_paths.clone(),
             }),
+        }
+    }
+
+    /// The hidden paths as they resolve now (`None`: nothing is hidden).
+    pub(crate) fn hidden(&self) -> Option<Hidden> {
+        if self.hidden.is_empty() {
+            return None;
+        }
+        let now = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| lexical(p));
+        Some(Hidden {
+            hidden: self.hidden.iter().map(now).collect(),
+            roots: self.roots.iter().map(now).collect(),
+        })
+    }
+
+    /// Denies `path` when it lies in a hidden path, as spelled or as it resolves now (with
+    /// `follow`, through a final symlink too).
+    pub(crate) fn check_visible(&self, what: &str, path: &Path, follow: bool) -> Result<()> {
+        let Some(hidden) = self.hidden() else { return Ok(()) };
+        let spelled = Hidden {
+            hidden: self.hidden.iter().map(|p| lexical(p)).collect(),
+            roots: self.roots.iter().map(|p| lexical(p)).collect(),
+        };
+        let found = spelled
+            .covering(&lexical(path))
+            .map(Path::to_path_buf)
+            .or_else(|| hidden.covering(&resolve_now(path, follow)).map(Path::to_path_buf))
+            .or_else(|| {
+                // A final symlink into a hidden path is refused even where it is not followed.
+                if follow {
+                    None
+                } else {
+                    hidden.covering(&resolve_now(path, true)).map(Path::to_path_buf)
+                }
+            });
+        match found {
+            Some(h) => Err(denied(
+                self.mode,
+                what,
+                path,
+                &format!("it is hidden from the sandbox (under {})", h.display()),
+            )),
+            None => Ok(()),
         }
     }
 
@@ -140,6 +264,7 @@ impl Guard {
         let Some((root, rel)) = self.root_of(path) else {
             return Err(denied(self.mode, what, path, "outside the writable roots"));
         };
+        self.check_visible(what, path, false)?;
         let (parent_rel, name) = match (rel.parent(), rel.components().next_back()) {
             (Some(p), Some(Component::Normal(n))) => (p, n.to_owned()),
             (_, None) => {

@@ -9,8 +9,8 @@
 //! a bounded channel, so no archive is ever whole in memory; a watch runs on an inotify
 //! thread of its own.
 //!
-//! - Reads (`stat`, `read`, `list`, `export_tar`, `watch`) are allowed everywhere, as the
-//!   confined shell reads everywhere.
+//! - Reads (`stat`, `read`, `list`, `export_tar`, `watch`) are allowed everywhere the
+//!   confined shell reads: everywhere but the policy's hidden paths (`guard.rs`).
 //! - Writes (`write` and its atomic temp file, `make_dir`, both ends of `rename`, `remove`,
 //!   every `import_tar` entry) go through `guard::locate`, which under a policy resolves the
 //!   parent beneath a writable root with `openat2` and checks read-only paths by identity at
@@ -185,7 +185,8 @@ impl Files for HostFiles {
 
     async fn export_tar(&self, path: &Path) -> Result<Box<dyn ByteStream>> {
         let path = self.fs.abs(path);
-        let stream = tarball::export(self.name, path).await?;
+        self.fs.visible("export_tar", &path, false)?;
+        let stream = tarball::export(self.name, path, self.fs.hidden()).await?;
         Ok(Box::new(stream))
     }
 
@@ -197,7 +198,8 @@ impl Files for HostFiles {
 
     async fn watch(&self, path: &Path, recursive: bool) -> Result<Box<dyn WatchStream>> {
         let path = self.fs.abs(path);
-        let stream = watch::watch(self.name, path, recursive).await?;
+        self.fs.visible("watch", &path, true)?;
+        let stream = watch::watch(self.name, path, recursive, self.fs.hidden()).await?;
         Ok(Box::new(stream))
     }
 }

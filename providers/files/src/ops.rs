@@ -22,7 +22,7 @@ use nix::fcntl::{AtFlags, OFlag, RenameFlags, openat, readlinkat, renameat, rena
 use nix::sys::stat::{Mode, fchmod, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use crate::guard::{Guard, Intent, Loc, is_dir, locate, sys};
+use crate::guard::{Guard, Hidden, Intent, Loc, is_dir, locate, sys};
 
 /// How many symlinks a write follows before it gives up (as the kernel's `ELOOP`).
 pub(crate) const MAX_HOPS: usize = 40;
@@ -104,12 +104,24 @@ impl Fs {
         locate(self.guard.as_ref(), what, path, intent)
     }
 
+    /// Denies a read of a hidden path (see `guard.rs`).
+    pub(crate) fn visible(&self, what: &str, path: &Path, follow: bool) -> Result<()> {
+        self.guard.as_ref().map_or(Ok(()), |g| g.check_visible(what, path, follow))
+    }
+
+    /// The hidden paths a walk must not descend into, as they resolve now.
+    pub(crate) fn hidden(&self) -> Option<Hidden> {
+        self.guard.as_ref().and_then(Guard::hidden)
+    }
+
     pub(crate) fn stat(&self, path: &Path) -> Result<FileStat> {
+        self.visible("stat", path, false)?;
         let m = std::fs::symlink_metadata(path).map_err(|e| Error::fs("stat", path, e))?;
         Ok(stat_of(path, &m))
     }
 
     pub(crate) fn read(&self, path: &Path, offset: u64, max: usize) -> Result<FileChunk> {
+        self.visible("read", path, true)?;
         // Non-blocking, so a FIFO cannot hold a blocking thread until a writer comes.
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -155,6 +167,7 @@ impl Fs {
                 format!("list {}: depth must be at least 1", path.display()),
             ));
         }
+        self.visible("list", path, true)?;
         let m = std::fs::metadata(path).map_err(|e| Error::fs("list", path, e))?;
         if !m.is_dir() {
             return Err(Error::fs(
@@ -164,7 +177,8 @@ impl Fs {
             ));
         }
         let mut entries = Vec::new();
-        let truncated = walk(path, spec.depth, spec.limit, &mut entries)?;
+        let hidden = self.hidden();
+        let truncated = walk(path, spec.depth, spec.limit, hidden.as_ref(), &mut entries)?;
         Ok(Listing::new(entries, truncated))
     }
 
@@ -381,7 +395,14 @@ impl Fs {
 
 /// Depth-first, each directory's entries sorted by name, so the result is sorted by path with
 /// a directory before what it holds. Returns whether the limit cut it short.
-fn walk(dir: &Path, depth: u32, limit: usize, out: &mut Vec<FileStat>) -> Result<bool> {
+/// A hidden directory is listed and not descended into; a hidden file is not listed.
+fn walk(
+    dir: &Path,
+    depth: u32,
+    limit: usize,
+    hidden: Option<&Hidden>,
+    out: &mut Vec<FileStat>,
+) -> Result<bool> {
     let mut names: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| Error::fs("list", dir, e))?
         .map(|e| e.map(|e| e.file_name()))
@@ -393,11 +414,16 @@ fn walk(dir: &Path, depth: u32, limit: usize, out: &mut Vec<FileStat>) -> Result
         let Ok(m) = std::fs::symlink_metadata(&path) else {
             continue; // gone since the directory was read
         };
+        let is_hidden = hidden.is_some_and(|h| h.hides(&path));
+        if is_hidden && !m.is_dir() {
+            continue;
+        }
         if out.len() >= limit {
             return Ok(true);
         }
         out.push(stat_of(&path, &m));
-        if depth > 1 && m.is_dir() && walk(&path, depth - 1, limit, out)? {
+        let descend = depth > 1 && m.is_dir() && !is_hidden;
+        if descend && walk(&path, depth - 1, limit, hidden, out)? {
             return Ok(true);
         }
     }

@@ -101,7 +101,12 @@ impl ByteStream for TarOut {
 }
 
 /// Starts exporting `path` (a directory's tree, or one file).
-pub(crate) async fn export(provider: &'static str, path: PathBuf) -> Result<TarOut> {
+/// A hidden directory in the tree is archived empty, a hidden file not at all.
+pub(crate) async fn export(
+    provider: &'static str,
+    path: PathBuf,
+    hidden: Option<crate::guard::Hidden>,
+) -> Result<TarOut> {
     let p = path.clone();
     let meta = crate::run_blocking(provider, "export_tar", move || {
         std::fs::symlink_metadata(&p).map_err(|e| Error::fs("export_tar", &p, e))
@@ -114,7 +119,7 @@ pub(crate) async fn export(provider: &'static str, path: PathBuf) -> Result<TarO
         builder.follow_symlinks(false);
         let result = (|| {
             if meta.is_dir() {
-                append_tree(&mut builder, &path, Path::new(""))?;
+                append_tree(&mut builder, &path, Path::new(""), hidden.as_ref())?;
             } else {
                 let name = path.file_name().map(PathBuf::from).unwrap_or_default();
                 builder.append_path_with_name(&path, name).map_err(|e| (path.clone(), e))?;
@@ -138,6 +143,7 @@ fn append_tree(
     builder: &mut tar::Builder<ChanWriter>,
     dir: &Path,
     rel: &Path,
+    hidden: Option<&crate::guard::Hidden>,
 ) -> std::result::Result<(), (PathBuf, io::Error)> {
     let mut names: Vec<OsString> = std::fs::read_dir(dir)
         .and_then(|it| it.map(|e| e.map(|e| e.file_name())).collect())
@@ -146,9 +152,13 @@ fn append_tree(
     for name in names {
         let (full, name_rel) = (dir.join(&name), rel.join(&name));
         let Ok(m) = std::fs::symlink_metadata(&full) else { continue };
+        let is_hidden = hidden.is_some_and(|h| h.hides(&full));
+        if is_hidden && !m.is_dir() {
+            continue;
+        }
         builder.append_path_with_name(&full, &name_rel).map_err(|e| (full.clone(), e))?;
-        if m.is_dir() {
-            append_tree(builder, &full, &name_rel)?;
+        if m.is_dir() && !is_hidden {
+            append_tree(builder, &full, &name_rel, hidden)?;
         }
     }
     Ok(())

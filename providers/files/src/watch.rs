@@ -60,6 +60,8 @@ struct Tracker {
     top: WatchDescriptor,
     root: PathBuf,
     recursive: bool,
+    /// Directories a recursive watch does not descend into.
+    hidden: Option<crate::guard::Hidden>,
     /// A `from` half waiting for its `to`: cookie, path, was a directory.
     pending: Option<(u32, PathBuf, bool)>,
     out: Vec<WatchEvent>,
@@ -69,6 +71,9 @@ impl Tracker {
     /// Watches `dir` and (recursive) every directory beneath it; with `report`, every entry
     /// found beneath it is reported as created.
     fn add_tree(&mut self, dir: &Path, report: bool) {
+        if self.hidden.as_ref().is_some_and(|h| h.hides(dir)) {
+            return;
+        }
         let Ok(wd) = self.ino.add_watch(dir, mask()) else { return };
         self.dirs.insert(wd, dir.to_owned());
         if !self.recursive {
@@ -241,7 +246,12 @@ fn run(mut t: Tracker, shared: Arc<Shared>, tx: mpsc::Sender<WatchEvent>) {
 }
 
 /// Starts watching the directory `path`.
-pub(crate) async fn watch(provider: &'static str, path: PathBuf, recursive: bool) -> Result<Watch> {
+pub(crate) async fn watch(
+    provider: &'static str,
+    path: PathBuf,
+    recursive: bool,
+    hidden: Option<crate::guard::Hidden>,
+) -> Result<Watch> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let shared = crate::run_blocking(provider, "watch", move || {
         let m = std::fs::metadata(&path).map_err(|e| Error::fs("watch", &path, e))?;
@@ -257,6 +267,7 @@ pub(crate) async fn watch(provider: &'static str, path: PathBuf, recursive: bool
             top,
             root: path.clone(),
             recursive,
+            hidden,
             pending: None,
             out: Vec::new(),
         };

@@ -210,6 +210,17 @@ impl Sandbox for BwrapSandbox {
             argv.extend([flag.to_string(), p.clone(), p]);
         };
         argv.extend(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"].map(String::from));
+        // Covered before the roots are bound, so a root beneath a hidden path is bound back
+        // into the cover (bwrap makes its mount point there).
+        let covers = hidden_covers(&policy.hidden_paths)?;
+        for (path, is_dir) in &covers {
+            if *is_dir {
+                argv.extend(["--tmpfs".to_string(), path.to_string_lossy().into_owned()]);
+            } else {
+                argv.extend(["--ro-bind".to_string(), "/dev/null".to_string()]);
+                argv.push(path.to_string_lossy().into_owned());
+            }
+        }
         for root in policy.writable() {
             // A missing root cannot be bound; it would stop bwrap (and the command) entirely.
             if root.exists() {
@@ -250,6 +261,11 @@ impl Sandbox for BwrapSandbox {
             .filter(|s| !s.starts_with("/dev") && !s.starts_with("/proc"))
             .filter(|s| !writable.iter().any(|r| s.starts_with(r)))
             .collect();
+        for (path, is_dir) in &covers {
+            if *is_dir {
+                argv.extend(["--remount-ro".to_string(), path.to_string_lossy().into_owned()]);
+            }
+        }
         if let Some(cwd) = &command.cwd {
             argv.extend(["--chdir".to_string(), cwd.to_string_lossy().into_owned()]);
         }
@@ -290,3 +306,23 @@ register_plugin!(PluginEntry {
     description: "confines commands with bubblewrap namespaces and the `sandbox-exec` helper inside",
     build,
 });
+
+/// The existing hidden paths as they resolve now, each with whether it is a directory (an
+/// empty tmpfs covers it) or not (`/dev/null` does). A missing one hides nothing.
+fn hidden_covers(hidden: &[PathBuf]) -> Result<Vec<(PathBuf, bool)>> {
+    let mut out = Vec::new();
+    for h in hidden {
+        match std::fs::canonicalize(h).and_then(|c| Ok((std::fs::metadata(&c)?.is_dir(), c))) {
+            Ok((is_dir, c)) => out.push((c, is_dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::new(
+                    ErrorCode::SandboxUnavailable,
+                    format!("{BWRAP_NAME}: cannot resolve the hidden path {}: {e}", h.display()),
+                )
+                .with_provider(BWRAP_NAME));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -247,13 +247,21 @@ fn confine(inv: &Invocation) -> Result<(), String> {
     // Inside bubblewrap the mounts are bubblewrap's (its `/dev/pts` is a devpts instance of
     // the sandbox's own); alone, the helper builds its own view, with a private devpts.
     let (layer, private_pts) = match inv.runner {
-        Runner::Landlock => match mounts::apply(&writable, &points.mount)? {
-            Layer::Applied => {
-                let private = mounts::private_devpts(own_tty.as_ref().map(|t| t.fd))?;
-                (Layer::Applied, private)
+        Runner::Landlock => {
+            match mounts::apply(&writable, &points.mount, &inv.policy.hidden_paths)? {
+                Layer::Applied => {
+                    let private = mounts::private_devpts(own_tty.as_ref().map(|t| t.fd))?;
+                    (Layer::Applied, private)
+                }
+                // Landlock grants reads everywhere: only a mount can hide a path.
+                Layer::Unavailable(why) if !inv.policy.hidden_paths.is_empty() => {
+                    return Err(format!(
+                        "the policy hides paths, which needs a mount namespace: {why}"
+                    ));
+                }
+                unavailable => (unavailable, false),
             }
-            unavailable => (unavailable, false),
-        },
+        }
         Runner::Bwrap => {
             mounts::cover_in_new_namespace(&inv.cover)?;
             (Layer::Applied, true)

@@ -1,7 +1,9 @@
 //! The `landlock` runner's mount layer: a private mount namespace in which everything
 //! outside the writable roots is read-only, the read-only paths under a root are read-only
 //! mount points, the pathname unix sockets outside the roots are masked, and `/dev/pts` is
-//! a devpts instance of the sandbox's own ([`private_devpts`]).
+//! a devpts instance of the sandbox's own ([`private_devpts`]). Each hidden path is covered
+//! (a directory by an empty read-only tmpfs, a file by `/dev/null`), with the writable roots
+//! beneath it bound back from descriptors opened before the cover.
 //!
 //! Landlock decides opens, creates, renames and unlinks, but it has no right for `chmod`,
 //! `utime` or file flags, and before ABI 9 none for connecting to a pathname unix socket.
@@ -118,8 +120,12 @@ pub(crate) fn create_missing_hooks(read_only: &[PathBuf]) {
 }
 
 /// Builds the view for `writable` roots, with `protected` (the existing read-only paths under
-/// them: [`ReadOnlyPoints::mount`]) as read-only mount points.
-pub fn apply(writable: &[PathBuf], protected: &[PathBuf]) -> Result<Layer, String> {
+/// them: [`ReadOnlyPoints::mount`]) as read-only mount points and `hidden` covered.
+pub fn apply(
+    writable: &[PathBuf],
+    protected: &[PathBuf],
+    hidden: &[PathBuf],
+) -> Result<Layer, String> {
     let roots: Vec<PathBuf> =
         writable.iter().filter_map(|r| std::fs::canonicalize(r).ok()).collect();
     let sockets = unix_sockets();
@@ -130,6 +136,7 @@ pub fn apply(writable: &[PathBuf], protected: &[PathBuf]) -> Result<Layer, Strin
         return Ok(Layer::Unavailable(format!("cannot make / private: {why}")));
     }
     // From here on a failure is fatal: the view may be half built.
+    let covers = hide(hidden, &roots)?;
     for root in &roots {
         bind(root, root)?;
     }
@@ -164,6 +171,13 @@ pub fn apply(writable: &[PathBuf], protected: &[PathBuf]) -> Result<Layer, Strin
             remount_read_only(&point)?;
         }
     }
+    // A cover under a root stays read-only too: what is written there would vanish.
+    for c in &covers {
+        remount_read_only(c)?;
+        if !is_read_only(c)? {
+            return Err(format!("{} is still writable after remounting", c.display()));
+        }
+    }
     reenter_cwd()?;
     // Fail closed if the view is not what it must be. (A policy whose root is `/` itself
     // makes everything writable but the read-only paths.)
@@ -177,6 +191,45 @@ pub fn apply(writable: &[PathBuf], protected: &[PathBuf]) -> Result<Layer, Strin
         }
     }
     Ok(Layer::Applied)
+}
+
+/// Covers each existing `hidden` path (a directory with an empty tmpfs, anything else with
+/// `/dev/null`), then binds back each writable root beneath one, through a descriptor opened
+/// before the cover (the path then names the cover). Returns the covered directories.
+fn hide(hidden: &[PathBuf], roots: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut covers = Vec::new();
+    for h in hidden {
+        let h = match std::fs::canonicalize(h) {
+            Ok(h) => h,
+            // Nothing there now: nothing to hide from this command.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("cannot resolve the hidden path {}: {e}", h.display())),
+        };
+        let is_dir = std::fs::metadata(&h)
+            .map_err(|e| format!("cannot stat the hidden path {}: {e}", h.display()))?
+            .is_dir();
+        if !is_dir {
+            mount(Some(Path::new("/dev/null")), &h, libc::MS_BIND)
+                .map_err(|e| format!("cannot hide {}: {e}", h.display()))?;
+            continue;
+        }
+        let mut inner = Vec::new();
+        for r in roots.iter().filter(|r| r.starts_with(&h) && *r != &h) {
+            let fd = std::fs::File::open(r)
+                .map_err(|e| format!("cannot hold the root {}: {e}", r.display()))?;
+            inner.push((r, fd));
+        }
+        mount_fs("tmpfs", &h, "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "mode=0755")
+            .map_err(|e| format!("cannot hide {}: {e}", h.display()))?;
+        for (r, fd) in inner {
+            std::fs::create_dir_all(r)
+                .map_err(|e| format!("cannot make {} in the cover: {e}", r.display()))?;
+            let source = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            bind(&source, r)?;
+        }
+        covers.push(h);
+    }
+    Ok(covers)
 }
 
 /// Mounts a devpts instance of the sandbox's own on `/dev/pts` and points `/dev/ptmx` at it,
