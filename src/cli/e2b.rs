@@ -239,6 +239,13 @@ async fn run_api(
     let listener = listen(ip, args.port, &args.host).await?;
     let addr = listener.local_addr()?;
     eprintln!("e2b sandbox API listening on {addr}");
+    if !sandboxed {
+        eprintln!(
+            "warning: composition {composition} confines nothing: sandboxes are apart only in \
+             the API (their processes, files root and token), and a command reaches whatever \
+             this server's user can; serve a sandbox composition (sandbox-bwrap) to isolate them"
+        );
+    }
     tracing::info!(%addr, composition, dir = %dir.display(), "serving E2B's sandbox API and envd");
     let stop = super::interrupt();
     conch_frontend_e2b::sandboxes::serve(listener, sandboxes, async move {

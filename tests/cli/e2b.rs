@@ -350,6 +350,16 @@ const API_CHECKS: &[&str] = &[
 
 /// Runs `tests/e2b/api_checks.py` against `server` in the SDK's sandbox API mode.
 fn api_checks(server: &Server, sandboxes: &Path, checks: &[&str]) -> Option<String> {
+    api_checks_with(server, sandboxes, checks, &[])
+}
+
+/// As [`api_checks`], with `env` set for the checks.
+fn api_checks_with(
+    server: &Server,
+    sandboxes: &Path,
+    checks: &[&str],
+    env: &[(&str, &str)],
+) -> Option<String> {
     let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
         println!(
             "SKIP: CONCH_E2B_PYTHON is not set (.ci/run sets it; tests/e2b/setup.sh makes the venv)"
@@ -365,6 +375,7 @@ fn api_checks(server: &Server, sandboxes: &Path, checks: &[&str]) -> Option<Stri
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", API_KEY)
+        .envs(env.iter().copied())
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_ACCESS_TOKEN")
         .stdin(Stdio::null())
@@ -403,7 +414,10 @@ fn under_sandbox_compositions_sandboxes_cannot_reach_each_other() {
         let server =
             Server::start_api(dir.path(), &["--composition", composition], sandboxes.path());
         let checks = ["lifecycle", "sandboxes_are_apart", "confined_apart"];
-        let Some(out) = api_checks(&server, sandboxes.path(), &checks) else { return };
+        // Under bubblewrap each command has a pid namespace of its own (`ps` sees its tree).
+        let pid_isolated = if composition == "sandbox-bwrap" { "1" } else { "0" };
+        let env = [("CONCH_E2B_PID_ISOLATED", pid_isolated)];
+        let Some(out) = api_checks_with(&server, sandboxes.path(), &checks, &env) else { return };
         assert_eq!(passed(&out), checks, "{composition}:\n{out}");
     }
 }

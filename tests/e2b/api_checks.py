@@ -142,6 +142,10 @@ def check_confined_apart():
         h = a.commands.run("sleep 1000", background=True)
         raises(CommandExitException, lambda: b.commands.run(f"kill -9 {h.pid}"))
         assert not gone(h.pid)
+        if os.environ.get("CONCH_E2B_PID_ISOLATED") == "1":
+            # Each command in a pid namespace of its own: b's `ps` shows only its own tree.
+            listed = b.commands.run("ps -eo args").stdout
+            assert "sleep 1000" not in listed, listed
         # Its own workspace stays whole and writable.
         b.commands.run("echo mine > own.txt && cat own.txt")
         assert b.files.read("own.txt") == "mine\n"

@@ -78,8 +78,8 @@ pub struct SandboxPolicy {
     #[cfg_attr(feature = "serde", serde(default))]
     pub read_only_paths: Vec<PathBuf>,
     /// Paths the sandbox can neither read nor write: a directory shows as an empty read-only
-    /// one, a file as an empty one. A writable root beneath one stays whole. A path that does
-    /// not exist when a command starts hides nothing from it.
+    /// one, a file as an empty or unreadable one. A writable root beneath one stays whole. A
+    /// path that does not exist when a command starts hides nothing from it.
     #[cfg_attr(feature = "serde", serde(default))]
     pub hidden_paths: Vec<PathBuf>,
 }
