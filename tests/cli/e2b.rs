@@ -569,3 +569,23 @@ fn the_api_key_and_each_sandboxs_token_are_checked_before_anything_runs() {
     assert!(zombie_or_gone(pid), "the sandbox's process ended with the server");
     assert_eq!(std::fs::read_dir(sandboxes.path()).unwrap().count(), 0, "workspaces removed");
 }
+
+#[test]
+fn the_e2b_bench_runs_its_three_rows() {
+    let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
+        println!("SKIP: CONCH_E2B_PYTHON is not set (.ci/run sets it)");
+        return;
+    };
+    let out = conch()
+        .args(["bench", "--suite", "e2b", "--iterations", "2", "--json"])
+        .env("CONCH_E2B_PYTHON", python)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{v}");
+    assert!(rows.iter().all(|r| r["measured"].as_f64().is_some_and(|m| m > 0.0)), "{v}");
+    assert!(rows.iter().all(|r| r["floor"].as_f64().is_some_and(|m| m > 0.0)), "{v}");
+    assert!(rows[2]["path"].as_str().unwrap().contains("Sandbox.create()"), "{v}");
+}

@@ -7,6 +7,11 @@
 //! kept connection once cost 40 ms a call). The 50 MiB row has none: its floor (page cache
 //! and writeback) moves 60-120 ms between runs here, so it is reported next to it.
 //!
+//! A third row times the SDK's API mode (`conch e2b --api-key`): `Sandbox.create()` + `kill()`
+//! (a workspace, a runtime built from the composition, an envd and a token; then every
+//! process stopped, the runtime torn down and the workspace removed), next to building and
+//! shutting down the same composition's runtime in process. It is reported, with no goal.
+//!
 //! The SDK side runs in the Python that `CONCH_E2B_PYTHON` names (`tests/e2b/setup.sh VENV`
 //! makes one), which times each call itself and prints the samples as JSON.
 
@@ -46,7 +51,34 @@ for _ in range(rounds):
 print(json.dumps({"run": run, "files": files}))
 "#;
 
+/// Times `Sandbox.create()` + `kill()` in API mode; prints `{"lifecycle": [ms...]}`.
+const SDK_LIFECYCLE_SCRIPT: &str = r#"
+import json, sys, time
+from e2b import Sandbox
+n = int(sys.argv[1])
+Sandbox.create().kill()
+samples = []
+for _ in range(n):
+    t = time.perf_counter()
+    Sandbox.create().kill()
+    samples.append((time.perf_counter() - t) * 1000)
+print(json.dumps({"lifecycle": samples}))
+"#;
+
+/// The API key of the bench's own server.
+const BENCH_KEY: &str = "conch-bench-key";
+
 impl Server {
+    /// `conch e2b --api-key` on loopback, in `dir`, its workspaces in `dir/sandboxes`.
+    fn e2b_api(conch: &Path, dir: &Path) -> anyhow::Result<Self> {
+        let sandboxes = dir.join("sandboxes");
+        std::fs::create_dir_all(&sandboxes)?;
+        let mut command = Command::new(conch);
+        command.current_dir(dir).env("HOME", dir).args(["e2b", "--host", "127.0.0.1"]);
+        command.args(["--port", "0", "--api-key", BENCH_KEY, "--sandboxes-dir"]).arg(&sandboxes);
+        Self::start(command, "e2b sandbox API listening on ")
+    }
+
     /// `conch e2b` on loopback, in `dir`.
     fn e2b(conch: &Path, dir: &Path) -> anyhow::Result<Self> {
         let mut command = Command::new(conch);
@@ -95,6 +127,28 @@ fn sdk_samples(
     Ok((list("run"), list("files")))
 }
 
+/// The SDK's create + kill samples, in milliseconds.
+fn sdk_lifecycle(python: &str, addr: &str, n: usize) -> anyhow::Result<Vec<f64>> {
+    let url = format!("http://{addr}");
+    let out = Command::new(python)
+        .args(["-c", SDK_LIFECYCLE_SCRIPT, &n.to_string()])
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", BENCH_KEY)
+        .env_remove("E2B_DEBUG")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {python}"))?;
+    if !out.status.success() {
+        bail!("the SDK's lifecycle script failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("the SDK's samples")?;
+    Ok(v["lifecycle"]
+        .as_array()
+        .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+        .unwrap_or_default())
+}
+
 async fn seam_round(files: &dyn Files, path: &Path, data: &[u8]) -> anyhow::Result<()> {
     let spec = WriteSpec::new(path, WriteMode::Truncate).atomic();
     let mut w = files.write(spec).await.map_err(|e| anyhow!("{e}"))?;
@@ -131,6 +185,17 @@ pub(crate) async fn run(iterations: usize, as_json: bool, conch: &Path) -> anyho
     let (sdk_run, sdk_files) =
         sdk_samples(&python, &server.addr, n, rounds, &dir.path().join("sdk.bin"))?;
     drop(server);
+    let lives = (n / 5).clamp(3, 40);
+    let api = Server::e2b_api(conch, dir.path())?;
+    let sdk_lives = sdk_lifecycle(&python, &api.addr, lives)?;
+    drop(api);
+    let mut builds = Vec::with_capacity(lives);
+    for _ in 0..lives {
+        let t = std::time::Instant::now();
+        let r = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
+        r.shutdown().await;
+        builds.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
 
     let runtime = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
     let who = owner();
@@ -179,6 +244,14 @@ pub(crate) async fn run(iterations: usize, as_json: bool, conch: &Path) -> anyho
             measured: median(sdk_files)?,
             floor: Some(median(seam)?),
             floor_name: "the same bytes through the files seam, in process",
+            goal: Goal::Report,
+        },
+        Row {
+            path: "Sandbox.create() + kill() through the e2b SDK (API mode)",
+            unit: "ms",
+            measured: median(sdk_lives)?,
+            floor: Some(median(builds)?),
+            floor_name: "building and shutting down the standard runtime, in process",
             goal: Goal::Report,
         },
     ];
