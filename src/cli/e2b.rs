@@ -52,6 +52,16 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
         if key.is_empty() {
             bail!("--api-key is empty: give the key clients send as X-API-Key (E2B_API_KEY)");
         }
+        if args.max_sandboxes == 0 {
+            bail!("--max-sandboxes 0 would refuse every sandbox: give at least 1");
+        }
+        if std::env::var("CONCH_E2B_API_KEY").ok().as_deref() != Some(key.as_str()) {
+            eprintln!(
+                "warning: --api-key on the command line can be read by every process on this \
+                 machine (ps), sandboxed commands under the sandbox composition included; pass \
+                 it as CONCH_E2B_API_KEY instead"
+            );
+        }
         return run_api(args, key, ip, composition).await;
     }
     let token = args.access_token.filter(|t| !t.is_empty());
@@ -137,6 +147,8 @@ struct CompositionWorlds {
     /// Under a sandbox composition: its own hidden paths and the sandboxes directory, so no
     /// sandbox's commands or files reach another's workspace.
     hidden: Vec<PathBuf>,
+    /// The sandboxes directory.
+    dir: PathBuf,
 }
 
 impl Worlds for CompositionWorlds {
@@ -149,7 +161,12 @@ impl Worlds for CompositionWorlds {
             .with_setting("files-local", "root", &ws)
             .with_setting("files-sandbox", "root", &ws);
         if self.sandboxed {
-            c = c.with_setting("sandbox-policy", "hidden_paths", &self.hidden);
+            // Each command's private TMPDIR is made in the hidden directory too, so another
+            // sandbox's running commands' TMPDIRs are out of sight (its own is bound back).
+            c = c
+                .with_setting("sandbox-policy", "hidden_paths", &self.hidden)
+                .with_setting("sandbox-landlock", "tmp_dir", &self.dir)
+                .with_setting("sandbox-bwrap", "tmp_dir", &self.dir);
         }
         match spec.internet {
             Some(false) if !self.sandboxed => {
@@ -223,7 +240,7 @@ async fn run_api(
             (d.clone(), Some(OwnDir(d)))
         }
     };
-    let settings = Settings { api_key, dir: dir.clone(), max_sandboxes: args.max_sandboxes.max(1) };
+    let settings = Settings { api_key, dir: dir.clone(), max_sandboxes: args.max_sandboxes };
     let mut hidden = if sandboxed {
         loaded
             .plugin_config::<conch_registry::PolicyConfig>(conch_registry::SANDBOX_POLICY)
@@ -233,8 +250,13 @@ async fn run_api(
         Vec::new()
     };
     hidden.push(dir.clone());
-    let worlds =
-        CompositionWorlds { composition: loaded, name: composition.to_owned(), sandboxed, hidden };
+    let worlds = CompositionWorlds {
+        composition: loaded,
+        name: composition.to_owned(),
+        sandboxed,
+        hidden,
+        dir: dir.clone(),
+    };
     let sandboxes = conch_frontend_e2b::sandboxes::Sandboxes::new(settings, Box::new(worlds));
     let listener = listen(ip, args.port, &args.host).await?;
     let addr = listener.local_addr()?;

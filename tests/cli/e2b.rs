@@ -100,7 +100,8 @@ impl Drop for Server {
     /// server does not stop within [`LIMIT`].
     fn drop(&mut self) {
         let pid = self.child.id().to_string();
-        if Command::new("kill").args(["-TERM", &pid]).status().is_ok_and(|s| s.success()) {
+        let term = Command::new("kill").args(["-TERM", &pid]).stderr(Stdio::null()).status();
+        if term.is_ok_and(|s| s.success()) {
             let deadline = std::time::Instant::now() + LIMIT;
             while std::time::Instant::now() < deadline {
                 if !matches!(self.child.try_wait(), Ok(None)) {
@@ -520,6 +521,7 @@ fn the_api_key_and_each_sandboxs_token_are_checked_before_anything_runs() {
             ("POST", "/sandboxes/x/timeout"),
             ("POST", "/sandboxes/x/connect"),
             ("POST", "/v2/sandboxes/x/connect"),
+            ("POST", "/sandboxes/x/pause"),
         ] {
             let (status, body) =
                 server.call(method, path, &headers, br#"{"templateID":"base","timeout":5}"#);
@@ -527,6 +529,10 @@ fn the_api_key_and_each_sandboxs_token_are_checked_before_anything_runs() {
         }
     }
     assert_eq!(std::fs::read_dir(sandboxes.path()).unwrap().count(), 0);
+    // With the key, a route E2B has and conch does not serve is not found.
+    let keyed = [json, ("X-API-Key", API_KEY)];
+    let (status, body) = server.call("POST", "/sandboxes/x/pause", &keyed, b"{}");
+    assert_eq!(status, 404, "{body}");
 
     let (a, a_token) = create_sandbox(&server);
     let (b, b_token) = create_sandbox(&server);
@@ -588,4 +594,66 @@ fn the_e2b_bench_runs_its_three_rows() {
     assert!(rows.iter().all(|r| r["measured"].as_f64().is_some_and(|m| m > 0.0)), "{v}");
     assert!(rows.iter().all(|r| r["floor"].as_f64().is_some_and(|m| m > 0.0)), "{v}");
     assert!(rows[2]["path"].as_str().unwrap().contains("Sandbox.create()"), "{v}");
+}
+
+/// Reads one HTTP/1.1 response with a `Content-Length` from `s`: its head and body.
+fn read_response(s: &mut TcpStream) -> (String, Vec<u8>) {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        let n = s.read(&mut byte).unwrap();
+        assert_eq!(
+            n,
+            1,
+            "the connection closed before a whole head: {:?}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&raw).into_owned();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    (head, body)
+}
+
+#[test]
+fn a_refused_request_leaves_its_connection_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandboxes = tempfile::tempdir().unwrap();
+    let server = Server::start_api(dir.path(), &[], sandboxes.path());
+    let (a, _) = create_sandbox(&server);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    // Refused before anything reads their bodies: a gone sandbox, a wrong token, a wrong key.
+    let body =
+        envelope(&format!(r#"{{"process":{{"cmd":"true"}},"pad":"{}"}}"#, "x".repeat(200_000)));
+    for (path, headers) in [
+        ("/process.Process/Start", "E2b-Sandbox-Id: nosuch\r\n".to_string()),
+        ("/process.Process/Start", format!("E2b-Sandbox-Id: {a}\r\nX-Access-Token: wrong\r\n")),
+        ("/sandboxes", "X-API-Key: wrong\r\n".to_string()),
+    ] {
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/connect+json\r\nContent-Length: {}\r\n{headers}\r\n",
+            server.addr,
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        s.write_all(&body).unwrap();
+        let (head, _) = read_response(&mut s);
+        assert!(head.starts_with("HTTP/1.1 4") || head.starts_with("HTTP/1.1 5"), "{head}");
+    }
+    // The same connection still answers.
+    let req =
+        format!("GET /health HTTP/1.1\r\nHost: {}\r\nE2b-Sandbox-Id: {a}\r\n\r\n", server.addr);
+    s.write_all(req.as_bytes()).unwrap();
+    let (head, _) = read_response(&mut s);
+    assert!(head.starts_with("HTTP/1.1 204"), "{head}");
 }

@@ -61,7 +61,10 @@ def raises(exc, f):
 
 def check_lifecycle():
     tag = uuid.uuid4().hex
-    sbx = Sandbox.create(timeout=120, metadata={"tag": tag}, envs={"FROM_CREATE": "yes"})
+    odd = "a&b=c d+1%/é"
+    sbx = Sandbox.create(
+        timeout=120, metadata={"tag": tag, "odd": odd}, envs={"FROM_CREATE": "yes"}
+    )
     ws = workspace(sbx)
     assert os.path.isdir(ws), ws
     r = sbx.commands.run('echo "$HOME|$FROM_CREATE|$(pwd)"')
@@ -75,12 +78,15 @@ def check_lifecycle():
 
     info = sbx.get_info()
     assert info.sandbox_id == sbx.sandbox_id and info.template_id == "base", info
-    assert info.metadata == {"tag": tag} and info.state.value == "running", info
+    assert info.metadata == {"tag": tag, "odd": odd} and info.state.value == "running", info
     assert info.end_at - info.started_at == datetime.timedelta(seconds=120), info
 
     listed = Sandbox.list(query=SandboxQuery(metadata={"tag": tag})).next_items()
     assert [s.sandbox_id for s in listed] == [sbx.sandbox_id], listed
     assert Sandbox.list(query=SandboxQuery(metadata={"tag": "other"})).next_items() == []
+    # Values that need escaping match as the SDK escapes them.
+    listed = Sandbox.list(query=SandboxQuery(metadata={"tag": tag, "odd": odd})).next_items()
+    assert [s.sandbox_id for s in listed] == [sbx.sandbox_id], listed
 
     again = Sandbox.connect(sbx.sandbox_id)
     assert again.commands.run("cat rel.txt").stdout == "relative"
@@ -146,6 +152,21 @@ def check_confined_apart():
             # Each command in a pid namespace of its own: b's `ps` shows only its own tree.
             listed = b.commands.run("ps -eo args").stdout
             assert "sleep 1000" not in listed, listed
+        # A running command's private TMPDIR is out of the other's sight.
+        a.commands.run("echo A-TMP > $TMPDIR/s.txt; exec sleep 1000", background=True)
+        import glob
+        pattern = os.path.join(DIR, "conch-sandbox-tmp-*", "*", "s.txt")
+        until("a's TMPDIR file", lambda: glob.glob(pattern))
+        a_tmp = glob.glob(pattern)[0]
+        r = b.commands.run(f"cat {a_tmp} /tmp/conch-sandbox-tmp-*/*/s.txt; echo done", on_stderr=lambda _: None)
+        assert "A-TMP" not in r.stdout, r
+        raises(Exception, lambda: b.files.read(a_tmp))
+        # The server's own /proc is not the sandbox's: no file call reads it, not even
+        # through a symlink a command planted.
+        raises(Exception, lambda: b.files.read("/proc/self/cmdline"))
+        raises(Exception, lambda: b.files.read(f"/proc/{h.pid}/environ"))
+        b.commands.run("ln -s /proc/self/cmdline notes.txt")
+        raises(Exception, lambda: b.files.read("notes.txt"))
         # Its own workspace stays whole and writable.
         b.commands.run("echo mine > own.txt && cat own.txt")
         assert b.files.read("own.txt") == "mine\n"

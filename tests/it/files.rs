@@ -300,6 +300,12 @@ async fn files_sandbox_refuses_hidden_paths() {
         assert_denied(&format!("stat {}", p.display()), files.stat(&p).await);
     }
     assert_denied("list hidden", files.list(ListSpec::new(&hidden)).await);
+    // The server's /proc is never the sandbox's, hidden or not.
+    for p in ["/proc/self/environ", "/proc/self/cmdline", "/proc/1/status"] {
+        assert_denied(p, read_all(&files, Path::new(p), 1 << 20).await);
+    }
+    std::os::unix::fs::symlink("/proc/self/environ", ws.join("env")).unwrap();
+    assert_denied("a link to /proc", read_all(&files, &ws.join("env"), 1 << 20).await);
     assert_denied("list theirs", files.list(ListSpec::new(top.join("dirlink/theirs"))).await);
     assert_denied("export theirs", files.export_tar(&theirs).await.map(drop));
     assert_denied("watch theirs", files.watch(&theirs, false).await.map(drop));
@@ -329,5 +335,5 @@ async fn files_sandbox_refuses_hidden_paths() {
     // The own root beneath the hidden directory works as ever.
     w(ws.join("own")).await.unwrap();
     assert_eq!(read_all(&files, &ws.join("own"), 100).await.unwrap(), b"x");
-    assert_eq!(files.list(ListSpec::new(&ws)).await.unwrap().entries.len(), 2);
+    assert_eq!(files.list(ListSpec::new(&ws)).await.unwrap().entries.len(), 3);
 }

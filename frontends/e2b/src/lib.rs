@@ -171,10 +171,28 @@ async fn authenticate(State(envd): State<Arc<Envd>>, req: Request, next: Next) -
             } else {
                 "this sandbox needs its access token (X-Access-Token)"
             };
-            return RpcError::new(Code::Unauthenticated, why).into_response();
+            return answer_unread(req, RpcError::new(Code::Unauthenticated, why).into_response())
+                .await;
         }
     }
     next.run(req).await
+}
+
+/// The most of a refused request's body read before answering.
+const DRAINED: usize = 1 << 20;
+
+/// `answer` to `req`, whose body nothing read: the body is read first (up to [`DRAINED`])
+/// so the connection stays usable; past that the answer closes an HTTP/1 connection. Left
+/// unread, the server closes the connection without saying so, and a client that reuses it
+/// for its next request meets a broken pipe mid-request.
+pub(crate) async fn answer_unread(req: Request, mut answer: Response) -> Response {
+    let http1 = req.version() < axum::http::Version::HTTP_2;
+    if axum::body::to_bytes(req.into_body(), DRAINED).await.is_err() && http1 {
+        answer
+            .headers_mut()
+            .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    answer
 }
 
 /// Runs a unary call within its `Connect-Timeout-Ms`.

@@ -24,8 +24,10 @@
 //! Isolation is that of the composition's world. The API keeps each sandbox's process table,
 //! files root and token apart. Under a sandbox composition the server's sandboxes directory
 //! is a hidden path of every sandbox's policy (the runners cover it, `files-sandbox` refuses
-//! it), so a sandbox's commands and file calls reach no other sandbox's workspace. Unconfined
-//! (`standard`), a command reaches whatever the server's user can.
+//! it) and holds each command's private `TMPDIR`, so a sandbox's commands and file calls
+//! reach no other sandbox's workspace or `TMPDIR` (file calls but for the check-then-use race
+//! `files-sandbox`'s guard states). Unconfined (`standard`), a command reaches whatever the
+//! server's user can.
 //!
 //! Limits, stated in docs/e2b.md: no templates (only `base`), pause, resume, snapshots,
 //! forks, metrics, logs, volumes, MCP, network rules or auto-pause; a create that asks for
@@ -41,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -222,7 +224,15 @@ fn bad_request(message: impl Into<String>) -> Refusal {
 }
 
 fn not_found(id: &str) -> Response {
-    api_error(StatusCode::NOT_FOUND, format!("sandbox \"{id}\" not found"))
+    api_error(StatusCode::NOT_FOUND, format!("sandbox \"{}\" not found", shown(id)))
+}
+
+/// A client's text as an answer echoes it: at most 100 characters.
+fn shown(text: &str) -> String {
+    match text.char_indices().nth(100) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
 }
 
 impl Sandboxes {
@@ -479,9 +489,12 @@ fn lifetime(timeout: Option<i64>) -> Result<Option<Duration>, Refusal> {
     }
 }
 
-/// `metadata=k1%3Dv1%26k2%3Dv2` (the SDK url-encodes a query string into the parameter).
+/// The `metadata` parameter as E2B's API reads it: unescaped once more as a whole, then
+/// split into `key=value` pairs, each unescaped again (the SDK quotes each key and value,
+/// then url-encodes the pairs into the parameter).
 fn parse_metadata_filter(text: &str) -> Result<Vec<(String, String)>, String> {
-    text.split('&')
+    percent_decode(text)?
+        .split('&')
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p
@@ -595,7 +608,7 @@ async fn api_key(State(s): State<Arc<Sandboxes>>, req: Request, next: Next) -> R
         } else {
             "this API needs an API key (X-API-Key)"
         };
-        return api_error(StatusCode::UNAUTHORIZED, why);
+        return crate::answer_unread(req, api_error(StatusCode::UNAUTHORIZED, why)).await;
     }
     next.run(req).await
 }
@@ -680,38 +693,55 @@ async fn connect(
     }
 }
 
-/// An envd call: to the sandbox its `E2b-Sandbox-Id` names, whose envd checks its token.
-async fn to_envd(
-    State(s): State<Arc<Sandboxes>>,
-    headers: HeaderMap,
-    req: Request<Body>,
-) -> Response {
+/// The sandbox an envd call is for, or the answer when there is none.
+fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Response> {
+    let headers = req.headers();
+    if headers.get("e2b-sandbox-id").is_some_and(|v| v.to_str().is_err()) {
+        return Err(api_error(StatusCode::BAD_REQUEST, "the E2b-Sandbox-Id header is not text"));
+    }
     let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) else {
         let path = req.uri().path();
         let envd =
             ["/process.Process/", "/filesystem.Filesystem/"].iter().any(|p| path.starts_with(p))
                 || ["/files", "/health", "/envs", "/init", "/metrics"].contains(&path);
         if !envd {
-            return api_error(StatusCode::NOT_FOUND, format!("{path} is not served by conch"));
+            // The API's own paths are checked against the key even when not served.
+            let given = headers.get("x-api-key");
+            if !given.is_some_and(|g| same_secret(g.as_bytes(), s.settings.api_key.as_bytes())) {
+                return Err(api_error(
+                    StatusCode::UNAUTHORIZED,
+                    "this API needs its API key (X-API-Key)",
+                ));
+            }
+            let why = format!("{} is not served by conch", shown(path));
+            return Err(api_error(StatusCode::NOT_FOUND, why));
         }
-        return api_error(
+        return Err(api_error(
             StatusCode::BAD_REQUEST,
             "no E2b-Sandbox-Id header: an envd call names its sandbox (the SDK sends it when \
              E2B_SANDBOX_URL is set)",
-        );
+        ));
     };
-    let Some(sandbox) = s.find(id) else {
+    s.find(id).ok_or_else(|| {
         let mut r = (
             StatusCode::BAD_GATEWAY,
             axum::Json(json!({
                 "code": 502,
-                "message": format!("The sandbox {id} was not found"),
-                "sandboxId": id,
+                "message": format!("The sandbox {} was not found", shown(id)),
+                "sandboxId": shown(id),
             })),
         )
             .into_response();
         r.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
-        return r;
+        r
+    })
+}
+
+/// An envd call: to the sandbox its `E2b-Sandbox-Id` names, whose envd checks its token.
+async fn to_envd(State(s): State<Arc<Sandboxes>>, req: Request<Body>) -> Response {
+    let sandbox = match route(&s, &req) {
+        Ok(sandbox) => sandbox,
+        Err(answer) => return crate::answer_unread(req, answer).await,
     };
     let mut router = sandbox.router.clone();
     match tower_service::Service::call(&mut router, req).await {

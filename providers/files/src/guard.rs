@@ -18,8 +18,9 @@
 //!    to `.git/config` included); and a removal or rename must not take a read-only path's
 //!    ancestor (`.git`) away.
 //!
-//! Hidden paths (the policy's `hidden_paths`, covered in the confined shell's view) are
-//! refused to reads and writes alike: the path as spelled and as it resolves now (symlinks
+//! Hidden paths (the policy's `hidden_paths`, covered in the confined shell's view, and
+//! `/proc`, which is the server's here and the command's own in its view) are refused to
+//! reads and writes alike: the path as spelled and as it resolves now (symlinks
 //! followed) must not lie in one, unless it lies in a writable root beneath it. A listing,
 //! tar export or recursive watch that reaches a hidden directory shows the directory and
 //! never descends into it; a hidden file is left out. Hole, stated: reads act by path, so a directory swapped for a
@@ -100,6 +101,12 @@ impl Hidden {
     /// A final symlink is the entry itself, not what it names.
     pub(crate) fn hides(&self, path: &Path) -> bool {
         self.covering(&resolve_now(path, false)).is_some()
+    }
+
+    /// [`Hidden::hides`] for the entry `name` of a directory that resolves to `dir` (one
+    /// resolution per directory walked, not one per entry).
+    pub(crate) fn hides_in(&self, dir: Option<&Path>, name: &OsStr) -> bool {
+        dir.is_some_and(|d| self.covering(&d.join(name)).is_some())
     }
 }
 
@@ -201,7 +208,15 @@ impl Guard {
                 mode,
                 roots: policy.writable(),
                 read_only: policy.read_only_paths.clone(),
-                hidden: policy.hidden_paths.clone(),
+                // The server's own `/proc` (its command line, environment and memory, and
+                // every other process's) is not the confined command's: the runners give
+                // it a `/proc` of its own.
+                hidden: policy
+                    .hidden_paths
+                    .iter()
+                    .cloned()
+                    .chain([PathBuf::from("/proc")])
+                    .collect(),
             }),
         }
     }

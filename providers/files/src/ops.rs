@@ -409,12 +409,13 @@ fn walk(
         .collect::<std::io::Result<_>>()
         .map_err(|e| Error::fs("list", dir, e))?;
     names.sort();
+    let resolved = hidden.and_then(|_| std::fs::canonicalize(dir).ok());
     for name in names {
         let path = dir.join(&name);
         let Ok(m) = std::fs::symlink_metadata(&path) else {
             continue; // gone since the directory was read
         };
-        let is_hidden = hidden.is_some_and(|h| h.hides(&path));
+        let is_hidden = hidden.is_some_and(|h| h.hides_in(resolved.as_deref(), &name));
         if is_hidden && !m.is_dir() {
             continue;
         }

@@ -149,10 +149,11 @@ fn append_tree(
         .and_then(|it| it.map(|e| e.map(|e| e.file_name())).collect())
         .map_err(|e| (dir.to_owned(), e))?;
     names.sort();
+    let resolved = hidden.and_then(|_| std::fs::canonicalize(dir).ok());
     for name in names {
         let (full, name_rel) = (dir.join(&name), rel.join(&name));
         let Ok(m) = std::fs::symlink_metadata(&full) else { continue };
-        let is_hidden = hidden.is_some_and(|h| h.hides(&full));
+        let is_hidden = hidden.is_some_and(|h| h.hides_in(resolved.as_deref(), &name));
         if is_hidden && !m.is_dir() {
             continue;
         }

@@ -58,11 +58,14 @@ pub struct BwrapConfig {
     /// A binary implementing the `sandbox-exec` subcommand (absolute); empty: the running
     /// executable (the `conch` binary).
     pub helper: PathBuf,
+    /// Where each command's private `TMPDIR` is made (absolute; empty: the system temp
+    /// directory). `conch e2b --api-key` puts it in the hidden sandboxes directory.
+    pub tmp_dir: PathBuf,
 }
 
 impl Default for BwrapConfig {
     fn default() -> Self {
-        Self { bwrap: PathBuf::from("bwrap"), helper: PathBuf::new() }
+        Self { bwrap: PathBuf::from("bwrap"), helper: PathBuf::new(), tmp_dir: PathBuf::new() }
     }
 }
 
@@ -71,6 +74,7 @@ impl PluginConfig for BwrapConfig {
         if self.bwrap.as_os_str().is_empty() {
             return Err(ConfigIssue::new("bwrap", "must name the bubblewrap binary"));
         }
+        crate::landlock::validate_tmp_dir(&self.tmp_dir)?;
         validate_helper(&self.helper)
     }
 }
@@ -115,6 +119,13 @@ impl BwrapSandbox {
     /// bubblewrap can start a sandbox here.
     pub fn new(bwrap: &Path, helper: PathBuf) -> Self {
         Self { helper, bwrap: probe(bwrap), tmp: crate::tmp::PrivateTmp::default() }
+    }
+
+    /// Makes each command's private `TMPDIR` in `dir` (empty: the system temp directory).
+    #[must_use]
+    pub fn with_tmp_dir(mut self, dir: PathBuf) -> Self {
+        self.tmp = crate::tmp::PrivateTmp::in_dir(dir);
+        self
     }
 }
 
@@ -296,7 +307,8 @@ impl Sandbox for BwrapSandbox {
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: BwrapConfig = ctx.config()?;
     let helper = resolve_helper(&config.helper)?;
-    Ok(PluginOutput::seam(SeamHandle::Sandbox(Arc::new(BwrapSandbox::new(&config.bwrap, helper)))))
+    let runner = BwrapSandbox::new(&config.bwrap, helper).with_tmp_dir(config.tmp_dir);
+    Ok(PluginOutput::seam(SeamHandle::Sandbox(Arc::new(runner))))
 }
 
 register_plugin!(PluginEntry {

@@ -28,12 +28,23 @@ pub struct LandlockConfig {
     /// A binary implementing the `sandbox-exec` subcommand (absolute); empty: the running
     /// executable (the `conch` binary).
     pub helper: PathBuf,
+    /// Where each command's private `TMPDIR` is made (absolute; empty: the system temp
+    /// directory). `conch e2b --api-key` puts it in the hidden sandboxes directory.
+    pub tmp_dir: PathBuf,
 }
 
 impl PluginConfig for LandlockConfig {
     fn validate(&self) -> std::result::Result<(), ConfigIssue> {
+        validate_tmp_dir(&self.tmp_dir)?;
         validate_helper(&self.helper)
     }
+}
+
+pub(crate) fn validate_tmp_dir(dir: &std::path::Path) -> std::result::Result<(), ConfigIssue> {
+    if !dir.as_os_str().is_empty() && !dir.is_absolute() {
+        return Err(ConfigIssue::new("tmp_dir", "must be an absolute path"));
+    }
+    Ok(())
 }
 
 pub(crate) fn validate_helper(helper: &std::path::Path) -> std::result::Result<(), ConfigIssue> {
@@ -77,6 +88,13 @@ impl LandlockSandbox {
         let abi = landlock_abi();
         let mount_layer = if abi.is_ok() { probe_mount_layer(&helper) } else { None };
         Self { helper, abi, mount_layer, tmp: crate::tmp::PrivateTmp::default() }
+    }
+
+    /// Makes each command's private `TMPDIR` in `dir` (empty: the system temp directory).
+    #[must_use]
+    pub fn with_tmp_dir(mut self, dir: PathBuf) -> Self {
+        self.tmp = crate::tmp::PrivateTmp::in_dir(dir);
+        self
     }
 
     fn enforcement(&self) -> Enforcement {
@@ -277,7 +295,8 @@ pub(crate) fn classify(
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: LandlockConfig = ctx.config()?;
     let helper = resolve_helper(&config.helper)?;
-    Ok(PluginOutput::seam(SeamHandle::Sandbox(Arc::new(LandlockSandbox::new(helper)))))
+    let runner = LandlockSandbox::new(helper).with_tmp_dir(config.tmp_dir);
+    Ok(PluginOutput::seam(SeamHandle::Sandbox(Arc::new(runner))))
 }
 
 register_plugin!(PluginEntry {

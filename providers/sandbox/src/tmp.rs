@@ -23,8 +23,18 @@ use conch_sync::LockExt;
 /// One runner's private temporary directories.
 #[derive(Debug, Default)]
 pub(crate) struct PrivateTmp {
+    /// Where the parent is made (`None`: the system temp directory).
+    base: Option<PathBuf>,
     parent: Mutex<Option<PathBuf>>,
     next: AtomicU64,
+}
+
+impl PrivateTmp {
+    /// Private directories whose parent is made in `base` (empty: the system temp directory).
+    pub(crate) fn in_dir(base: PathBuf) -> Self {
+        let base = (!base.as_os_str().is_empty()).then_some(base);
+        Self { base, parent: Mutex::new(None), next: AtomicU64::new(0) }
+    }
 }
 
 impl PrivateTmp {
@@ -51,7 +61,8 @@ impl PrivateTmp {
             match &*guard {
                 Some(p) => p.clone(),
                 None => {
-                    let p = make_parent().map_err(|e| failed("its parent directory", e))?;
+                    let base = self.base.clone().unwrap_or_else(std::env::temp_dir);
+                    let p = make_parent(&base).map_err(|e| failed("its parent directory", e))?;
                     *guard = Some(p.clone());
                     p
                 }
@@ -91,8 +102,7 @@ fn private_dir(path: &std::path::Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().mode(0o700).create(path)
 }
 
-fn make_parent() -> std::io::Result<PathBuf> {
-    let base = std::env::temp_dir();
+fn make_parent(base: &std::path::Path) -> std::io::Result<PathBuf> {
     let pid = std::process::id();
     let mut last = None;
     for attempt in 0..16u32 {
