@@ -694,10 +694,13 @@ async fn connect(
 }
 
 /// The sandbox an envd call is for, or the answer when there is none.
-fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Response> {
+fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Box<Response>> {
     let headers = req.headers();
     if headers.get("e2b-sandbox-id").is_some_and(|v| v.to_str().is_err()) {
-        return Err(api_error(StatusCode::BAD_REQUEST, "the E2b-Sandbox-Id header is not text"));
+        return Err(Box::new(api_error(
+            StatusCode::BAD_REQUEST,
+            "the E2b-Sandbox-Id header is not text",
+        )));
     }
     let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) else {
         let path = req.uri().path();
@@ -708,19 +711,19 @@ fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Response> {
             // The API's own paths are checked against the key even when not served.
             let given = headers.get("x-api-key");
             if !given.is_some_and(|g| same_secret(g.as_bytes(), s.settings.api_key.as_bytes())) {
-                return Err(api_error(
+                return Err(Box::new(api_error(
                     StatusCode::UNAUTHORIZED,
                     "this API needs its API key (X-API-Key)",
-                ));
+                )));
             }
             let why = format!("{} is not served by conch", shown(path));
-            return Err(api_error(StatusCode::NOT_FOUND, why));
+            return Err(Box::new(api_error(StatusCode::NOT_FOUND, why)));
         }
-        return Err(api_error(
+        return Err(Box::new(api_error(
             StatusCode::BAD_REQUEST,
             "no E2b-Sandbox-Id header: an envd call names its sandbox (the SDK sends it when \
              E2B_SANDBOX_URL is set)",
-        ));
+        )));
     };
     s.find(id).ok_or_else(|| {
         let mut r = (
@@ -733,7 +736,7 @@ fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Response> {
         )
             .into_response();
         r.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
-        r
+        Box::new(r)
     })
 }
 
@@ -741,7 +744,7 @@ fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Response> {
 async fn to_envd(State(s): State<Arc<Sandboxes>>, req: Request<Body>) -> Response {
     let sandbox = match route(&s, &req) {
         Ok(sandbox) => sandbox,
-        Err(answer) => return crate::answer_unread(req, answer).await,
+        Err(answer) => return crate::answer_unread(req, *answer).await,
     };
     let mut router = sandbox.router.clone();
     match tower_service::Service::call(&mut router, req).await {
