@@ -264,6 +264,66 @@ impl Guard {
         }
     }
 
+    /// After `opened` (what opening `path` found, through a final symlink with `follow`)
+    /// passed [`Guard::check_visible`], denies it unless the path as it resolves now, with no
+    /// symlink anywhere, names that very file. A directory swapped for a symlink into a
+    /// hidden path around the open is caught: the file opened then is not the one the path
+    /// names when checked, and a file in a hidden path has no other name outside one.
+    pub(crate) fn check_opened(
+        &self,
+        what: &str,
+        path: &Path,
+        opened: &std::fs::Metadata,
+        follow: bool,
+    ) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if self.hidden.is_empty() {
+            return Ok(());
+        }
+        self.check_visible(what, path, follow)?;
+        // Resolved once: the path that is checked is the path whose file is compared (a
+        // resolution of its own here could meet the symlink the check did not).
+        let resolved = resolve_now(path, follow);
+        if let Some(h) = self.hidden().and_then(|h| h.covering(&resolved).map(Path::to_path_buf)) {
+            return Err(denied(
+                self.mode,
+                what,
+                path,
+                &format!("it is hidden from the sandbox (under {})", h.display()),
+            ));
+        }
+        let same = || -> Option<bool> {
+            let root = open(
+                Path::new("/"),
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()?;
+            let rel = resolved.strip_prefix("/").ok()?;
+            let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+            let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
+            if !follow {
+                flags |= OFlag::O_NOFOLLOW;
+            }
+            let how = OpenHow::new()
+                .flags(flags)
+                .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+            let fd = openat2_retrying(&root, rel, how).ok()?;
+            let st = fstat(fd.as_fd()).ok()?;
+            Some((st.st_dev, st.st_ino) == (opened.dev(), opened.ino()))
+        };
+        if same() == Some(true) {
+            Ok(())
+        } else {
+            Err(denied(
+                self.mode,
+                what,
+                path,
+                "it changed while it was opened (a directory swapped for a symlink); try again",
+            ))
+        }
+    }
+
     /// The writable root `path` lies beneath (the longest), and the rest of the path.
     fn root_of<'p>(&self, path: &'p Path) -> Option<(&PathBuf, &'p Path)> {
         self.roots

@@ -117,6 +117,9 @@ impl Fs {
     pub(crate) fn stat(&self, path: &Path) -> Result<FileStat> {
         self.visible("stat", path, false)?;
         let m = std::fs::symlink_metadata(path).map_err(|e| Error::fs("stat", path, e))?;
+        if let Some(g) = &self.guard {
+            g.check_opened("stat", path, &m, false)?;
+        }
         Ok(stat_of(path, &m))
     }
 
@@ -129,6 +132,9 @@ impl Fs {
             .open(path)
             .map_err(|e| Error::fs("read", path, e))?;
         let m = file.metadata().map_err(|e| Error::fs("read", path, e))?;
+        if let Some(g) = &self.guard {
+            g.check_opened("read", path, &m, true)?;
+        }
         if m.is_dir() {
             return Err(Error::fs(
                 "read",
