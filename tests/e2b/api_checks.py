@@ -14,7 +14,6 @@ import asyncio
 import datetime
 import os
 import sys
-import time
 import uuid
 
 from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
@@ -25,26 +24,9 @@ from e2b.exceptions import (
     SandboxException,
 )
 
+from waits import gone, until  # this script's directory
+
 DIR = sys.argv[1]
-# Every wait here is for an event (an exit, a sandbox's end), bounded by this.
-LIMIT = 60.0
-
-
-def gone(pid):
-    """True once `pid` no longer runs (a zombie counts as gone: it runs nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
-def until(what, cond):
-    deadline = time.monotonic() + LIMIT
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {LIMIT} s")
-        time.sleep(0.02)
 
 
 def workspace(sbx):

@@ -25,27 +25,9 @@ from e2b import AsyncSandbox, CommandExitException, Sandbox, TimeoutException
 from e2b.exceptions import FileNotFoundException, NotFoundException
 from e2b.sandbox.commands.command_handle import PtySize
 
+from waits import LIMIT, gone, until  # this script's directory
+
 SCRATCH = sys.argv[1]
-# Every wait here is for an event (an exit, an event arriving), bounded by this.
-LIMIT = 60.0
-
-
-def gone(pid):
-    """True once `pid` no longer runs (a zombie counts as gone: it runs nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        # Gone before the open, or between the open and the read.
-        return True
-
-
-def until(what, cond):
-    deadline = time.monotonic() + LIMIT
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {LIMIT} s")
-        time.sleep(0.02)
 
 
 def path(*parts):
