@@ -338,55 +338,91 @@ async fn files_sandbox_refuses_hidden_paths() {
     assert_eq!(files.list(ListSpec::new(&ws)).await.unwrap().entries.len(), 3);
 }
 
-/// A command swapping a directory of its own for a symlink into a hidden path, over and over,
-/// while the file tools read through it: no read ever returns the hidden file's bytes (each
-/// read checks that what it opened is what the path names with no symlink followed).
+/// A sandbox's workspace `mine` and another's, `theirs` (holding `their-secret.txt`), both
+/// in a hidden directory; and a thread that swaps `mine/d` between a real directory (holding
+/// `secret.txt`) and a symlink to `theirs`, by rename, until told to stop.
+struct SwapRoom {
+    _t: tempfile::TempDir,
+    ws: PathBuf,
+    files: HostFiles,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    swapper: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl SwapRoom {
+    fn new() -> Self {
+        let t = tempfile::tempdir().unwrap();
+        let top = std::fs::canonicalize(t.path()).unwrap();
+        let hidden = top.join("sandboxes");
+        let ws = hidden.join("mine");
+        let theirs = hidden.join("theirs");
+        std::fs::create_dir_all(ws.join("d.real")).unwrap();
+        std::fs::create_dir_all(&theirs).unwrap();
+        std::fs::write(theirs.join("secret.txt"), "THEIR-SECRET").unwrap();
+        std::fs::write(theirs.join("their-secret.txt"), "THEIR-SECRET").unwrap();
+        std::fs::write(ws.join("d.real/secret.txt"), "mine").unwrap();
+        std::os::unix::fs::symlink(&theirs, ws.join("d.link")).unwrap();
+        let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, &ws)
+            .with_hidden_paths(vec![hidden.clone()]);
+        let files = HostFiles::sandboxed(&ws, &policy);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (ws, stop) = (ws.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let (d, real, link) = (ws.join("d"), ws.join("d.real"), ws.join("d.link"));
+                let mut swaps = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::fs::rename(&real, &d);
+                    let _ = std::fs::rename(&d, &real);
+                    let _ = std::fs::rename(&link, &d);
+                    let _ = std::fs::rename(&d, &link);
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        Self { _t: t, ws, files, stop, swapper: Some(swapper) }
+    }
+
+    /// Stops the swapping; how many swaps there were.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.swapper.take().unwrap().join().unwrap()
+    }
+}
+
+/// Reads racing the swap never return the hidden file's bytes (each read checks that what it
+/// opened is what the path names with no symlink followed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_symlink_swap_racing_reads_never_reaches_a_hidden_path() {
     use conch_seams::files::read_all;
-    let t = tempfile::tempdir().unwrap();
-    let top = std::fs::canonicalize(t.path()).unwrap();
-    let hidden = top.join("sandboxes");
-    let ws = hidden.join("mine");
-    let theirs = hidden.join("theirs");
-    std::fs::create_dir_all(ws.join("real")).unwrap();
-    std::fs::create_dir_all(&theirs).unwrap();
-    std::fs::write(theirs.join("secret.txt"), "THEIR-SECRET").unwrap();
-    std::fs::write(ws.join("real/secret.txt"), "mine").unwrap();
-    let policy = SandboxPolicy::new(SandboxMode::WorkspaceWrite, &ws)
-        .with_hidden_paths(vec![hidden.clone()]);
-    let files = HostFiles::sandboxed(&ws, &policy);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let swapper = {
-        let (ws, theirs, stop) = (ws.clone(), theirs.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            let (d, link, real) = (ws.join("d"), ws.join("d.link"), ws.join("d.real"));
-            std::os::unix::fs::symlink(&theirs, &link).unwrap();
-            std::fs::create_dir(&real).unwrap();
-            std::fs::write(real.join("secret.txt"), "mine").unwrap();
-            std::os::unix::fs::symlink(&theirs, ws.join("d.link2")).unwrap();
-            let mut swaps = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                // `d` is the real directory, then the symlink, each put in place by rename.
-                let _ = std::fs::rename(&real, &d);
-                let _ = std::fs::rename(&d, &real);
-                let _ = std::fs::rename(ws.join("d.link2"), &d);
-                let _ = std::fs::rename(&d, ws.join("d.link2"));
-                swaps += 1;
-            }
-            swaps
-        })
-    };
+    let room = SwapRoom::new();
     let (mut leaked, mut ok, mut refused) = (0, 0, 0);
     for _ in 0..20_000 {
-        match read_all(&files, &ws.join("d/secret.txt"), 100).await {
+        match read_all(&room.files, &room.ws.join("d/secret.txt"), 100).await {
             Ok(b) if b == b"THEIR-SECRET" => leaked += 1,
             Ok(_) => ok += 1,
             Err(_) => refused += 1,
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let swaps = swapper.join().unwrap();
-    assert!(swaps > 0);
+    assert!(room.stop() > 0);
     assert_eq!(leaked, 0, "reads that returned the hidden file ({ok} own, {refused} refused)");
+}
+
+/// Listings racing the swap never show a name in the hidden directory (the walk reads each
+/// directory by a descriptor opened with no symlink followed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_swap_racing_listings_never_shows_a_hidden_name() {
+    use conch_seams::files::ListSpec;
+    let room = SwapRoom::new();
+    let (mut leaked, mut ok, mut refused) = (0, 0, 0);
+    for _ in 0..20_000 {
+        match room.files.list(ListSpec::new(room.ws.join("d"))).await {
+            Ok(l) if l.entries.iter().any(|e| e.path.ends_with("their-secret.txt")) => leaked += 1,
+            Ok(_) => ok += 1,
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(room.stop() > 0);
+    assert_eq!(leaked, 0, "listings that showed a hidden name ({ok} own, {refused} refused)");
 }

@@ -25,8 +25,8 @@
 //! files root and token apart. Under a sandbox composition the server's sandboxes directory
 //! is a hidden path of every sandbox's policy (the runners cover it, `files-sandbox` refuses
 //! it) and holds each command's private `TMPDIR`, so a sandbox's commands and file calls
-//! reach no other sandbox's workspace or `TMPDIR` (listings and watches but for the race
-//! `files-sandbox`'s guard states). Unconfined (`standard`), a command reaches whatever the
+//! reach no other sandbox's workspace or `TMPDIR` (watches but for the race `files-sandbox`'s
+//! guard states). Unconfined (`standard`), a command reaches whatever the
 //! server's user can.
 //!
 //! Limits, stated in docs/e2b.md: no templates (only `base`), pause, resume, snapshots,

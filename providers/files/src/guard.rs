@@ -23,9 +23,12 @@
 //! reads and writes alike: the path as spelled and as it resolves now (symlinks
 //! followed) must not lie in one, unless it lies in a writable root beneath it. A listing,
 //! tar export or recursive watch that reaches a hidden directory shows the directory and
-//! never descends into it; a hidden file is left out. Hole, stated: reads act by path, so a directory swapped for a
-//! symlink between the check and the read (by a command of the same sandbox racing the
-//! call) is read through.
+//! never descends into it; a hidden file is left out. A `read` or `stat` then checks that
+//! what it opened is what the path names with no symlink followed (`check_opened`), and a
+//! `list` walks by descriptors from such a resolution (`open_dir_checked`), so a directory
+//! swapped for a symlink around the call is caught. Hole, stated: tar export and watch act
+//! by path after their check, so such a swap racing them can show names (and, for a tar
+//! export, contents) under a hidden path.
 //!
 //! In read-only mode every write is denied. Every denial is `sandbox_denied`, its message
 //! starting with the shell's marker for a file denial
@@ -74,6 +77,15 @@ pub(crate) struct Guard {
     roots: Vec<PathBuf>,
     read_only: Vec<PathBuf>,
     hidden: Vec<PathBuf>,
+}
+
+/// A directory held open, and the symlink-free path it was opened by.
+#[derive(Debug)]
+pub(crate) struct OpenDir {
+    /// The directory (`O_RDONLY | O_DIRECTORY`).
+    pub fd: OwnedFd,
+    /// Where it was, with no symlink in the path.
+    pub path: PathBuf,
 }
 
 /// The hidden paths and the writable roots, as they resolve now.
@@ -321,6 +333,43 @@ impl Guard {
                 path,
                 "it changed while it was opened (a directory swapped for a symlink); try again",
             ))
+        }
+    }
+
+    /// Opens the directory `path` for reading from one resolution of it that is checked
+    /// against the hidden paths and then opened with no symlink followed, so the directory
+    /// read is the one the check saw.
+    pub(crate) fn open_dir_checked(&self, what: &str, path: &Path) -> Result<OpenDir> {
+        self.check_visible(what, path, true)?;
+        let resolved = resolve_now(path, true);
+        if let Some(h) = self.hidden().and_then(|h| h.covering(&resolved).map(Path::to_path_buf)) {
+            return Err(denied(
+                self.mode,
+                what,
+                path,
+                &format!("it is hidden from the sandbox (under {})", h.display()),
+            ));
+        }
+        let root = open(
+            Path::new("/"),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| sys(what, path, e))?;
+        let rel = resolved.strip_prefix("/").unwrap_or(&resolved);
+        let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        match openat2_retrying(&root, rel, how) {
+            Ok(fd) => Ok(OpenDir { fd, path: resolved }),
+            Err(Errno::ELOOP) => Err(denied(
+                self.mode,
+                what,
+                path,
+                "it changed while it was opened (a directory swapped for a symlink); try again",
+            )),
+            Err(e) => Err(sys(what, path, e)),
         }
     }
 

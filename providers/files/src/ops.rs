@@ -22,7 +22,7 @@ use nix::fcntl::{AtFlags, OFlag, RenameFlags, openat, readlinkat, renameat, rena
 use nix::sys::stat::{Mode, fchmod, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-use crate::guard::{Guard, Hidden, Intent, Loc, is_dir, locate, sys};
+use crate::guard::{Guard, Hidden, Intent, Loc, OpenDir, is_dir, locate, sys};
 
 /// How many symlinks a write follows before it gives up (as the kernel's `ELOOP`).
 pub(crate) const MAX_HOPS: usize = 40;
@@ -183,8 +183,15 @@ impl Fs {
             ));
         }
         let mut entries = Vec::new();
-        let hidden = self.hidden();
-        let truncated = walk(path, spec.depth, spec.limit, hidden.as_ref(), &mut entries)?;
+        let truncated = match (&self.guard, self.hidden()) {
+            (Some(g), Some(hidden)) => {
+                // By descriptor from a checked, symlink-free resolution: a directory swapped
+                // for a symlink into a hidden path during the walk is never followed.
+                let top = g.open_dir_checked("list", path)?;
+                walk_at(&top, path, spec.depth, spec.limit, &hidden, &mut entries)?
+            }
+            _ => walk(path, spec.depth, spec.limit, &mut entries)?,
+        };
         Ok(Listing::new(entries, truncated))
     }
 
@@ -401,27 +408,68 @@ impl Fs {
 
 /// Depth-first, each directory's entries sorted by name, so the result is sorted by path with
 /// a directory before what it holds. Returns whether the limit cut it short.
-/// A hidden directory is listed and not descended into; a hidden file is not listed.
-fn walk(
-    dir: &Path,
-    depth: u32,
-    limit: usize,
-    hidden: Option<&Hidden>,
-    out: &mut Vec<FileStat>,
-) -> Result<bool> {
+fn walk(dir: &Path, depth: u32, limit: usize, out: &mut Vec<FileStat>) -> Result<bool> {
     let mut names: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| Error::fs("list", dir, e))?
         .map(|e| e.map(|e| e.file_name()))
         .collect::<std::io::Result<_>>()
         .map_err(|e| Error::fs("list", dir, e))?;
     names.sort();
-    let resolved = hidden.and_then(|_| std::fs::canonicalize(dir).ok());
     for name in names {
         let path = dir.join(&name);
         let Ok(m) = std::fs::symlink_metadata(&path) else {
             continue; // gone since the directory was read
         };
-        let is_hidden = hidden.is_some_and(|h| h.hides_in(resolved.as_deref(), &name));
+        if out.len() >= limit {
+            return Ok(true);
+        }
+        out.push(stat_of(&path, &m));
+        if depth > 1 && m.is_dir() && walk(&path, depth - 1, limit, out)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// [`walk`] through descriptors: `dir` (opened from a checked resolution, shown as `shown`)
+/// is read by its descriptor, each entry is looked at in it without following a symlink, and
+/// only real directories are descended into, so nothing the walk reads can be swapped. A
+/// hidden directory is listed and not descended into; a hidden file is not listed.
+fn walk_at(
+    dir: &OpenDir,
+    shown: &Path,
+    depth: u32,
+    limit: usize,
+    hidden: &Hidden,
+    out: &mut Vec<FileStat>,
+) -> Result<bool> {
+    let dup = dir.fd.try_clone().map_err(|e| Error::fs("list", shown, e))?;
+    let mut d = Dir::from_fd(dup).map_err(|e| sys("list", shown, e))?;
+    let mut names = Vec::new();
+    for entry in d.iter() {
+        let entry = entry.map_err(|e| sys("list", shown, e))?;
+        let n = entry.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(std::ffi::OsString::from(
+                <OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n),
+            ));
+        }
+    }
+    drop(d);
+    names.sort();
+    for name in names {
+        let path = shown.join(&name);
+        // The entry itself (a symlink as such), in this very directory.
+        let Ok(entry) = openat(
+            &dir.fd,
+            name.as_os_str(),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue; // gone since the directory was read
+        };
+        let Ok(m) = File::from(entry).metadata() else { continue };
+        let is_hidden = hidden.hides_in(Some(&dir.path), &name);
         if is_hidden && !m.is_dir() {
             continue;
         }
@@ -429,9 +477,19 @@ fn walk(
             return Ok(true);
         }
         out.push(stat_of(&path, &m));
-        let descend = depth > 1 && m.is_dir() && !is_hidden;
-        if descend && walk(&path, depth - 1, limit, hidden, out)? {
-            return Ok(true);
+        if depth > 1 && m.is_dir() && !is_hidden {
+            let Ok(fd) = openat(
+                &dir.fd,
+                name.as_os_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue; // replaced since it was looked at: not followed
+            };
+            let child = OpenDir { fd, path: dir.path.join(&name) };
+            if walk_at(&child, &path, depth - 1, limit, hidden, out)? {
+                return Ok(true);
+            }
         }
     }
     Ok(false)
