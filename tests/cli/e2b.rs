@@ -227,7 +227,7 @@ fn sdk_checks(server: &Server, scratch: &Path, checks: &[&str]) -> Option<String
     child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     let status = child.wait().unwrap();
     let err = err.join().unwrap();
-    assert!(status.success(), "the SDK checks failed after:\n{out}\nstderr:\n{err}");
+    assert!(status.success(), "the SDK checks failed ({status:?}) after:\n{out}\nstderr:\n{err}");
     Some(out)
 }
 
@@ -342,6 +342,7 @@ const API_CHECKS: &[&str] = &[
     "lifecycle",
     "sandboxes_are_apart",
     "kill_leaves_nothing",
+    "kill_during_uploads_leaves_nothing",
     "timeout_ends_it",
     "set_timeout_moves_the_end",
     "bad_api_key",
@@ -414,7 +415,12 @@ fn under_sandbox_compositions_sandboxes_cannot_reach_each_other() {
         let sandboxes = tempfile::tempdir().unwrap();
         let server =
             Server::start_api(dir.path(), &["--composition", composition], sandboxes.path());
-        let checks = ["lifecycle", "sandboxes_are_apart", "confined_apart"];
+        let checks = [
+            "lifecycle",
+            "sandboxes_are_apart",
+            "kill_during_uploads_leaves_nothing",
+            "confined_apart",
+        ];
         // Under bubblewrap each command has a pid namespace of its own (`ps` sees its tree).
         let pid_isolated = if composition == "sandbox-bwrap" { "1" } else { "0" };
         let env = [("CONCH_E2B_PID_ISOLATED", pid_isolated)];

@@ -24,7 +24,7 @@ from e2b.exceptions import (
     SandboxException,
 )
 
-from waits import gone, until  # this script's directory
+from waits import LIMIT, gone, until  # this script's directory
 
 DIR = sys.argv[1]
 
@@ -174,6 +174,42 @@ def check_kill_leaves_nothing():
     assert not os.path.exists(ws)
 
 
+def check_kill_during_uploads_leaves_nothing():
+    import threading
+
+    sbx = Sandbox.create(timeout=120)
+    ws = workspace(sbx)
+    killed_at = []
+    late = []
+    stop = threading.Event()
+
+    def writer(k):
+        i = 0
+        while not stop.is_set():
+            try:
+                sbx.files.write(f"d{k}_{i}/sub/f.txt", b"x" * 65536)
+                if killed_at:
+                    late.append((k, i))
+            except Exception:
+                if killed_at:
+                    return
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    until("some uploads", lambda: len(os.listdir(ws)) >= 6)
+    sbx.kill()
+    killed_at.append(True)
+    assert not os.path.exists(ws), os.listdir(ws)
+    stop.set()
+    for t in threads:
+        t.join(LIMIT)
+    assert not os.path.exists(ws)
+    # A write that answered after kill() returned would have reported data that is gone.
+    assert late == [], late
+
+
 def check_timeout_ends_it():
     sbx = Sandbox.create(timeout=2)
     ws = workspace(sbx)
@@ -236,6 +272,7 @@ CHECKS = [
     check_lifecycle,
     check_sandboxes_are_apart,
     check_kill_leaves_nothing,
+    check_kill_during_uploads_leaves_nothing,
     check_timeout_ends_it,
     check_set_timeout_moves_the_end,
     check_bad_api_key,
@@ -261,3 +298,9 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Every check passed. The SDK's native HTTP transport (pyqwest) sometimes aborts
+    # (SIGABRT, nothing on stderr) while the interpreter tears down after both its sync and
+    # async clients were used: 2 of 25 runs under load, never with one check alone. That is
+    # the client's exit, not a verdict on conch, so the script ends without that teardown.
+    sys.stdout.flush()
+    os._exit(0)

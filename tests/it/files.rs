@@ -304,6 +304,22 @@ async fn files_sandbox_refuses_hidden_paths() {
     for p in ["/proc/self/environ", "/proc/self/cmdline", "/proc/1/status"] {
         assert_denied(p, read_all(&files, Path::new(p), 1 << 20).await);
     }
+    // Nor are the host's devices, but for the ones that hold nothing.
+    let devices = ["/dev/tty0", "/dev/kmsg", "/dev/vda", "/dev/sda"];
+    let present: Vec<&str> = devices.into_iter().filter(|d| Path::new(d).exists()).collect();
+    assert!(!present.is_empty(), "none of {devices:?} on this machine");
+    for d in present {
+        // Refused by the guard, or by the kernel before it (a disk: `EPERM` even as root).
+        let r = read_all(&files, Path::new(d), 16).await;
+        assert!(
+            r.as_ref().is_err_and(|e| matches!(
+                e.code(),
+                conch_seams::ErrorCode::SandboxDenied | conch_seams::ErrorCode::PermissionDenied
+            )),
+            "{d}: {r:?}"
+        );
+    }
+    assert_eq!(read_all(&files, Path::new("/dev/null"), 16).await.unwrap(), b"");
     std::os::unix::fs::symlink("/proc/self/environ", ws.join("env")).unwrap();
     assert_denied("a link to /proc", read_all(&files, &ws.join("env"), 1 << 20).await);
     assert_denied("list theirs", files.list(ListSpec::new(top.join("dirlink/theirs"))).await);

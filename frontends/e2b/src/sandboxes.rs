@@ -12,9 +12,10 @@
 //!   table, its own `envdAccessToken` (checked by that envd on every call, `/health` aside)
 //!   and the workspace as the home and default directory of its processes.
 //! - The table maps an id to a live sandbox. A kill (a `DELETE`, the timeout, the server's
-//!   shutdown) first takes the sandbox out of the table, so no new call reaches it, then
-//!   stops every process tree it started and waits for each, tears its runtime down and
-//!   removes its workspace. The teardown runs as a task of its own, so a client that drops
+//!   shutdown) first takes the sandbox out of the table, so no new call reaches it, cancels
+//!   the calls in flight (an upload stops, answered as for a gone sandbox), stops every
+//!   process tree it started and waits for each, waits for every call to let go, tears its
+//!   runtime down and removes its workspace. The teardown runs as a task of its own, so a client that drops
 //!   the `DELETE` cannot cut it short; the `DELETE` answers when it is done.
 //! - Each sandbox has one deadline task: it sleeps until the end time, which `timeout` and
 //!   `connect` may move, and kills the sandbox when it comes.
@@ -154,6 +155,12 @@ struct Sandbox {
     router: Router,
     workspace: PathBuf,
     teardown: Mutex<Option<Teardown>>,
+    /// Held shared by every envd call in flight, taken whole by the teardown: the workspace
+    /// is removed only once no call can still write in it.
+    calls: tokio::sync::RwLock<()>,
+    /// Cancelled first at a kill: calls in flight (an upload) stop instead of finishing into
+    /// a workspace about to go.
+    killed: CancellationToken,
 }
 
 impl Sandbox {
@@ -264,7 +271,10 @@ impl Sandboxes {
     /// Ends `sandbox`, already out of the table, in a task of its own; waits for it.
     async fn tear_down(&self, sandbox: Arc<Sandbox>) {
         let task = self.tasks.spawn(async move {
+            sandbox.killed.cancel();
             sandbox.envd.shutdown().await;
+            // Every call in flight has seen the cancellation and let go.
+            let _no_calls = sandbox.calls.write().await;
             let teardown = sandbox.teardown.locked().take();
             if let Some(t) = teardown {
                 t().await;
@@ -407,6 +417,8 @@ impl Sandboxes {
             envd,
             workspace,
             teardown: Mutex::new(Some(world.teardown)),
+            calls: tokio::sync::RwLock::new(()),
+            killed: CancellationToken::new(),
         });
         {
             let mut t = self.table.locked();
@@ -725,19 +737,22 @@ fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Box<Respons
              E2B_SANDBOX_URL is set)",
         )));
     };
-    s.find(id).ok_or_else(|| {
-        let mut r = (
-            StatusCode::BAD_GATEWAY,
-            axum::Json(json!({
-                "code": 502,
-                "message": format!("The sandbox {} was not found", shown(id)),
-                "sandboxId": shown(id),
-            })),
-        )
-            .into_response();
-        r.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
-        Box::new(r)
-    })
+    s.find(id).ok_or_else(|| Box::new(gone(id)))
+}
+
+/// What E2B's proxy answers for a sandbox that is not there (the SDK reads it as gone).
+fn gone(id: &str) -> Response {
+    let mut r = (
+        StatusCode::BAD_GATEWAY,
+        axum::Json(json!({
+            "code": 502,
+            "message": format!("The sandbox {} was not found", shown(id)),
+            "sandboxId": shown(id),
+        })),
+    )
+        .into_response();
+    r.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    r
 }
 
 /// An envd call: to the sandbox its `E2b-Sandbox-Id` names, whose envd checks its token.
@@ -746,10 +761,20 @@ async fn to_envd(State(s): State<Arc<Sandboxes>>, req: Request<Body>) -> Respons
         Ok(sandbox) => sandbox,
         Err(answer) => return crate::answer_unread(req, *answer).await,
     };
+    let _call = sandbox.calls.read().await;
+    // Found just before a kill took it out of the table: it is gone all the same.
+    if sandbox.killed.is_cancelled() {
+        return crate::answer_unread(req, gone(&sandbox.id)).await;
+    }
     let mut router = sandbox.router.clone();
-    match tower_service::Service::call(&mut router, req).await {
-        Ok(r) => r,
-        Err(never) => match never {},
+    tokio::select! {
+        biased;
+        // Killed meanwhile: what the call was doing stops here, and it says the sandbox is gone.
+        () = sandbox.killed.cancelled() => gone(&sandbox.id),
+        r = tower_service::Service::call(&mut router, req) => match r {
+            Ok(r) => r,
+            Err(never) => match never {},
+        },
     }
 }
 

@@ -233,6 +233,11 @@ impl Guard {
         }
     }
 
+    /// The mode this guard holds to.
+    pub(crate) fn mode(&self) -> SandboxMode {
+        self.mode
+    }
+
     /// The hidden paths as they resolve now (`None`: nothing is hidden).
     pub(crate) fn hidden(&self) -> Option<Hidden> {
         if self.hidden.is_empty() {

@@ -134,6 +134,17 @@ impl Fs {
         let m = file.metadata().map_err(|e| Error::fs("read", path, e))?;
         if let Some(g) = &self.guard {
             g.check_opened("read", path, &m, true)?;
+            // The host's devices (a console's screen, a disk) are the server's, not what the
+            // confined command sees in its own `/dev`.
+            let device = m.file_type().is_char_device() || m.file_type().is_block_device();
+            if device && !is_harmless_device(&m) {
+                return Err(crate::guard::denied(
+                    g.mode(),
+                    "read",
+                    path,
+                    "a device file is not read through the file tools",
+                ));
+            }
         }
         if m.is_dir() {
             return Err(Error::fs(
@@ -404,6 +415,14 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// `/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random` and `/dev/urandom` (by device number:
+/// major 1, minors 3, 5, 7, 8 and 9), which hold nothing of anyone's.
+fn is_harmless_device(m: &std::fs::Metadata) -> bool {
+    let rdev = m.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    m.file_type().is_char_device() && major == 1 && matches!(minor, 3 | 5 | 7 | 8 | 9)
 }
 
 /// Depth-first, each directory's entries sorted by name, so the result is sorted by path with
