@@ -297,85 +297,55 @@ impl Guard {
         if self.hidden.is_empty() {
             return Ok(());
         }
-        self.check_visible(what, path, follow)?;
-        // Resolved once: the path that is checked is the path whose file is compared (a
-        // resolution of its own here could meet the symlink the check did not).
-        let resolved = resolve_now(path, follow);
-        if let Some(h) = self.hidden().and_then(|h| h.covering(&resolved).map(Path::to_path_buf)) {
-            return Err(denied(
-                self.mode,
-                what,
-                path,
-                &format!("it is hidden from the sandbox (under {})", h.display()),
-            ));
+        let resolved = self.checked_resolution(what, path, follow)?;
+        let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
+        if !follow {
+            flags |= OFlag::O_NOFOLLOW;
         }
-        let same = || -> Option<bool> {
-            let root = open(
-                Path::new("/"),
-                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .ok()?;
-            let rel = resolved.strip_prefix("/").ok()?;
-            let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
-            let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
-            if !follow {
-                flags |= OFlag::O_NOFOLLOW;
-            }
-            let how = OpenHow::new()
-                .flags(flags)
-                .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-            let fd = openat2_retrying(&root, rel, how).ok()?;
-            let st = fstat(fd.as_fd()).ok()?;
-            Some((st.st_dev, st.st_ino) == (opened.dev(), opened.ino()))
-        };
-        if same() == Some(true) {
-            Ok(())
-        } else {
-            Err(denied(
-                self.mode,
-                what,
-                path,
-                "it changed while it was opened (a directory swapped for a symlink); try again",
-            ))
-        }
+        let same = open_symlink_free(&resolved, flags)
+            .and_then(|fd| fstat(fd.as_fd()))
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == (opened.dev(), opened.ino()));
+        if same { Ok(()) } else { Err(self.swapped(what, path)) }
     }
 
     /// Opens the directory `path` for reading from one resolution of it that is checked
     /// against the hidden paths and then opened with no symlink followed, so the directory
     /// read is the one the check saw.
     pub(crate) fn open_dir_checked(&self, what: &str, path: &Path) -> Result<OpenDir> {
-        self.check_visible(what, path, true)?;
-        let resolved = resolve_now(path, true);
-        if let Some(h) = self.hidden().and_then(|h| h.covering(&resolved).map(Path::to_path_buf)) {
-            return Err(denied(
+        let resolved = self.checked_resolution(what, path, true)?;
+        match open_symlink_free(&resolved, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        {
+            Ok(fd) => Ok(OpenDir { fd, path: resolved }),
+            Err(Errno::ELOOP) => Err(self.swapped(what, path)),
+            Err(e) => Err(sys(what, path, e)),
+        }
+    }
+
+    /// `path` resolved once (with `follow`, through a final symlink), after
+    /// [`Guard::check_visible`] and checked itself: the resolution that is checked is the one
+    /// then opened (a resolution of its own could meet a symlink the check did not).
+    fn checked_resolution(&self, what: &str, path: &Path, follow: bool) -> Result<PathBuf> {
+        self.check_visible(what, path, follow)?;
+        let resolved = resolve_now(path, follow);
+        match self.hidden().and_then(|h| h.covering(&resolved).map(Path::to_path_buf)) {
+            Some(h) => Err(denied(
                 self.mode,
                 what,
                 path,
                 &format!("it is hidden from the sandbox (under {})", h.display()),
-            ));
-        }
-        let root = open(
-            Path::new("/"),
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| sys(what, path, e))?;
-        let rel = resolved.strip_prefix("/").unwrap_or(&resolved);
-        let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
-        let how = OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        match openat2_retrying(&root, rel, how) {
-            Ok(fd) => Ok(OpenDir { fd, path: resolved }),
-            Err(Errno::ELOOP) => Err(denied(
-                self.mode,
-                what,
-                path,
-                "it changed while it was opened (a directory swapped for a symlink); try again",
             )),
-            Err(e) => Err(sys(what, path, e)),
+            None => Ok(resolved),
         }
+    }
+
+    /// The denial of a path that changed under the call.
+    fn swapped(&self, what: &str, path: &Path) -> Error {
+        denied(
+            self.mode,
+            what,
+            path,
+            "it changed while it was opened (a directory swapped for a symlink); try again",
+        )
     }
 
     /// The writable root `path` lies beneath (the longest), and the rest of the path.
@@ -494,6 +464,19 @@ impl Guard {
         }
         Ok(())
     }
+}
+
+/// Opens `resolved` (absolute) with `flags`, following no symlink and no magic link on the
+/// way: a component swapped for a symlink since it was resolved fails with `ELOOP`.
+fn open_symlink_free(resolved: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
+    let root =
+        open(Path::new("/"), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let rel = resolved.strip_prefix("/").unwrap_or(resolved);
+    let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+    let how = OpenHow::new()
+        .flags(flags)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    openat2_retrying(&root, rel, how)
 }
 
 /// `openat2`, again while it fails `EAGAIN`: with `RESOLVE_BENEATH` the kernel refuses a `..`
