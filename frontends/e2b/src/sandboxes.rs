@@ -15,8 +15,8 @@
 //!   shutdown) first takes the sandbox out of the table, so no new call reaches it, cancels
 //!   the calls in flight (an upload stops, answered as for a gone sandbox), stops every
 //!   process tree it started and waits for each, waits for every call to let go, tears its
-//!   runtime down and removes its workspace. The teardown runs as a task of its own, so a client that drops
-//!   the `DELETE` cannot cut it short; the `DELETE` answers when it is done.
+//!   runtime down and removes its workspace. The teardown runs as a task of its own, so a
+//!   client that drops the `DELETE` cannot cut it short; the `DELETE` answers when it is done.
 //! - Each sandbox has one deadline task: it sleeps until the end time, which `timeout` and
 //!   `connect` may move, and kills the sandbox when it comes.
 //! - A call for an unknown sandbox gets what E2B's proxy answers, `502` with a message that
@@ -27,8 +27,7 @@
 //! is a hidden path of every sandbox's policy (the runners cover it, `files-sandbox` refuses
 //! it) and holds each command's private `TMPDIR`, so a sandbox's commands and file calls
 //! reach no other sandbox's workspace or `TMPDIR` (watches but for the race `files-sandbox`'s
-//! guard states). Unconfined (`standard`), a command reaches whatever the
-//! server's user can.
+//! guard states). Unconfined (`standard`), a command reaches whatever the server's user can.
 //!
 //! Limits, stated in docs/e2b.md: no templates (only `base`), pause, resume, snapshots,
 //! forks, metrics, logs, volumes, MCP, network rules or auto-pause; a create that asks for
@@ -298,6 +297,20 @@ impl Sandboxes {
         let Some(s) = self.table.locked().remove(id) else { return false };
         self.tear_down(s).await;
         true
+    }
+
+    /// The `401` for a request without this server's key as `X-API-Key` (`None`: it has it).
+    fn key_refusal(&self, headers: &axum::http::HeaderMap) -> Option<Response> {
+        let given = headers.get("x-api-key");
+        if given.is_some_and(|g| same_secret(g.as_bytes(), self.settings.api_key.as_bytes())) {
+            return None;
+        }
+        let why = if given.is_some() {
+            "Invalid API key"
+        } else {
+            "this API needs an API key (X-API-Key)"
+        };
+        Some(api_error(StatusCode::UNAUTHORIZED, why))
     }
 
     fn find(&self, id: &str) -> Option<Arc<Sandbox>> {
@@ -613,16 +626,10 @@ pub fn api_router(sandboxes: Arc<Sandboxes>) -> Router {
 }
 
 async fn api_key(State(s): State<Arc<Sandboxes>>, req: Request, next: Next) -> Response {
-    let given = req.headers().get("x-api-key");
-    if !given.is_some_and(|g| same_secret(g.as_bytes(), s.settings.api_key.as_bytes())) {
-        let why = if given.is_some() {
-            "Invalid API key"
-        } else {
-            "this API needs an API key (X-API-Key)"
-        };
-        return crate::answer_unread(req, api_error(StatusCode::UNAUTHORIZED, why)).await;
+    match s.key_refusal(req.headers()) {
+        Some(refused) => crate::answer_unread(req, refused).await,
+        None => next.run(req).await,
     }
-    next.run(req).await
 }
 
 async fn create(State(s): State<Arc<Sandboxes>>, body: Bytes) -> Response {
@@ -721,12 +728,8 @@ fn route(s: &Sandboxes, req: &Request<Body>) -> Result<Arc<Sandbox>, Box<Respons
                 || ["/files", "/health", "/envs", "/init", "/metrics"].contains(&path);
         if !envd {
             // The API's own paths are checked against the key even when not served.
-            let given = headers.get("x-api-key");
-            if !given.is_some_and(|g| same_secret(g.as_bytes(), s.settings.api_key.as_bytes())) {
-                return Err(Box::new(api_error(
-                    StatusCode::UNAUTHORIZED,
-                    "this API needs its API key (X-API-Key)",
-                )));
+            if let Some(refused) = s.key_refusal(headers) {
+                return Err(Box::new(refused));
             }
             let why = format!("{} is not served by conch", shown(path));
             return Err(Box::new(api_error(StatusCode::NOT_FOUND, why)));

@@ -24,8 +24,9 @@
 //! followed) must not lie in one, unless it lies in a writable root beneath it. A listing,
 //! tar export or recursive watch that reaches a hidden directory shows the directory and
 //! never descends into it; a hidden file is left out. A `read` or `stat` then checks that
-//! what it opened is what the path names with no symlink followed (`check_opened`), and a
-//! `list` walks by descriptors from such a resolution (`open_dir_checked`), so a directory
+//! what it opened is what the checked resolution names with no symlink followed
+//! (`resolve_visible`, `check_opened`), and a `list` walks by descriptors from such a
+//! resolution (`open_dir_checked`), so a directory
 //! swapped for a symlink around the call is caught. Hole, stated: tar export and watch act
 //! by path after their check, so such a swap racing them can show names (and, for a tar
 //! export, contents) under a hidden path.
@@ -253,15 +254,29 @@ impl Guard {
     /// Denies `path` when it lies in a hidden path, as spelled or as it resolves now (with
     /// `follow`, through a final symlink too).
     pub(crate) fn check_visible(&self, what: &str, path: &Path, follow: bool) -> Result<()> {
-        let Some(hidden) = self.hidden() else { return Ok(()) };
+        self.resolve_visible(what, path, follow).map(drop)
+    }
+
+    /// `path` resolved once (with `follow`, through a final symlink), denied when it lies in
+    /// a hidden path as spelled or as resolved; the resolution returned is the one checked,
+    /// for the caller to open with no symlink followed (another resolution could meet a
+    /// symlink this one did not). `None`: nothing is hidden.
+    pub(crate) fn resolve_visible(
+        &self,
+        what: &str,
+        path: &Path,
+        follow: bool,
+    ) -> Result<Option<PathBuf>> {
+        let Some(hidden) = self.hidden() else { return Ok(None) };
         let spelled = Hidden {
             hidden: self.hidden.iter().map(|p| lexical(p)).collect(),
             roots: self.roots.iter().map(|p| lexical(p)).collect(),
         };
+        let resolved = resolve_now(path, follow);
         let found = spelled
             .covering(&lexical(path))
+            .or_else(|| hidden.covering(&resolved))
             .map(Path::to_path_buf)
-            .or_else(|| hidden.covering(&resolve_now(path, follow)).map(Path::to_path_buf))
             .or_else(|| {
                 // A final symlink into a hidden path is refused even where it is not followed.
                 if follow {
@@ -277,64 +292,47 @@ impl Guard {
                 path,
                 &format!("it is hidden from the sandbox (under {})", h.display()),
             )),
-            None => Ok(()),
+            None => Ok(Some(resolved)),
         }
     }
 
-    /// After `opened` (what opening `path` found, through a final symlink with `follow`)
-    /// passed [`Guard::check_visible`], denies it unless the path as it resolves now, with no
-    /// symlink anywhere, names that very file. A directory swapped for a symlink into a
-    /// hidden path around the open is caught: the file opened then is not the one the path
-    /// names when checked, and a file in a hidden path has no other name outside one.
+    /// Denies `opened` (what opening `path` found, through a final symlink with `follow`)
+    /// unless `resolved`, the resolution [`Guard::resolve_visible`] checked, opened now with
+    /// no symlink anywhere, is that very file. A directory swapped for a symlink into a
+    /// hidden path around the open is caught: the file opened then is not the one the
+    /// checked path names, and a file in a hidden path has no other name outside one.
     pub(crate) fn check_opened(
         &self,
         what: &str,
         path: &Path,
+        resolved: &Path,
         opened: &std::fs::Metadata,
         follow: bool,
     ) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
-        if self.hidden.is_empty() {
-            return Ok(());
-        }
-        let resolved = self.checked_resolution(what, path, follow)?;
         let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
         if !follow {
             flags |= OFlag::O_NOFOLLOW;
         }
-        let same = open_symlink_free(&resolved, flags)
+        let same = open_symlink_free(resolved, flags)
             .and_then(|fd| fstat(fd.as_fd()))
             .is_ok_and(|st| (st.st_dev, st.st_ino) == (opened.dev(), opened.ino()));
         if same { Ok(()) } else { Err(self.swapped(what, path)) }
     }
 
-    /// Opens the directory `path` for reading from one resolution of it that is checked
-    /// against the hidden paths and then opened with no symlink followed, so the directory
-    /// read is the one the check saw.
+    /// Opens the directory `path` for reading from the one resolution of it that is checked
+    /// against the hidden paths, with no symlink followed, so the directory read is the one
+    /// the check saw.
     pub(crate) fn open_dir_checked(&self, what: &str, path: &Path) -> Result<OpenDir> {
-        let resolved = self.checked_resolution(what, path, true)?;
+        let resolved = match self.resolve_visible(what, path, true)? {
+            Some(r) => r,
+            None => resolve_now(path, true),
+        };
         match open_symlink_free(&resolved, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
         {
             Ok(fd) => Ok(OpenDir { fd, path: resolved }),
             Err(Errno::ELOOP) => Err(self.swapped(what, path)),
             Err(e) => Err(sys(what, path, e)),
-        }
-    }
-
-    /// `path` resolved once (with `follow`, through a final symlink), after
-    /// [`Guard::check_visible`] and checked itself: the resolution that is checked is the one
-    /// then opened (a resolution of its own could meet a symlink the check did not).
-    fn checked_resolution(&self, what: &str, path: &Path, follow: bool) -> Result<PathBuf> {
-        self.check_visible(what, path, follow)?;
-        let resolved = resolve_now(path, follow);
-        match self.hidden().and_then(|h| h.covering(&resolved).map(Path::to_path_buf)) {
-            Some(h) => Err(denied(
-                self.mode,
-                what,
-                path,
-                &format!("it is hidden from the sandbox (under {})", h.display()),
-            )),
-            None => Ok(resolved),
         }
     }
 

@@ -109,22 +109,34 @@ impl Fs {
         self.guard.as_ref().map_or(Ok(()), |g| g.check_visible(what, path, follow))
     }
 
+    /// The guard and the checked resolution of `path` a read compares its file with, when
+    /// something is hidden; a hidden path is denied.
+    fn resolve_visible(
+        &self,
+        what: &str,
+        path: &Path,
+        follow: bool,
+    ) -> Result<Option<(&Guard, PathBuf)>> {
+        let Some(g) = &self.guard else { return Ok(None) };
+        Ok(g.resolve_visible(what, path, follow)?.map(|r| (g, r)))
+    }
+
     /// The hidden paths a walk must not descend into, as they resolve now.
     pub(crate) fn hidden(&self) -> Option<Hidden> {
         self.guard.as_ref().and_then(Guard::hidden)
     }
 
     pub(crate) fn stat(&self, path: &Path) -> Result<FileStat> {
-        self.visible("stat", path, false)?;
+        let checked = self.resolve_visible("stat", path, false)?;
         let m = std::fs::symlink_metadata(path).map_err(|e| Error::fs("stat", path, e))?;
-        if let Some(g) = &self.guard {
-            g.check_opened("stat", path, &m, false)?;
+        if let Some((g, resolved)) = &checked {
+            g.check_opened("stat", path, resolved, &m, false)?;
         }
         Ok(stat_of(path, &m))
     }
 
     pub(crate) fn read(&self, path: &Path, offset: u64, max: usize) -> Result<FileChunk> {
-        self.visible("read", path, true)?;
+        let checked = self.resolve_visible("read", path, true)?;
         // Non-blocking, so a FIFO cannot hold a blocking thread until a writer comes.
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -132,8 +144,8 @@ impl Fs {
             .open(path)
             .map_err(|e| Error::fs("read", path, e))?;
         let m = file.metadata().map_err(|e| Error::fs("read", path, e))?;
-        if let Some(g) = &self.guard {
-            g.check_opened("read", path, &m, true)?;
+        if let Some((g, resolved)) = &checked {
+            g.check_opened("read", path, resolved, &m, true)?;
             // The host's devices (a console's screen, a disk) are the server's, not what the
             // confined command sees in its own `/dev`.
             let device = m.file_type().is_char_device() || m.file_type().is_block_device();
@@ -184,7 +196,15 @@ impl Fs {
                 format!("list {}: depth must be at least 1", path.display()),
             ));
         }
-        self.visible("list", path, true)?;
+        let mut entries = Vec::new();
+        if let (Some(g), Some(hidden)) = (&self.guard, self.hidden()) {
+            // By descriptor from a checked, symlink-free resolution (a file there fails its
+            // `O_DIRECTORY` open as `not_a_directory`): a directory swapped for a symlink into
+            // a hidden path during the walk is never followed.
+            let top = g.open_dir_checked("list", path)?;
+            let truncated = walk_at(&top, path, spec.depth, spec.limit, &hidden, &mut entries)?;
+            return Ok(Listing::new(entries, truncated));
+        }
         let m = std::fs::metadata(path).map_err(|e| Error::fs("list", path, e))?;
         if !m.is_dir() {
             return Err(Error::fs(
@@ -193,16 +213,7 @@ impl Fs {
                 std::io::Error::from(std::io::ErrorKind::NotADirectory),
             ));
         }
-        let mut entries = Vec::new();
-        let truncated = match (&self.guard, self.hidden()) {
-            (Some(g), Some(hidden)) => {
-                // By descriptor from a checked, symlink-free resolution: a directory swapped
-                // for a symlink into a hidden path during the walk is never followed.
-                let top = g.open_dir_checked("list", path)?;
-                walk_at(&top, path, spec.depth, spec.limit, &hidden, &mut entries)?
-            }
-            _ => walk(path, spec.depth, spec.limit, &mut entries)?,
-        };
+        let truncated = walk(path, spec.depth, spec.limit, &mut entries)?;
         Ok(Listing::new(entries, truncated))
     }
 
