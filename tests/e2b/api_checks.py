@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import os
 import sys
+import time
 import uuid
 
 from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
@@ -179,19 +180,25 @@ def check_kill_during_uploads_leaves_nothing():
 
     sbx = Sandbox.create(timeout=120)
     ws = workspace(sbx)
-    killed_at = []
+    kill_returned = []
     late = []
-    stop = threading.Event()
 
     def writer(k):
+        # Writes until one started after kill() returned has failed; that one, and every
+        # later one, must fail: the sandbox and its workspace are gone. (A write answered
+        # while kill() was under way finished before the kill cut the calls off; when this
+        # thread sees its answer is a matter of scheduling, so it says nothing.)
         i = 0
-        while not stop.is_set():
+        while True:
+            started = time.monotonic()
             try:
                 sbx.files.write(f"d{k}_{i}/sub/f.txt", b"x" * 65536)
-                if killed_at:
-                    late.append((k, i))
             except Exception:
-                if killed_at:
+                if kill_returned and started > kill_returned[0]:
+                    return
+            else:
+                if kill_returned and started > kill_returned[0]:
+                    late.append((k, i))
                     return
             i += 1
 
@@ -200,14 +207,13 @@ def check_kill_during_uploads_leaves_nothing():
         t.start()
     until("some uploads", lambda: len(os.listdir(ws)) >= 6)
     sbx.kill()
-    killed_at.append(True)
+    kill_returned.append(time.monotonic())
     assert not os.path.exists(ws), os.listdir(ws)
-    stop.set()
     for t in threads:
         t.join(LIMIT)
+        assert not t.is_alive(), "a writer never saw the sandbox gone"
     assert not os.path.exists(ws)
-    # A write that answered after kill() returned would have reported data that is gone.
-    assert late == [], late
+    assert late == [], f"writes started after kill() returned that succeeded: {late}"
 
 
 def check_timeout_ends_it():
