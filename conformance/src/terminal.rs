@@ -142,6 +142,16 @@ pub async fn open_honours_cwd_and_rejects_a_missing_one(p: &dyn TerminalBackend)
 
 pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
+    // The native reader is python3; a world without it (a minimal image) cannot show one.
+    let probe = script(
+        p,
+        "command -v python3 || echo no-such-program",
+        "(Get-Command python3 -ErrorAction SilentlyContinue).Source; 'no-such-program'",
+    );
+    if !send(s.as_ref(), &probe).await.delta.lines().any(|l| l.trim_start().starts_with('/')) {
+        close(s.as_ref()).await;
+        return skip("python3 is not on the session's PATH");
+    }
     // A native program reading the terminal (in pwsh too), then the shell's own reader.
     let python = script(p, "python3 -c 'print(\"ready\"); input()'", "python3 -c \"input()\"");
     let r = send(s.as_ref(), &python).await;

@@ -282,9 +282,21 @@ pub async fn write_then_read_roundtrip_with_cat(p: &dyn Subprocess) -> Outcome {
     Ok(())
 }
 
+/// Skips when `python3` is not on the provider's PATH (a minimal image has none).
+async fn python(p: &dyn Subprocess) -> Outcome {
+    match p.which("python3").await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => skip("python3 is not on the provider's PATH"),
+        Err(e) => panic!("which python3: {e}"),
+    }
+}
+
 /// Spawns `a`, waits until the foreground group's stdin wait is seen, then kills it.
 async fn assert_probe_sees_wait(p: &dyn Subprocess, a: &[&str]) -> Outcome {
     probing(p)?;
+    if a[0] == "python3" {
+        python(p).await?;
+    }
     let t = open(p, a).await;
     let pid = pid_of(t.as_ref());
     let seen = eventually(|| async { stdin(t.as_ref()).await == StdinWait::Waiting }).await;
@@ -523,6 +535,7 @@ async fn assert_probe_misses(p: &dyn Subprocess, a: &[&str], nr: &str) {
 
 pub async fn probe_misses_waits_on_other_fds(p: &dyn Subprocess) -> Outcome {
     probing(p)?;
+    python(p).await?;
     if !cfg!(target_arch = "x86_64") {
         return skip("the oracle knows x86_64 syscall numbers only");
     }

@@ -98,7 +98,7 @@ async fn listen(
 }
 
 /// The seams envd needs from `runtime`, and the composition's sandbox as a `Confinement`.
-fn seams_of(
+pub(super) fn seams_of(
     runtime: &Runtime,
     composition: &str,
     default_cwd: Option<PathBuf>,

@@ -16,6 +16,7 @@
 mod bench;
 mod conformance;
 mod e2b;
+mod image;
 pub mod logging;
 mod sandboxd;
 mod strict_json;
@@ -126,6 +127,16 @@ enum Command {
     /// Serve E2B's envd (the protocol the `e2b` SDK speaks to a sandbox) from this
     /// composition's subprocess and files seams until SIGTERM/SIGINT (docs/e2b.md).
     E2b(e2b::Args),
+    /// The conch container image: `conch image build` makes `conch-sandbox:<version>` on the
+    /// local Docker engine, offline (docs/engine.md).
+    #[command(subcommand)]
+    Image(image::ImageCommand),
+    /// Exit 0 when every URL answers 2xx (or 401 or 403: up, and asking for its key); the
+    /// image's health check.
+    Health {
+        /// `http://HOST:PORT/PATH` URLs.
+        urls: Vec<String>,
+    },
     /// Benchmarks: `oneshot` (bash tool vs raw `bash -c true`), `terminal` (raw PTY vs
     /// terminal_send vs persistent bash, and time to stdin_read), `floors` (every goal
     /// next to its floor measured in the same run, with the ratio), or `remote` (the same
@@ -314,6 +325,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sandboxd::run(args, &cli.composition).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Image(command) => {
+            image::run(command).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Health { urls } => match image::health(&urls) {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(e) => {
+                eprintln!("unhealthy: {e:#}");
+                Ok(ExitCode::from(1))
+            }
+        },
         Command::SwerexRemote(args) => {
             let composition =
                 if cli.composition_given { cli.composition.as_str() } else { swerex::COMPOSITION };
@@ -371,6 +393,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 | Command::Plugins
                 | Command::SandboxExec { .. }
                 | Command::Bench(_)
+                | Command::Image(_)
+                | Command::Health { .. }
                 | Command::Sandboxd(_)
                 | Command::SwerexRemote(_)
                 | Command::E2b(_)

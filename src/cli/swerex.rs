@@ -34,6 +34,29 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
         );
     }
     let runtime = crate::build_runtime(composition).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let seams = seams_of(&runtime, composition)?;
+    let listener = tokio::net::TcpListener::bind((ip, args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    eprintln!("swerex-remote listening on {addr}");
+    tracing::info!(%addr, composition, "serving SWE-ReX's API");
+    let api = conch_frontend_swerex::Api::new(seams, args.auth_token);
+    let stop = super::interrupt();
+    conch_frontend_swerex::serve(listener, api, async move {
+        stop.await;
+    })
+    .await?;
+    runtime.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The seams SWE-ReX's API needs from `runtime` (terminals, shell, files, subprocess).
+pub(super) fn seams_of(
+    runtime: &conch_registry::Runtime,
+    composition: &str,
+) -> anyhow::Result<conch_frontend_swerex::Seams> {
     let s = runtime.seams();
     let need = |what: &str, plugins: &str| {
         anyhow::anyhow!(
@@ -41,7 +64,7 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
              the swerex and swerex-sandbox compositions have every one"
         )
     };
-    let seams = conch_frontend_swerex::Seams {
+    Ok(conch_frontend_swerex::Seams {
         terminals: s
             .terminals
             .clone()
@@ -58,20 +81,5 @@ pub async fn run(args: Args, composition: &str) -> anyhow::Result<()> {
             .subprocess
             .clone()
             .ok_or_else(|| need("subprocess provider", "subprocess-local"))?,
-    };
-    let listener = tokio::net::TcpListener::bind((ip, args.port))
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let addr = listener.local_addr()?;
-    eprintln!("swerex-remote listening on {addr}");
-    tracing::info!(%addr, composition, "serving SWE-ReX's API");
-    let api = conch_frontend_swerex::Api::new(seams, args.auth_token);
-    let stop = super::interrupt();
-    conch_frontend_swerex::serve(listener, api, async move {
-        stop.await;
     })
-    .await?;
-    runtime.shutdown().await;
-    tracing::info!("stopped");
-    Ok(())
 }

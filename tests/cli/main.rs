@@ -536,6 +536,7 @@ fn detached_processes_outlive_neither_their_call_nor_their_session_nor_conch() {
 }
 mod conformance;
 mod e2b;
+mod engine;
 mod logs;
 mod mcp;
 mod remote;

@@ -19,8 +19,8 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
     /// File holding the bearer token clients must send (required on every address, loopback
-    /// too, unless --insecure-no-auth is given).
-    #[arg(long)]
+    /// too, unless the token is in `CONCH_TOKEN` or --insecure-no-auth is given).
+    #[arg(long, env = "CONCH_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Accept requests without a token (an explicit opt-in); only allowed on a loopback
     /// address.
@@ -40,7 +40,20 @@ pub struct Args {
     /// Server heartbeat interval (ms).
     #[arg(long, default_value_t = 5000)]
     pub heartbeat_ms: u64,
+    /// Also serve SWE-ReX's API (what `swerex-remote` serves) on this port of the same
+    /// address, from the same composition, with the token as its `X-API-Key` (an image's
+    /// command: `conch image build`).
+    #[arg(long)]
+    pub swerex_port: Option<u16>,
+    /// Also serve E2B's envd on this port of the same address, from the same composition,
+    /// with the token as its access token (`X-Access-Token`).
+    #[arg(long)]
+    pub envd_port: Option<u16>,
 }
+
+/// The environment variable that may hold the token itself (a container's way), instead
+/// of `--token-file`; the file wins when both are given.
+pub const TOKEN_ENV: &str = "CONCH_TOKEN";
 
 /// Why the daemon did not start or stopped serving. The binary prints each with its source
 /// chain.
@@ -55,13 +68,13 @@ pub enum DaemonError {
         /// What the parser said.
         source: AddrParseError,
     },
-    /// Both ways of authenticating were given.
-    #[error("give either --token-file or --insecure-no-auth, not both")]
+    /// A token and `--insecure-no-auth` were both given.
+    #[error("give either a token (--token-file or CONCH_TOKEN) or --insecure-no-auth, not both")]
     TwoAuths,
     /// Neither way of authenticating was given.
     #[error(
-        "give --token-file PATH (the bearer token clients must send), or \
-         --insecure-no-auth on a loopback address"
+        "give --token-file PATH (the bearer token clients must send), the token itself in \
+         CONCH_TOKEN, or --insecure-no-auth on a loopback address"
     )]
     NoAuth,
     /// `--insecure-no-auth` off loopback.
@@ -88,6 +101,15 @@ pub enum DaemonError {
         /// The trimmed token's length.
         len: usize,
     },
+    /// The token in `CONCH_TOKEN` is too short to be a secret.
+    #[error(
+        "the token in {TOKEN_ENV} is {len} characters; use at least 16 random ones \
+         (e.g. `head -c 32 /dev/urandom | base64`)"
+    )]
+    ShortEnvToken {
+        /// The trimmed token's length.
+        len: usize,
+    },
     /// The address could not be bound.
     #[error("binding {addr}")]
     Bind {
@@ -108,6 +130,18 @@ pub struct Listen {
     cfg: ServerConfig,
 }
 
+impl Listen {
+    /// The address RXP listens on (the other protocols listen on its IP).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The token clients must send (`None`: `--insecure-no-auth` on loopback).
+    pub fn token(&self) -> Option<&str> {
+        self.cfg.token.as_deref()
+    }
+}
+
 impl Args {
     /// Checks the address and the authentication flags and reads the token file, before
     /// anything is built.
@@ -120,12 +154,14 @@ impl Args {
             .listen
             .parse()
             .map_err(|source| DaemonError::Listen { listen: self.listen.clone(), source })?;
-        let token = match (&self.token_file, self.insecure_no_auth) {
-            (Some(_), true) => return Err(DaemonError::TwoAuths),
-            (Some(path), false) => Some(read_token(path)?),
-            (None, true) if rxp::is_loopback(&addr) => None,
-            (None, true) => return Err(DaemonError::NoAuthOffLoopback(addr)),
-            (None, false) => return Err(DaemonError::NoAuth),
+        let from_env = std::env::var(TOKEN_ENV).ok().filter(|t| !t.trim().is_empty());
+        let token = match (&self.token_file, from_env, self.insecure_no_auth) {
+            (Some(_), _, true) | (None, Some(_), true) => return Err(DaemonError::TwoAuths),
+            (Some(path), _, false) => Some(read_token(path)?),
+            (None, Some(token), false) => Some(checked(token, None)?),
+            (None, None, true) if rxp::is_loopback(&addr) => None,
+            (None, None, true) => return Err(DaemonError::NoAuthOffLoopback(addr)),
+            (None, None, false) => return Err(DaemonError::NoAuth),
         };
         let cfg = ServerConfig {
             token,
@@ -142,11 +178,19 @@ impl Args {
 fn read_token(path: &PathBuf) -> Result<String, DaemonError> {
     let token = std::fs::read_to_string(path)
         .map_err(|source| DaemonError::ReadToken { path: path.clone(), source })?;
+    checked(token, Some(path))
+}
+
+/// The token trimmed, when it is long enough to be a secret; `file` is where it was read
+/// (`None`: [`TOKEN_ENV`]).
+fn checked(token: String, file: Option<&PathBuf>) -> Result<String, DaemonError> {
     let token = token.trim().to_owned();
-    if token.len() < 16 {
-        return Err(DaemonError::ShortToken { path: path.clone(), len: token.len() });
+    let len = token.len();
+    match file {
+        _ if len >= 16 => Ok(token),
+        Some(path) => Err(DaemonError::ShortToken { path: path.clone(), len }),
+        None => Err(DaemonError::ShortEnvToken { len }),
     }
-    Ok(token)
 }
 
 /// Binds, prints `listening on <addr>` as the first stderr line, and serves `sub` (and
