@@ -36,6 +36,7 @@ pub fn link_all() {
     conch_provider_approval::register();
     #[cfg(target_os = "linux")]
     conch_provider_files::register();
+    conch_provider_docker::provision::register();
 }
 
 /// Loads a composition by embedded name or path and builds it with the process's CONCH_HOME.

@@ -31,6 +31,7 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("pwsh-minimal", include_str!("../../compositions/pwsh-minimal.yaml")),
     ("swerex", include_str!("../../compositions/swerex.yaml")),
     ("swerex-sandbox", include_str!("../../compositions/swerex-sandbox.yaml")),
+    ("docker", include_str!("../../compositions/docker.yaml")),
 ];
 
 /// ` (did you mean `x`?)` for the candidate closest to `name` (a few edits away, or one

@@ -267,3 +267,243 @@ fn swe_rex_docker_deployment_starts_the_image_unmodified() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// A `conch --composition docker batch` process (one runtime, so one container of
+/// [`IMAGE`]), driven one JSON line at a time.
+struct Agent {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Agent {
+    fn start(env: &[(&str, &str)]) -> Self {
+        use std::io::BufRead as _;
+        image();
+        let mut child = conch()
+            .args(["--composition", "docker", "batch"])
+            .env("CONCH_PLUGINS__PROVISION_DOCKER__IMAGE", IMAGE)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Self { stdin: child.stdin.take(), child, lines }
+    }
+
+    /// Sends one call and waits for its result line.
+    fn call(&mut self, tool: &str, args: serde_json::Value) -> serde_json::Value {
+        use std::io::Write as _;
+        let line = serde_json::json!({"tool": tool, "args": args});
+        writeln!(self.stdin.as_mut().unwrap(), "{line}").unwrap();
+        let got = self.lines.recv_timeout(LIMIT).expect("a result line");
+        serde_json::from_str(&got).unwrap()
+    }
+
+    fn bash(&mut self, command: &str) -> String {
+        let r = self.call("bash", serde_json::json!({ "command": command }));
+        assert_eq!(r["ok"], true, "{command}: {r}");
+        r["text"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Its sandbox's label (`conch-<pid>`).
+    fn owner(&self) -> String {
+        format!("conch-{}", self.child.id())
+    }
+
+    /// Closes stdin and waits for the batch to end (its container removed first).
+    fn finish(mut self) {
+        self.stdin = None;
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The containers labelled as `owner`'s sandbox (`docker ps -a`).
+fn sandboxes_of(owner: &str) -> Vec<String> {
+    let out = docker(&["ps", "-aq", "--filter", &format!("label=conch.owner={owner}")]);
+    stdout(&out).lines().map(str::to_owned).collect()
+}
+
+/// The address of `owner`'s sandbox on its network.
+fn address_of(owner: &str) -> String {
+    let id = sandboxes_of(owner).pop().expect("a sandbox");
+    stdout(&docker(&[
+        "inspect",
+        "-f",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+        &id,
+    ]))
+}
+
+/// Waits until `owner` has no container left (created, running or exited).
+fn until_gone(owner: &str, limit: Duration) {
+    let start = Instant::now();
+    while !sandboxes_of(owner).is_empty() {
+        assert!(
+            start.elapsed() < limit,
+            "{owner}'s sandbox is still there: {:?}",
+            sandboxes_of(owner)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn twenty_agents_each_get_a_container_of_their_own_and_leave_none() {
+    if !engine("twenty_agents_each_get_a_container_of_their_own_and_leave_none") {
+        return;
+    }
+    image();
+    // All twenty start at once (each builds its runtime: a container made and answering).
+    let agents: Vec<Agent> = (0..20).map(|_| Agent::start(&[])).collect();
+    let mut agents: Vec<Agent> = std::thread::scope(|s| {
+        let handles: Vec<_> = agents
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut a)| {
+                s.spawn(move || {
+                    // A file and a process (a background job) of its own, both named for it.
+                    a.bash(&format!("echo {i} > /workspace/mine-{i}"));
+                    let job = serde_json::json!({"command": format!("sleep 300{i}"),
+                        "run_in_background": true});
+                    let r = a.call("bash", job);
+                    assert_eq!(r["ok"], true, "{r}");
+                    a
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let owners: Vec<String> = agents.iter().map(Agent::owner).collect();
+    for o in &owners {
+        assert_eq!(sandboxes_of(o).len(), 1, "{o} has one container");
+    }
+    // Every agent sees its own file and process, and none of the others'.
+    let neighbour = address_of(&owners[1]);
+    for (i, a) in agents.iter_mut().enumerate() {
+        let files = a.bash("ls /workspace");
+        assert_eq!(files.trim(), format!("mine-{i}"), "agent {i}");
+        // The background job's process is up (the call returned once it started).
+        let procs = a.bash("ps -eo args | grep '^sleep' || true");
+        assert_eq!(procs.trim(), format!("sleep 300{i}"), "agent {i}");
+    }
+    // Nor can one reach another's daemon: the networks carry no traffic between sandboxes.
+    let reach = agents[0].bash(&format!(
+        "timeout 3 bash -c 'exec 3<>/dev/tcp/{neighbour}/7070' 2>/dev/null; echo rc=$?"
+    ));
+    assert!(!reach.contains("rc=0"), "agent 0 reached agent 1's daemon: {reach}");
+    // Each batch ends: its container is removed before the process exits.
+    std::thread::scope(|s| {
+        for a in agents.drain(..) {
+            s.spawn(move || a.finish());
+        }
+    });
+    for o in &owners {
+        assert!(sandboxes_of(o).is_empty(), "{o}: {:?}", sandboxes_of(o));
+    }
+}
+
+#[test]
+fn a_maker_killed_with_9_leaves_no_container_past_its_lease() {
+    if !engine("a_maker_killed_with_9_leaves_no_container_past_its_lease") {
+        return;
+    }
+    let mut a = Agent::start(&[("CONCH_PLUGINS__PROVISION_DOCKER__LEASE_MS", "2000")]);
+    assert_eq!(a.bash("echo up"), "up\n");
+    let owner = a.owner();
+    assert_eq!(sandboxes_of(&owner).len(), 1);
+    // SIGKILL: no teardown runs. The daemon hears no client for the lease, exits, and the
+    // engine removes the container (AutoRemove).
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    until_gone(&owner, Duration::from_secs(30));
+}
+
+#[test]
+fn a_paused_orphan_is_reaped_by_the_next_provisioner() {
+    if !engine("a_paused_orphan_is_reaped_by_the_next_provisioner") {
+        return;
+    }
+    let mut a = Agent::start(&[]);
+    assert_eq!(a.bash("echo up"), "up\n");
+    let owner = a.owner();
+    let id = sandboxes_of(&owner).pop().unwrap();
+    // Paused, its daemon cannot count its lease; its maker then dies without a teardown.
+    assert!(docker(&["pause", &id]).status.success());
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    assert_eq!(sandboxes_of(&owner).len(), 1, "still there, paused");
+    // The next provisioner's build removes what a dead maker left.
+    let mut b = Agent::start(&[]);
+    assert_eq!(b.bash("echo next"), "next\n");
+    until_gone(&owner, Duration::from_secs(30));
+    b.finish();
+}
+
+#[test]
+fn a_container_killed_or_paused_mid_call_fails_typed_within_give_up() {
+    if !engine("a_container_killed_or_paused_mid_call_fails_typed_within_give_up") {
+        return;
+    }
+    for how in ["kill", "pause"] {
+        let give_up = [("CONCH_PLUGINS__REMOTE_PROVISIONED__GIVE_UP_MS", "3000")];
+        let mut a = Agent::start(&give_up);
+        assert_eq!(a.bash("echo up"), "up\n");
+        let owner = a.owner();
+        let id = sandboxes_of(&owner).pop().unwrap();
+        // A call in flight, then the container goes away under it.
+        let line = serde_json::json!({"tool": "bash", "args": {"command": "sleep 60"}});
+        {
+            use std::io::Write as _;
+            writeln!(a.stdin.as_mut().unwrap(), "{line}").unwrap();
+        }
+        let ran = Instant::now();
+        assert!(docker(&[how, &id]).status.success());
+        let got = a.lines.recv_timeout(LIMIT).expect("an answer, not a hang");
+        let r: serde_json::Value = serde_json::from_str(&got).unwrap();
+        assert_eq!(r["ok"], false, "{how}: {r}");
+        assert_eq!(r["error"]["code"], "remote_unavailable", "{how}: {r}");
+        // give_up_ms (3 s) bounds it, well short of the command's 60 s.
+        assert!(ran.elapsed() < Duration::from_secs(30), "{how}: {:?}", ran.elapsed());
+        if how == "pause" {
+            assert!(docker(&["unpause", &id]).status.success());
+        }
+        a.finish();
+        until_gone(&owner, Duration::from_secs(30));
+    }
+}
+
+#[test]
+fn a_daemon_restart_inside_the_container_is_told_by_its_boot_id() {
+    if !engine("a_daemon_restart_inside_the_container_is_told_by_its_boot_id") {
+        return;
+    }
+    let mut a = Agent::start(&[]);
+    assert_eq!(a.bash("echo up"), "up\n");
+    let owner = a.owner();
+    let id = sandboxes_of(&owner).pop().unwrap();
+    assert!(docker(&["restart", "-t", "1", &id]).status.success());
+    // The restarted daemon answers with another boot id: every call now fails for good.
+    let r = a.call("bash", serde_json::json!({"command": "echo again"}));
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["error"]["code"], "remote_unavailable", "{r}");
+    assert!(r["error"]["message"].as_str().unwrap_or_default().contains("BOOT_CHANGED"), "{r}");
+    a.finish();
+    until_gone(&owner, Duration::from_secs(30));
+}

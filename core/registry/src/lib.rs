@@ -15,8 +15,8 @@ use std::sync::Arc;
 use conch_config::{Composition, CompositionError};
 use conch_env::ShellEnv;
 use conch_seams::{
-    Approval, Error, ErrorCode, Files, Jobs, Owner, Sandbox, SandboxPolicy, ShellExecutor,
-    Subprocess, TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
+    Approval, Error, ErrorCode, Files, Jobs, Owner, Provisioner, Sandbox, SandboxPolicy,
+    ShellExecutor, Subprocess, TerminalBackend, Terminals, Tool, ToolContext, ToolOutput,
 };
 use conch_sync::LockExt;
 use futures::future::BoxFuture;
@@ -48,6 +48,8 @@ pub enum SeamId {
     Approval,
     /// `Files` (the world's filesystem).
     Files,
+    /// `Provisioner` (sandboxes made on an engine).
+    Provisioner,
 }
 
 impl SeamId {
@@ -62,6 +64,7 @@ impl SeamId {
             SeamId::Terminals => "terminals",
             SeamId::Approval => "approval",
             SeamId::Files => "files",
+            SeamId::Provisioner => "provisioner",
         }
     }
 }
@@ -91,6 +94,8 @@ pub enum SeamHandle {
     Approval(Arc<dyn Approval>),
     /// A files provider.
     Files(Arc<dyn Files>),
+    /// A provisioner.
+    Provisioner(Arc<dyn Provisioner>),
 }
 
 impl SeamHandle {
@@ -104,6 +109,7 @@ impl SeamHandle {
             SeamHandle::Terminals(_) => SeamId::Terminals,
             SeamHandle::Approval(_) => SeamId::Approval,
             SeamHandle::Files(_) => SeamId::Files,
+            SeamHandle::Provisioner(_) => SeamId::Provisioner,
         }
     }
 }
@@ -197,6 +203,8 @@ pub struct Seams {
     pub approval: Option<Arc<dyn Approval>>,
     /// The world's filesystem.
     pub files: Option<Arc<dyn Files>>,
+    /// Who makes the sandbox the world runs in, when the composition binds one.
+    pub provisioner: Option<Arc<dyn Provisioner>>,
 }
 
 impl Seams {
@@ -210,6 +218,7 @@ impl Seams {
             SeamHandle::Terminals(x) => self.terminals = Some(x),
             SeamHandle::Approval(x) => self.approval = Some(x),
             SeamHandle::Files(x) => self.files = Some(x),
+            SeamHandle::Provisioner(x) => self.provisioner = Some(x),
         }
     }
 }
@@ -303,6 +312,14 @@ impl BuildContext<'_> {
     /// `seam_unbound`.
     pub fn files(&self) -> Result<Arc<dyn Files>, Error> {
         self.seams.files.clone().ok_or_else(|| unbound(self.plugin, SeamId::Files))
+    }
+
+    /// The provisioner seam.
+    ///
+    /// # Errors
+    /// `seam_unbound`.
+    pub fn provisioner(&self) -> Result<Arc<dyn Provisioner>, Error> {
+        self.seams.provisioner.clone().ok_or_else(|| unbound(self.plugin, SeamId::Provisioner))
     }
 
     /// The composition's default sandbox policy, when it has a `sandbox-policy` entry.

@@ -3,7 +3,7 @@
 //! Tools consume these traits only; providers implement them; the registry wires them.
 //!
 //! The vocabulary: `Subprocess`, `Process`, `TerminalProcess`, `ShellExecutor`, `ShellProcess`,
-//! `Sandbox`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Files`, `Tool`, the
+//! `Sandbox`, `Provisioner`, `TerminalBackend`, `TerminalSession`, `Terminals`, `Jobs`, `Files`, `Tool`, the
 //! `Owner` scope and `Signal`.
 //!
 //! `Process::kill`, `release` and `close_stdin` and `Subprocess::which` are async and fallible: a
@@ -26,6 +26,7 @@ mod error;
 pub mod files;
 pub mod jobs;
 mod owner;
+pub mod provision;
 pub mod sandbox;
 pub mod shell;
 mod signal;
@@ -44,6 +45,7 @@ pub use jobs::{
     Jobs,
 };
 pub use owner::{Notice, NoticeSink, Owner};
+pub use provision::{Provisioned, Provisioner, SandboxRequest};
 pub use sandbox::{
     Approval, ApprovalDecision, CommandLine, Denial, Enforcement, EscalationPermissions,
     EscalationRequest, Sandbox, SandboxCapabilities, SandboxInfo, SandboxMode, SandboxPolicy,

@@ -40,6 +40,11 @@ pub struct Args {
     /// Server heartbeat interval (ms).
     #[arg(long, default_value_t = 5000)]
     pub heartbeat_ms: u64,
+    /// Stop (and exit 0) once no RXP client has made a request or sent a heartbeat for this
+    /// many ms, counted from the start until the first: a provisioned sandbox whose maker
+    /// died ends by itself (its container with it). 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub idle_exit_ms: u64,
     /// Also serve SWE-ReX's API (what `swerex-remote` serves) on this port of the same
     /// address, from the same composition, with the token as its `X-API-Key` (an image's
     /// command: `conch image build`).
@@ -169,6 +174,7 @@ impl Args {
             max_procs: self.max_procs.max(1),
             retain_bytes: self.retain_bytes,
             heartbeat: Duration::from_millis(self.heartbeat_ms.max(10)),
+            idle_exit: (self.idle_exit_ms > 0).then(|| Duration::from_millis(self.idle_exit_ms)),
             ..ServerConfig::default()
         };
         Ok(Listen { addr, cfg })

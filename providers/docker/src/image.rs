@@ -68,10 +68,34 @@ pub fn changes() -> Vec<String> {
              \"http://127.0.0.1:{swerex}/\",\"http://127.0.0.1:{envd}/health\"]"
         ),
         format!(
-            "CMD [\"/usr/local/bin/conch\",\"--composition\",\"swerex\",\"sandboxd\",\
-             \"--listen\",\"0.0.0.0:{rxp}\",\"--swerex-port\",\"{swerex}\",\"--envd-port\",\"{envd}\"]"
+            "CMD [{}]",
+            command(None).iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(",")
         ),
     ]
+}
+
+/// The image's command: `conch sandboxd` serving all three protocols under the `swerex`
+/// composition, exiting after `idle_exit_ms` without a client when given.
+pub fn command(idle_exit_ms: Option<u64>) -> Vec<String> {
+    let [rxp, swerex, envd] = PORTS;
+    let mut argv: Vec<String> = [
+        "/usr/local/bin/conch",
+        "--composition",
+        "swerex",
+        "sandboxd",
+        "--listen",
+        &format!("0.0.0.0:{rxp}"),
+        "--swerex-port",
+        &swerex.to_string(),
+        "--envd-port",
+        &envd.to_string(),
+    ]
+    .map(str::to_owned)
+    .into();
+    if let Some(ms) = idle_exit_ms {
+        argv.extend(["--idle-exit-ms".to_owned(), ms.to_string()]);
+    }
+    argv
 }
 
 /// Builds the image on `docker`'s engine from the host's programs and `spec.conch`.

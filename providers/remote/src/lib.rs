@@ -34,6 +34,7 @@ mod http;
 mod input;
 mod mirror;
 mod process;
+mod provisioned;
 mod terminal;
 
 use std::path::PathBuf;
@@ -59,6 +60,7 @@ use tracing::Instrument;
 
 pub use files::{FILES_NAME, RemoteFiles};
 pub use process::RemoteProcess;
+pub use provisioned::{PROVISIONED_NAME, ProvisionedConfig};
 pub use terminal::RemoteTerminal;
 
 use conch_provider_remote_proto::{self as proto, Info, Started, Stream};

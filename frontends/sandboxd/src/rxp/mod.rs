@@ -59,6 +59,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Largest WebSocket message.
     pub max_frame_bytes: usize,
+    /// Stop serving once no client has made a request or sent a heartbeat for this long
+    /// (counted from the start until the first one): a provisioned sandbox whose maker died
+    /// ends by itself. `None`: serve until told to stop.
+    pub idle_exit: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +75,7 @@ impl Default for ServerConfig {
             heartbeat: Duration::from_secs(5),
             max_body_bytes: 8 << 20,
             max_frame_bytes: 1 << 20,
+            idle_exit: None,
         }
     }
 }
@@ -130,6 +135,10 @@ pub struct State {
     /// The hosted files provider (when the composition has one) and its transfers.
     pub(crate) files: files::FilesHost,
     clients: Mutex<HashMap<String, ClientState>>,
+    /// When a client last made a request or sent a heartbeat (the start until then).
+    last_activity: Mutex<Instant>,
+    /// Set when `idle_exit` passed with no client: the server stops.
+    idle: watch::Sender<bool>,
     /// Set once shutdown began: no new work.
     closing: watch::Sender<bool>,
 }
@@ -153,6 +162,8 @@ impl State {
             boot_id: proto::random_id(),
             files: files::FilesHost::new(files),
             clients: Mutex::default(),
+            last_activity: Mutex::new(Instant::now()),
+            idle: watch::Sender::new(false),
             closing: watch::Sender::new(false),
         })
     }
@@ -204,6 +215,7 @@ impl State {
 
     /// Renews `client`'s lease.
     pub(crate) fn touch(&self, client: &str) {
+        *self.last_activity.locked() = Instant::now();
         let mut clients = self.lock();
         match clients.get_mut(client) {
             Some(c) => c.last_seen = Instant::now(),
@@ -372,6 +384,16 @@ impl State {
                 () = tokio::time::sleep(period) => {}
                 _ = closing.wait_for(|c| *c) => return,
             }
+            if let Some(idle) = self.cfg.idle_exit
+                && self.last_activity.locked().elapsed() > idle
+            {
+                tracing::info!(
+                    idle_ms = idle.as_millis(),
+                    "no client for the idle limit; stopping"
+                );
+                self.idle.send_replace(true);
+                return;
+            }
             let lease = self.cfg.lease;
             self.files.sweep(lease);
             let mut expired = Vec::new();
@@ -456,8 +478,12 @@ pub async fn serve(
     });
     let watcher = {
         let state = Arc::clone(&state);
+        let mut idle = state.idle.subscribe();
         tokio::spawn(async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                _ = idle.wait_for(|i| *i) => {}
+            }
             // Processes first (the streams end with them), then the listener.
             state.shutdown().await;
             let _ = tx.send(());
