@@ -457,11 +457,11 @@ fn a_paused_orphan_is_reaped_by_the_next_provisioner() {
 }
 
 #[test]
-fn a_container_killed_or_paused_mid_call_fails_typed_within_give_up() {
-    if !engine("a_container_killed_or_paused_mid_call_fails_typed_within_give_up") {
+fn a_container_killed_paused_or_cut_off_mid_call_fails_typed_within_give_up() {
+    if !engine("a_container_killed_paused_or_cut_off_mid_call_fails_typed_within_give_up") {
         return;
     }
-    for how in ["kill", "pause"] {
+    for how in ["kill", "pause", "disconnect"] {
         let give_up = [("CONCH_PLUGINS__REMOTE_PROVISIONED__GIVE_UP_MS", "3000")];
         let mut a = Agent::start(&give_up);
         assert_eq!(a.bash("echo up"), "up\n");
@@ -474,7 +474,11 @@ fn a_container_killed_or_paused_mid_call_fails_typed_within_give_up() {
             writeln!(a.stdin.as_mut().unwrap(), "{line}").unwrap();
         }
         let ran = Instant::now();
-        assert!(docker(&[how, &id]).status.success());
+        let cut = match how {
+            "disconnect" => docker(&["network", "disconnect", "-f", "conch-sandbox-bridge", &id]),
+            _ => docker(&[how, &id]),
+        };
+        assert!(cut.status.success(), "{how}: {cut:?}");
         let got = a.lines.recv_timeout(LIMIT).expect("an answer, not a hang");
         let r: serde_json::Value = serde_json::from_str(&got).unwrap();
         assert_eq!(r["ok"], false, "{how}: {r}");
@@ -506,4 +510,54 @@ fn a_daemon_restart_inside_the_container_is_told_by_its_boot_id() {
     assert!(r["error"]["message"].as_str().unwrap_or_default().contains("BOOT_CHANGED"), "{r}");
     a.finish();
     until_gone(&owner, Duration::from_secs(30));
+}
+
+#[test]
+fn limits_and_the_network_policy_hold_inside_the_sandbox() {
+    if !engine("limits_and_the_network_policy_hold_inside_the_sandbox") {
+        return;
+    }
+    // An address off this machine that answers here (a package registry the machine uses):
+    // bridge reaches it, none must not.
+    use std::net::ToSocketAddrs as _;
+    let outside = ["pypi.org:443", "crates.io:443", "deb.debian.org:80"]
+        .iter()
+        .filter_map(|h| h.to_socket_addrs().ok()?.find(|a| a.is_ipv4()))
+        .find(|a| std::net::TcpStream::connect_timeout(a, Duration::from_secs(3)).is_ok());
+    let reach = |a: &mut Agent, to: std::net::SocketAddr| {
+        a.bash(&format!(
+            "timeout 3 bash -c 'exec 3<>/dev/tcp/{}/{}' 2>/dev/null; echo rc=$?",
+            to.ip(),
+            to.port()
+        ))
+    };
+    let limits = [
+        ("CONCH_PLUGINS__PROVISION_DOCKER__PIDS", "64"),
+        ("CONCH_PLUGINS__PROVISION_DOCKER__MEMORY_MB", "256"),
+        ("CONCH_PLUGINS__PROVISION_DOCKER__CPUS", "0.5"),
+    ];
+    let mut a = Agent::start(&limits);
+    assert_eq!(a.bash("echo up"), "up\n", "the runtime (and its sandbox) is built");
+    let id = sandboxes_of(&a.owner()).pop().unwrap();
+    let inspect = |f: &str| stdout(&docker(&["inspect", "-f", f, &id]));
+    assert_eq!(inspect("{{.HostConfig.PidsLimit}}"), "64");
+    assert_eq!(inspect("{{.HostConfig.Memory}}"), (256u64 << 20).to_string());
+    assert_eq!(inspect("{{.HostConfig.NanoCpus}}"), "500000000");
+    // The pid limit is the kernel's: a burst of processes past it is refused.
+    let burst =
+        a.bash("for i in $(seq 100); do sleep 5 & done 2>&1 | grep -c 'retry\\|fork' ; wait; true");
+    assert_ne!(burst.trim(), "0", "forks were refused past the limit: {burst}");
+    let Some(outside) = outside else {
+        println!(
+            "SKIP limits_and_the_network_policy_hold_inside_the_sandbox (network part): nothing off this machine answers"
+        );
+        a.finish();
+        return;
+    };
+    assert_eq!(reach(&mut a, outside).trim(), "rc=0", "bridge: {outside} answers");
+    a.finish();
+    let mut b = Agent::start(&[("CONCH_PLUGINS__PROVISION_DOCKER__NETWORK", "none")]);
+    let r = reach(&mut b, outside);
+    assert!(!r.contains("rc=0"), "network none reached {outside}: {r}");
+    b.finish();
 }

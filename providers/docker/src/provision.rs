@@ -23,8 +23,11 @@
 //!   paused container whose daemon cannot count.
 //!
 //! Limits: the addresses are the bridge's, so the engine must run on this machine (not a
-//! remote `DOCKER_HOST` or a VM such as Docker Desktop's); the workspace bind, when set, is
-//! shared by every sandbox of the provider.
+//! remote `DOCKER_HOST` or a VM such as Docker Desktop's). Under `network: none` nothing
+//! leaves the machine, but this host's own services stay reachable on its addresses (an
+//! internal network drops forwarded traffic only, and the daemon must be reachable from
+//! here): bind a host service to 127.0.0.1 to keep it from sandboxes. The workspace bind,
+//! when set, is shared by every sandbox of the provider.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -66,7 +69,8 @@ pub enum Network {
     /// Outbound traffic allowed (a bridge with NAT).
     #[default]
     Bridge,
-    /// No route out of the machine (an internal network).
+    /// Nothing leaves the machine (an internal network; this host's own services stay
+    /// reachable on its addresses).
     None,
 }
 
