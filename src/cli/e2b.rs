@@ -144,6 +144,9 @@ struct CompositionWorlds {
     composition: Composition,
     name: String,
     sandboxed: bool,
+    /// Each world is a container the composition's provisioner makes (`remote-provisioned`):
+    /// its workspace is the container's `/workspace`, and the network its `network` setting.
+    provisioned: bool,
     /// Under a sandbox composition: its own hidden paths and the sandboxes directory, so no
     /// sandbox's commands or files reach another's workspace.
     hidden: Vec<PathBuf>,
@@ -168,7 +171,18 @@ impl Worlds for CompositionWorlds {
                 .with_setting("sandbox-landlock", "tmp_dir", &self.dir)
                 .with_setting("sandbox-bwrap", "tmp_dir", &self.dir);
         }
+        if self.provisioned {
+            c = c.with_setting("remote-provisioned", "owner", format!("e2b-{}", spec.id));
+            if let Some(net) = spec.internet {
+                c = c.with_setting(
+                    "provision-docker",
+                    "network",
+                    if net { "bridge" } else { "none" },
+                );
+            }
+        }
         match spec.internet {
+            _ if self.provisioned => {}
             Some(false) if !self.sandboxed => {
                 return Err(WorldError::Refused(format!(
                     "allow_internet_access: false cannot be honoured: composition {} confines \
@@ -181,12 +195,15 @@ impl Worlds for CompositionWorlds {
         }
         let runtime = Runtime::build(&c, ShellEnv::from_process_env())
             .map_err(|e| WorldError::Failed(e.to_string()))?;
-        let seams = seams_of(&runtime, &self.name, Some(spec.workspace.clone()))
+        let inside = self.provisioned.then(|| PathBuf::from("/workspace"));
+        let cwd = inside.clone().unwrap_or_else(|| spec.workspace.clone());
+        let seams = seams_of(&runtime, &self.name, Some(cwd))
             .map_err(|e| WorldError::Failed(format!("{e:#}")))?;
         let runtime = Arc::new(runtime);
         Ok(World {
             seams,
             teardown: Box::new(move || Box::pin(async move { runtime.shutdown().await })),
+            inside,
         })
     }
 }
@@ -212,10 +229,12 @@ async fn run_api(
     let loaded = Composition::load(composition).map_err(|e| anyhow::anyhow!("{e}"))?;
     let plugins = loaded.plugins();
     let has = |p: &str| plugins.iter().any(|q| q == p);
-    if !has("subprocess-local") || !(has("files-local") || has("files-sandbox")) {
+    let provisioned = has("remote-provisioned");
+    if !provisioned && (!has("subprocess-local") || !(has("files-local") || has("files-sandbox"))) {
         bail!(
-            "--api-key makes a workspace per sandbox on this machine, so composition \
-             {composition} must run here (subprocess-local, with files-local or files-sandbox)"
+            "--api-key makes a world per sandbox: composition {composition} must run here \
+             (subprocess-local, with files-local or files-sandbox) or make a sandbox per \
+             runtime (remote-provisioned, as the docker composition)"
         );
     }
     // Built once up front, so a composition that cannot build fails here, not per sandbox.
@@ -254,6 +273,7 @@ async fn run_api(
         composition: loaded,
         name: composition.to_owned(),
         sandboxed,
+        provisioned,
         hidden,
         dir: dir.clone(),
     };
@@ -261,7 +281,7 @@ async fn run_api(
     let listener = listen(ip, args.port, &args.host).await?;
     let addr = listener.local_addr()?;
     eprintln!("e2b sandbox API listening on {addr}");
-    if !sandboxed {
+    if !sandboxed && !provisioned {
         eprintln!(
             "warning: composition {composition} confines nothing: sandboxes are apart only in \
              the API (their processes, files root and token), and a command reaches whatever \

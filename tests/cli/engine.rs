@@ -561,3 +561,52 @@ fn limits_and_the_network_policy_hold_inside_the_sandbox() {
     assert!(!r.contains("rc=0"), "network none reached {outside}: {r}");
     b.finish();
 }
+
+#[test]
+fn the_e2b_sdk_gets_a_container_per_sandbox_from_the_sandbox_api() {
+    let test = "the_e2b_sdk_gets_a_container_per_sandbox_from_the_sandbox_api";
+    if !engine(test) {
+        return;
+    }
+    let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
+        println!("SKIP {test}: CONCH_E2B_PYTHON is not set (.ci/run sets it)");
+        return;
+    };
+    image();
+    let key = "engine-e2b-key-0123456789";
+    let mut server = conch()
+        .args(["--composition", "docker", "e2b", "--host", "127.0.0.1", "--port", "0"])
+        .env("CONCH_E2B_API_KEY", key)
+        .env("CONCH_PLUGINS__PROVISION_DOCKER__IMAGE", IMAGE)
+        .args(["--api-key", key])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = super::listening_address(&mut server, "e2b sandbox API listening on ");
+    let url = format!("http://{addr}");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/engine/e2b_containers.py");
+    let out = Command::new(python)
+        .arg(script)
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", key)
+        .env_remove("E2B_DEBUG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for step in
+        ["ok hosts", "ok user", "ok apart", "ok networks", "killed a", "killed b", "killed c"]
+    {
+        assert!(text.contains(step), "{step}: {text}");
+    }
+    // A killed sandbox's container is gone with it.
+    for line in text.lines().filter_map(|l| l.strip_prefix("sandbox ")) {
+        let id = line.split_whitespace().nth(1).unwrap();
+        until_gone(&format!("e2b-{id}"), Duration::from_secs(30));
+    }
+}

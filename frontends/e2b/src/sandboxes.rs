@@ -89,6 +89,9 @@ pub struct World {
     pub seams: Seams,
     /// Stops what the world's runtime still holds, after its envd stopped its processes.
     pub teardown: Teardown,
+    /// The workspace as the world's commands see it, when that is not the spec's directory
+    /// (a container's `/workspace`): their `HOME` and default directory.
+    pub inside: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for World {
@@ -412,10 +415,11 @@ impl Sandboxes {
             }
             Err(e) => return Err(api_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
         };
-        let mut env = vec![("HOME".to_owned(), workspace.display().to_string())];
+        let inside = world.inside.clone().unwrap_or_else(|| workspace.clone());
+        let mut env = vec![("HOME".to_owned(), inside.display().to_string())];
         env.extend(req.env_vars.into_iter().flatten());
         let mut seams = world.seams;
-        seams.defaults = crate::ProcessDefaults { cwd: Some(workspace.clone()), env };
+        seams.defaults = crate::ProcessDefaults { cwd: Some(inside), env };
         let token = random_hex::<16>();
         let envd = Envd::new(seams, Some(token.clone()));
         let started = SystemTime::now();
