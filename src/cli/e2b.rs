@@ -294,6 +294,8 @@ async fn run_api(
         stop.await;
     })
     .await?;
+    // Warm containers of a `pool` setting are nobody's sandbox yet.
+    conch_provider_docker::provision::drain_pools().await;
     tracing::info!("stopped");
     Ok(())
 }

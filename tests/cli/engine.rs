@@ -610,3 +610,63 @@ fn the_e2b_sdk_gets_a_container_per_sandbox_from_the_sandbox_api() {
         until_gone(&format!("e2b-{id}"), Duration::from_secs(30));
     }
 }
+
+#[test]
+fn a_warm_pool_hands_out_started_containers_and_is_drained_at_stop() {
+    let test = "a_warm_pool_hands_out_started_containers_and_is_drained_at_stop";
+    if !engine(test) {
+        return;
+    }
+    let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
+        println!("SKIP {test}: CONCH_E2B_PYTHON is not set (.ci/run sets it)");
+        return;
+    };
+    image();
+    let key = "engine-pool-key-0123456789";
+    let mut server = conch()
+        .args(["--composition", "docker", "e2b", "--host", "127.0.0.1", "--port", "0"])
+        .env("CONCH_E2B_API_KEY", key)
+        .env("CONCH_PLUGINS__PROVISION_DOCKER__IMAGE", IMAGE)
+        .env("CONCH_PLUGINS__PROVISION_DOCKER__POOL", "2")
+        .args(["--api-key", key])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = super::listening_address(&mut server, "e2b sandbox API listening on ");
+    let url = format!("http://{addr}");
+    let sdk = |code: &str| {
+        let out = Command::new(&python)
+            .args(["-c", code])
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", key)
+            .env_remove("E2B_DEBUG")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    // The first create is cold and starts the pool filling.
+    sdk("from e2b import Sandbox; Sandbox.create()");
+    let warm = || sandboxes_of("pool").len();
+    let start = Instant::now();
+    while warm() < 2 {
+        assert!(start.elapsed() < LIMIT, "the pool never filled: {}", warm());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pooled: std::collections::BTreeSet<String> = sandboxes_of("pool").into_iter().collect();
+    // The next one is a warm container (its hostname is its id), and works as any.
+    let out = sdk("from e2b import Sandbox; s = Sandbox.create(); \
+         print(s.commands.run('hostname; echo warm-$((6*7)); id -u').stdout, end=''); s.kill()");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[1..], ["warm-42", "1000"], "{out}");
+    assert!(pooled.iter().any(|id| id.starts_with(lines[0])), "{} not in {pooled:?}", lines[0]);
+    // SIGTERM: the server kills its sandboxes and drains the pool.
+    let pid = server.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(server.wait().unwrap().success());
+    assert!(sandboxes_of("pool").is_empty(), "drained: {:?}", sandboxes_of("pool"));
+}

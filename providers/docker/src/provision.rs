@@ -22,6 +22,14 @@
 //!   that is not running or started at another time) is removed, which also covers a
 //!   paused container whose daemon cannot count.
 //!
+//! - With `pool: N`, N started containers wait in this process for the next create of the
+//!   same settings (an E2B sandbox API server's sandboxes share one pool; a one-shot `conch
+//!   call` makes one sandbox and gains nothing). The first create fills it; each take tops it
+//!   up. A keeper renews each warm container's idle lease, so when this process dies they
+//!   end within the lease; a front end that stops calls [`drain_pools`]. A warm container's
+//!   `conch.owner` label is `pool` (labels are fixed at creation), and a request that sets
+//!   environment or labels is always made cold.
+//!
 //! Limits: the addresses are the bridge's, so the engine must run on this machine (not a
 //! remote `DOCKER_HOST` or a VM such as Docker Desktop's). Under `network: none` nothing
 //! leaves the machine, but this host's own services stay reachable on its addresses (an
@@ -29,7 +37,7 @@
 //! here): bind a host service to 127.0.0.1 to keep it from sandboxes. The workspace bind,
 //! when set, is shared by every sandbox of the provider.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -104,6 +112,9 @@ pub struct DockerConfig {
     pub lease_ms: u64,
     /// How long a new sandbox may take to answer.
     pub start_timeout_ms: u64,
+    /// Started containers kept ready in this process, shared by every runtime of the same
+    /// settings (an E2B sandbox API server's sandboxes, say); filled after the first create.
+    pub pool: usize,
 }
 
 impl Default for DockerConfig {
@@ -117,6 +128,7 @@ impl Default for DockerConfig {
             workspace: None,
             lease_ms: 30_000,
             start_timeout_ms: 60_000,
+            pool: 0,
         }
     }
 }
@@ -185,67 +197,20 @@ impl DockerProvisioner {
         Ok(reaped)
     }
 
-    async fn network(&self) -> Result<String> {
-        let net = self.config.network;
-        let name = net.name().to_owned();
-        let docker = self.docker()?;
-        if docker.inspect_network(&name, None).await.is_ok() {
-            return Ok(name);
-        }
-        let request = NetworkCreateRequest {
-            name: name.clone(),
-            driver: Some("bridge".into()),
-            internal: Some(net == Network::None),
-            options: Some(HashMap::from([(
-                "com.docker.network.bridge.enable_icc".to_owned(),
-                "false".to_owned(),
-            )])),
-            labels: Some(HashMap::from([(MANAGED.to_owned(), "true".to_owned())])),
-            ..NetworkCreateRequest::default()
-        };
-        match docker.create_network(request).await {
-            Ok(_) => Ok(name),
-            // Made meanwhile by another provider.
-            Err(_) if docker.inspect_network(&name, None).await.is_ok() => Ok(name),
-            Err(e) => Err(engine(e)),
-        }
+    fn spec(&self) -> Spec {
+        Spec { config: self.config.clone(), maker: self.maker.clone() }
     }
 
-    /// Waits until the daemon answers at `ip`, or the container ended, or time ran out.
-    async fn answers(&self, id: &str, ip: &str) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_millis(self.config.start_timeout_ms);
-        let addr = format!("{ip}:{}", PORTS[0]);
-        loop {
-            if health(&addr).await {
-                return Ok(());
-            }
-            let state = self.docker()?.inspect_container(id, None).await.map_err(engine)?.state;
-            let running = state.as_ref().and_then(|s| s.running).unwrap_or(false);
-            if !running || Instant::now() >= deadline {
-                let logs = self.last_logs(id).await;
-                let code = if running { ErrorCode::Timeout } else { ErrorCode::SpawnFailed };
-                return Err(Error::new(
-                    code,
-                    format!(
-                        "the sandbox container {id} {} at {addr}; its last output: {logs}",
-                        if running { "never answered" } else { "exited before it answered" }
-                    ),
-                )
-                .with_provider(NAME));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn last_logs(&self, id: &str) -> String {
-        let options = LogsOptionsBuilder::new().stdout(true).stderr(true).tail("5").build();
-        let mut out = String::new();
-        let Ok(docker) = self.docker() else { return out };
-        let mut logs = docker.logs(id, Some(options));
-        while let Some(Ok(line)) = logs.next().await {
-            out.push_str(&line.to_string());
-        }
-        out.trim().replace('\n', " | ")
+    /// This provider's pool, when its config asks for one.
+    fn pool(&self) -> Option<Arc<Pool>> {
+        let target = self.config.pool;
+        (target > 0).then(|| {
+            let key = self.spec().key();
+            let mut pools = POOLS.locked();
+            Arc::clone(
+                pools.entry(key).or_insert_with(|| Arc::new(Pool { target, ..Pool::default() })),
+            )
+        })
     }
 }
 
@@ -256,7 +221,84 @@ impl Provisioner for DockerProvisioner {
     }
 
     async fn create(&self, request: SandboxRequest) -> Result<Provisioned> {
-        let network = self.network().await?;
+        // A warm container fits a request that sets nothing of its own at start.
+        if let Some(pool) = self.pool()
+            && request.env.is_empty()
+            && request.labels.is_empty()
+        {
+            while let Some(warm) = pool.take() {
+                if health(&format!("{}:{}", warm.ip, PORTS[0])).await {
+                    self.made.locked().insert(warm.id.clone());
+                    pool.refill(self.spec());
+                    return Ok(warm.provisioned());
+                }
+                // Gone meanwhile (its lease ran out, say): never handed out.
+                let _ = self.remove(&warm.id).await;
+            }
+            pool.refill(self.spec());
+        }
+        let warm = self.spec().make(&request).await?;
+        self.made.locked().insert(warm.id.clone());
+        Ok(warm.provisioned())
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        let r = remove(&self.docker()?, id).await;
+        self.made.locked().remove(id);
+        r
+    }
+
+    async fn shutdown(&self) {
+        let made: Vec<String> = self.made.locked().iter().cloned().collect();
+        for id in made {
+            if let Err(e) = self.remove(&id).await {
+                tracing::warn!(container = %id, "removing a sandbox at shutdown: {e}");
+            }
+        }
+    }
+}
+
+/// What a container is made of: the provider's settings, for a cold create or the pool.
+#[derive(Clone, Debug)]
+struct Spec {
+    config: DockerConfig,
+    maker: String,
+}
+
+/// A started container whose daemon answered.
+#[derive(Clone, Debug)]
+struct Warm {
+    id: String,
+    ip: String,
+    token: String,
+}
+
+impl Warm {
+    fn provisioned(&self) -> Provisioned {
+        let [rxp, swerex, envd] = PORTS;
+        let ip = &self.ip;
+        let mut p = Provisioned::new(self.id.clone(), format!("http://{ip}:{rxp}"), &self.token);
+        p.swerex_url = Some(format!("http://{ip}:{swerex}"));
+        p.envd_url = Some(format!("http://{ip}:{envd}"));
+        p.workspace = PathBuf::from("/workspace");
+        p
+    }
+}
+
+impl Spec {
+    /// The pool these settings share in this process (settings, not owners, decide).
+    fn key(&self) -> String {
+        let c = &self.config;
+        format!(
+            "{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+            c.image, c.cpus, c.memory_mb, c.pids, c.network, c.workspace, c.lease_ms
+        )
+    }
+
+    /// Makes, starts and waits for one container; removes it again when it does not answer.
+    async fn make(&self, request: &SandboxRequest) -> Result<Warm> {
+        let docker = crate::connect()?;
+        let network = network(&docker, self.config.network).await?;
         let token = conch_nonce::random_hex::<16>();
         let mut env = vec![format!("CONCH_TOKEN={token}")];
         env.extend(request.env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -287,7 +329,7 @@ impl Provisioner for DockerProvisioner {
         };
         let name = format!("conch-{}", conch_nonce::random_hex::<6>());
         let options = CreateContainerOptionsBuilder::new().name(&name).build();
-        let created = self.docker()?.create_container(Some(options), body).await.map_err(|e| {
+        let created = docker.create_container(Some(options), body).await.map_err(|e| {
             let e = engine(e);
             if e.code() == ErrorCode::NotFound {
                 Error::new(
@@ -303,10 +345,9 @@ impl Provisioner for DockerProvisioner {
             }
         })?;
         let id = created.id;
-        self.made.locked().insert(id.clone());
         let started = async {
-            self.docker()?.start_container(&id, None).await.map_err(engine)?;
-            let inspect = self.docker()?.inspect_container(&id, None).await.map_err(engine)?;
+            docker.start_container(&id, None).await.map_err(engine)?;
+            let inspect = docker.inspect_container(&id, None).await.map_err(engine)?;
             let ip = inspect
                 .network_settings
                 .and_then(|n| n.networks)
@@ -316,42 +357,208 @@ impl Provisioner for DockerProvisioner {
                 .ok_or_else(|| {
                     Error::internal(format!("container {id} has no address on {network}"))
                 })?;
-            self.answers(&id, &ip).await?;
+            answers(&docker, &id, &ip, Duration::from_millis(c.start_timeout_ms)).await?;
             Ok::<_, Error>(ip)
         };
-        let ip = match started.await {
-            Ok(ip) => ip,
+        match started.await {
+            Ok(ip) => Ok(Warm { id, ip, token }),
             Err(e) => {
-                let _ = self.remove(&id).await;
-                return Err(e);
-            }
-        };
-        let [rxp, swerex, envd] = PORTS;
-        let mut p = Provisioned::new(id, format!("http://{ip}:{rxp}"), token);
-        p.swerex_url = Some(format!("http://{ip}:{swerex}"));
-        p.envd_url = Some(format!("http://{ip}:{envd}"));
-        p.workspace = PathBuf::from("/workspace");
-        Ok(p)
-    }
-
-    async fn remove(&self, id: &str) -> Result<()> {
-        let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
-        let r = self.docker()?.remove_container(id, Some(options)).await.map_err(engine);
-        self.made.locked().remove(id);
-        match r {
-            // Gone already (AutoRemove, or removed meanwhile): what was asked holds.
-            Err(e) if matches!(e.code(), ErrorCode::NotFound | ErrorCode::AlreadyExists) => Ok(()),
-            other => other,
-        }
-    }
-
-    async fn shutdown(&self) {
-        let made: Vec<String> = self.made.locked().iter().cloned().collect();
-        for id in made {
-            if let Err(e) = self.remove(&id).await {
-                tracing::warn!(container = %id, "removing a sandbox at shutdown: {e}");
+                let _ = remove(&docker, &id).await;
+                Err(e)
             }
         }
+    }
+}
+
+/// Started containers waiting to be handed out, shared by every provider of the same
+/// settings in this process. A keeper task sends each a request every third of its lease,
+/// so a warm container stays up while this process lives and ends by itself after it.
+#[derive(Debug, Default)]
+struct Pool {
+    target: usize,
+    warm: Mutex<VecDeque<Warm>>,
+    filling: std::sync::atomic::AtomicBool,
+    kept: std::sync::atomic::AtomicBool,
+    /// Drained: nothing is added any more (a container made meanwhile is removed).
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// Every pool of this process, by [`Spec::key`].
+static POOLS: Mutex<BTreeMap<String, Arc<Pool>>> = Mutex::new(BTreeMap::new());
+
+/// Where pools are filled and kept: a runtime of their own that lives as long as the
+/// process, because a provider's calls may run on a runtime that ends after them (the
+/// registry's build makes one per call).
+fn pool_runtime() -> Option<&'static tokio::runtime::Runtime> {
+    static RT: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("conch-pool")
+            .enable_all()
+            .build()
+            .inspect_err(|e| tracing::warn!("no runtime for the warm pool: {e}"))
+            .ok()
+    })
+    .as_ref()
+}
+
+impl Pool {
+    fn take(&self) -> Option<Warm> {
+        self.warm.locked().pop_front()
+    }
+
+    /// Tops the pool up to its target from a task of its own (one at a time), and starts
+    /// its keeper once.
+    fn refill(self: &Arc<Self>, spec: Spec) {
+        use std::sync::atomic::Ordering;
+        let Some(rt) = pool_runtime() else { return };
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if !self.kept.swap(true, Ordering::AcqRel) {
+            let pool = Arc::downgrade(self);
+            let every = Duration::from_millis(spec.config.lease_ms / 3);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(pool) = pool.upgrade() else { return };
+                    let warm: Vec<Warm> = pool.warm.locked().iter().cloned().collect();
+                    for w in warm {
+                        keep_alive(&w).await;
+                    }
+                }
+            });
+        }
+        if self.filling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pool = Arc::clone(self);
+        rt.spawn(async move {
+            while pool.warm.locked().len() < pool.target {
+                match spec.make(&SandboxRequest::new("pool")).await {
+                    Ok(w) if pool.closed.load(Ordering::Acquire) => {
+                        if let Ok(docker) = crate::connect() {
+                            let _ = remove(&docker, &w.id).await;
+                        }
+                        break;
+                    }
+                    Ok(w) => pool.warm.locked().push_back(w),
+                    Err(e) => {
+                        tracing::warn!("filling the warm pool: {e}");
+                        break;
+                    }
+                }
+            }
+            pool.filling.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Removes every warm container of every pool in this process, and stops the pools from
+/// making more (a front end stopping). A fill under way is waited for (its container is
+/// removed when it lands).
+pub async fn drain_pools() {
+    use std::sync::atomic::Ordering;
+    let pools: Vec<Arc<Pool>> = POOLS.locked().values().cloned().collect();
+    let Ok(docker) = crate::connect() else { return };
+    for pool in pools {
+        pool.closed.store(true, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while pool.filling.load(Ordering::Acquire) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let warm: Vec<Warm> = pool.warm.locked().drain(..).collect();
+        for w in warm {
+            let _ = remove(&docker, &w.id).await;
+        }
+    }
+}
+
+/// A request to a warm container's daemon, which renews its idle lease.
+async fn keep_alive(w: &Warm) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(format!("{}:{}", w.ip, PORTS[0])).await.ok()?;
+        let req = format!(
+            "GET /v1/info HTTP/1.0\r\nauthorization: Bearer {}\r\nx-conch-client: pool\r\n\r\n",
+            w.token
+        );
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut sink = Vec::new();
+        s.read_to_end(&mut sink).await.ok()
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), ask).await;
+}
+
+/// Conch's network for `net`, made on first use.
+async fn network(docker: &Docker, net: Network) -> Result<String> {
+    let name = net.name().to_owned();
+    if docker.inspect_network(&name, None).await.is_ok() {
+        return Ok(name);
+    }
+    let request = NetworkCreateRequest {
+        name: name.clone(),
+        driver: Some("bridge".into()),
+        internal: Some(net == Network::None),
+        options: Some(HashMap::from([(
+            "com.docker.network.bridge.enable_icc".to_owned(),
+            "false".to_owned(),
+        )])),
+        labels: Some(HashMap::from([(MANAGED.to_owned(), "true".to_owned())])),
+        ..NetworkCreateRequest::default()
+    };
+    match docker.create_network(request).await {
+        Ok(_) => Ok(name),
+        // Made meanwhile by another provider.
+        Err(_) if docker.inspect_network(&name, None).await.is_ok() => Ok(name),
+        Err(e) => Err(engine(e)),
+    }
+}
+
+/// Waits until the daemon answers at `ip`, or the container ended, or `limit` passed.
+async fn answers(docker: &Docker, id: &str, ip: &str, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    let addr = format!("{ip}:{}", PORTS[0]);
+    loop {
+        if health(&addr).await {
+            return Ok(());
+        }
+        let state = docker.inspect_container(id, None).await.map_err(engine)?.state;
+        let running = state.as_ref().and_then(|s| s.running).unwrap_or(false);
+        if !running || Instant::now() >= deadline {
+            let logs = last_logs(docker, id).await;
+            let code = if running { ErrorCode::Timeout } else { ErrorCode::SpawnFailed };
+            return Err(Error::new(
+                code,
+                format!(
+                    "the sandbox container {id} {} at {addr}; its last output: {logs}",
+                    if running { "never answered" } else { "exited before it answered" }
+                ),
+            )
+            .with_provider(NAME));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn last_logs(docker: &Docker, id: &str) -> String {
+    let options = LogsOptionsBuilder::new().stdout(true).stderr(true).tail("5").build();
+    let mut out = String::new();
+    let mut logs = docker.logs(id, Some(options));
+    while let Some(Ok(line)) = logs.next().await {
+        out.push_str(&line.to_string());
+    }
+    out.trim().replace('\n', " | ")
+}
+
+/// Removes container `id` (a gone one is no error).
+async fn remove(docker: &Docker, id: &str) -> Result<()> {
+    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    match docker.remove_container(id, Some(options)).await.map_err(engine) {
+        // Gone already (AutoRemove, or removed meanwhile): what was asked holds.
+        Err(e) if matches!(e.code(), ErrorCode::NotFound | ErrorCode::AlreadyExists) => Ok(()),
+        other => other,
     }
 }
 
