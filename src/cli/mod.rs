@@ -72,6 +72,10 @@ pub enum BenchSuite {
     /// the same work through conch's own tools and files seam: `commands.run("true")` and a
     /// 50 MiB `files.write` + `files.read`.
     E2b,
+    /// Sandboxes on the local Docker engine: create to first command, cold and from a warm
+    /// pool, one and twenty at once, next to `docker run --rm IMAGE true`; an idle sandbox's
+    /// memory.
+    Engine,
 }
 
 #[derive(Subcommand)]

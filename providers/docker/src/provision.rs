@@ -286,12 +286,13 @@ impl Warm {
 }
 
 impl Spec {
-    /// The pool these settings share in this process (settings, not owners, decide).
+    /// The pool these settings share in this process (settings, its size among them, not
+    /// owners, decide).
     fn key(&self) -> String {
         let c = &self.config;
         format!(
-            "{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
-            c.image, c.cpus, c.memory_mb, c.pids, c.network, c.workspace, c.lease_ms
+            "{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+            c.image, c.cpus, c.memory_mb, c.pids, c.network, c.workspace, c.lease_ms, c.pool
         )
     }
 

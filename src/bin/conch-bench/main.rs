@@ -8,10 +8,12 @@
 //! `bench.rs` holds the `oneshot` and `terminal` suites, `floors.rs` the `floors` suite and
 //! the goal rows the others share, `remote_bench.rs` the `remote` suite and
 //! `sandbox_bench.rs` the `sandbox` suite, `files_bench.rs` the `files` suite,
-//! `swerex_bench.rs` the `swerex` suite and `e2b_bench.rs` the `e2b` suite.
+//! `swerex_bench.rs` the `swerex` suite, `e2b_bench.rs` the `e2b` suite and
+//! `engine_bench.rs` the `engine` suite.
 
 mod bench;
 mod e2b_bench;
+mod engine_bench;
 mod files_bench;
 mod floors;
 mod remote_bench;
@@ -92,6 +94,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         BenchSuite::Files => files_bench::run(iterations, json).await,
         BenchSuite::Swerex => swerex_bench::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::E2b => e2b_bench::run(iterations, json, &conch_binary(cli)?).await,
+        BenchSuite::Engine => engine_bench::run(iterations, json).await,
         BenchSuite::Floors => floors::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
         BenchSuite::Oneshot => {
