@@ -340,6 +340,23 @@ fn sandboxes_of(owner: &str) -> Vec<String> {
     stdout(&out).lines().map(str::to_owned).collect()
 }
 
+/// The warm containers (owner `pool`) that the process `pid` made.
+fn pool_of(pid: u32) -> Vec<String> {
+    let out = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        "label=conch.owner=pool",
+        "--format",
+        "{{.ID}} {{.Label \"conch.maker\"}}",
+    ]);
+    stdout(&out)
+        .lines()
+        .filter(|l| l.contains(&format!("/{pid}/")))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
 /// The address of `owner`'s sandbox on its network.
 fn address_of(owner: &str) -> String {
     let id = sandboxes_of(owner).pop().expect("a sandbox");
@@ -651,13 +668,14 @@ fn a_warm_pool_hands_out_started_containers_and_is_drained_at_stop() {
     };
     // The first create is cold and starts the pool filling.
     sdk("from e2b import Sandbox; Sandbox.create()");
-    let warm = || sandboxes_of("pool").len();
+    let maker = server.id();
+    let warm = || pool_of(maker).len();
     let start = Instant::now();
     while warm() < 2 {
         assert!(start.elapsed() < LIMIT, "the pool never filled: {}", warm());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let pooled: std::collections::BTreeSet<String> = sandboxes_of("pool").into_iter().collect();
+    let pooled: std::collections::BTreeSet<String> = pool_of(maker).into_iter().collect();
     // The next one is a warm container (its hostname is its id), and works as any.
     let out = sdk("from e2b import Sandbox; s = Sandbox.create(); \
          print(s.commands.run('hostname; echo warm-$((6*7)); id -u').stdout, end=''); s.kill()");
@@ -668,5 +686,85 @@ fn a_warm_pool_hands_out_started_containers_and_is_drained_at_stop() {
     let pid = server.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     assert!(server.wait().unwrap().success());
-    assert!(sandboxes_of("pool").is_empty(), "drained: {:?}", sandboxes_of("pool"));
+    assert!(pool_of(maker).is_empty(), "drained: {:?}", pool_of(maker));
+}
+
+/// The documents of a YAML file under `deploy/`, as JSON values.
+fn manifests(path: &str) -> Vec<serde_json::Value> {
+    use serde::Deserialize as _;
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(path);
+    let text = std::fs::read_to_string(&file).unwrap();
+    yaml_serde::Deserializer::from_str(&text)
+        .map(|doc| serde_json::Value::deserialize(doc).unwrap_or_else(|e| panic!("{path}: {e}")))
+        .collect()
+}
+
+/// What the Kubernetes manifests say about the image is what the image is: its name, the
+/// ports its command serves, its health path, its user and its token variable. (No cluster
+/// runs here; this keeps the files true to the image the other tests run.)
+#[test]
+fn the_kubernetes_manifests_match_the_image() {
+    use conch_provider_docker::image::{PORTS, REPO};
+    let version = env!("CARGO_PKG_VERSION");
+    for file in ["kubernetes/conch-sandbox.yaml", "agent-sandbox/conch-sandbox.yaml"] {
+        let docs = manifests(file);
+        let pods: Vec<&serde_json::Value> = docs
+            .iter()
+            .filter_map(|d| match d["kind"].as_str() {
+                Some("Deployment") => Some(&d["spec"]["template"]["spec"]),
+                Some("SandboxTemplate") => Some(&d["spec"]["podTemplate"]["spec"]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pods.len(), 1, "{file}: one pod spec");
+        let c = &pods[0]["containers"][0];
+        assert_eq!(c["image"], format!("{REPO}:{version}"), "{file}");
+        let ports: Vec<u64> = c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["containerPort"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ports, PORTS.map(u64::from), "{file}");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/health", "{file}");
+        assert_eq!(c["readinessProbe"]["httpGet"]["port"], PORTS[0], "{file}");
+        assert_eq!(c["securityContext"]["runAsUser"], 1000, "{file}");
+        assert_eq!(c["env"][0]["name"], "CONCH_TOKEN", "{file}");
+        assert_eq!(pods[0]["automountServiceAccountToken"], false, "{file}");
+    }
+    let agent = manifests("agent-sandbox/conch-sandbox.yaml");
+    let kinds: Vec<&str> = agent.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(kinds, ["SandboxTemplate", "SandboxWarmPool", "SandboxClaim"]);
+    for d in &agent {
+        assert_eq!(d["apiVersion"], "extensions.agents.x-k8s.io/v1alpha1");
+    }
+    assert_eq!(agent[1]["spec"]["sandboxTemplateRef"]["name"], agent[0]["metadata"]["name"]);
+}
+
+#[test]
+fn the_engine_bench_reports_its_rows() {
+    if !engine("the_engine_bench_reports_its_rows") {
+        return;
+    }
+    image();
+    let bench = std::path::Path::new(env!("CARGO_BIN_EXE_conch-bench"));
+    let child = Command::new(bench)
+        .args(["--suite", "engine", "--iterations", "1", "--json"])
+        .env("CONCH_BENCH_IMAGE", IMAGE)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let paths: Vec<&str> = rows.iter().filter_map(|r| r["path"].as_str()).collect();
+    assert_eq!(paths.len(), 5, "{paths:?}");
+    for r in rows {
+        let m = r["measured"].as_f64().unwrap_or(f64::NAN);
+        assert!(m.is_finite() && m > 0.0, "{r}");
+    }
+    assert!(pool_of(pid).is_empty(), "the bench drained its pool: {:?}", pool_of(pid));
 }

@@ -31,8 +31,10 @@ fn registered_plugins_are_exactly_the_expected_set() {
             "files-remote",
             "files-sandbox",
             "jobs",
+            "provision-docker",
             "pwsh-local",
             "pwsh-sandbox",
+            "remote-provisioned",
             "remote-sandbox",
             "sandbox-bwrap",
             "sandbox-landlock",
@@ -53,6 +55,12 @@ fn registered_plugins_are_exactly_the_expected_set() {
     );
 }
 
+/// Compositions whose build needs a world beyond this process: a daemon (`remote-*`) or a
+/// container engine (`docker`).
+fn elsewhere(name: &str) -> bool {
+    name.starts_with("remote-") || name.starts_with("docker")
+}
+
 #[tokio::test]
 async fn every_shipped_composition_builds() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compositions");
@@ -67,9 +75,10 @@ async fn every_shipped_composition_builds() {
             &std::fs::read_to_string(&path).unwrap(),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("remote-")) {
-            // Building one connects to a daemon; here it must plan (every plugin known, every
-            // seam bound). The remote tests build them against a real daemon.
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(elsewhere) {
+            // Building one connects to a daemon (or makes a container); here it must plan
+            // (every plugin known, every seam bound). The remote tests build them against a
+            // real daemon, the engine tests (tests/cli/engine.rs) on a real Docker engine.
             conch_registry::plan(&c).unwrap_or_else(|e| panic!("{e}"));
             seen += 1;
             continue;
@@ -125,10 +134,7 @@ async fn no_tool_text_mentions_a_tool_or_argument_the_composition_lacks() {
     ];
     let mut yamls: Vec<String> = without_jobs.iter().map(|s| (*s).to_string()).collect();
     yamls.extend(
-        conch::EMBEDDED
-            .iter()
-            .filter(|(n, _)| !n.starts_with("remote-"))
-            .map(|(_, y)| (*y).to_string()),
+        conch::EMBEDDED.iter().filter(|(n, _)| !elsewhere(n)).map(|(_, y)| (*y).to_string()),
     );
     for yaml in &yamls {
         let rt = build(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));

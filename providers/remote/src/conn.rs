@@ -249,7 +249,9 @@ async fn session(
             if let tokio_tungstenite::tungstenite::Error::Http(resp) = &e
                 && resp.status() == 401
             {
-                health.die(&super::http::unauthenticated("GET /v1/ws"));
+                // The stream connects only after the info call was accepted: a refusal now
+                // is another daemon at the address.
+                health.die(&super::http::replaced(&dial.base, "GET /v1/ws"));
                 return End::Stop;
             }
             let attempt = match &e {

@@ -181,9 +181,10 @@ impl Health {
         self.verdicts.send_modify(|n| *n += 1);
     }
 
-    /// Records `e` from a control call: a daemon that says it restarted kills the provider.
+    /// Records `e` from a control call: a daemon that says it restarted, or another daemon
+    /// at its address, kills the provider.
     pub(crate) fn answered_with(&self, e: &Error) {
-        if e.reason() == Some(ErrorReason::BootChanged) {
+        if matches!(e.reason(), Some(ErrorReason::BootChanged | ErrorReason::RemoteGone)) {
             self.die(e);
         }
     }

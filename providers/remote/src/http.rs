@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use conch_seams::{Error, ErrorCode, Result};
+use conch_seams::{Error, ErrorCode, ErrorReason, Result};
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -200,7 +200,12 @@ impl Http {
                 // The daemon's words name its own flag; the client's say which setting here
                 // holds the token.
                 let why = reply.error.message.split(';').next().unwrap_or_default().to_owned();
-                return Answer::Done(Err(unauthenticated(endpoint).with_context("daemon", why)));
+                let e = if self.boot_id.is_some() {
+                    replaced(&self.base, endpoint)
+                } else {
+                    unauthenticated(endpoint)
+                };
+                return Answer::Done(Err(e.with_context("daemon", why)));
             }
             return Answer::Done(Err(Error::from_body(reply.error)));
         }
@@ -210,6 +215,9 @@ impl Http {
             | StatusCode::SERVICE_UNAVAILABLE
             | StatusCode::GATEWAY_TIMEOUT => {
                 Answer::Retry(format!("HTTP {status} from {endpoint}"))
+            }
+            StatusCode::UNAUTHORIZED if self.boot_id.is_some() => {
+                Answer::Done(Err(replaced(&self.base, endpoint)))
             }
             StatusCode::UNAUTHORIZED => Answer::Done(Err(unauthenticated(endpoint))),
             _ => Answer::Done(Err(Error::new(
@@ -271,6 +279,23 @@ pub(crate) fn unavailable(
             tried.as_millis()
         ),
     )
+    .with_provider(super::NAME)
+}
+
+/// A token refused after it was accepted: a running daemon's token never changes, so the
+/// daemon at this address is another one (the address was given to a new container, say) or
+/// this one restarted with another token. Either way the client's work there is gone.
+pub(crate) fn replaced(base: &str, endpoint: &str) -> Error {
+    Error::new(
+        ErrorCode::RemoteUnavailable,
+        format!(
+            "the sandbox daemon at {base} refused this client's token on {endpoint}, which it \
+             accepted before: another daemon answers there now (the address was reused, or the \
+             daemon restarted with another token), so the processes this client ran cannot be \
+             reached; rebuild the runtime"
+        ),
+    )
+    .with_reason(ErrorReason::RemoteGone)
     .with_provider(super::NAME)
 }
 

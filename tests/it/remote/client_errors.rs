@@ -129,8 +129,12 @@ async fn a_401_at_connect_is_unauthenticated_and_not_retried() {
     );
 }
 
+/// A token the daemon accepted at connect and refuses later: a running daemon's token never
+/// changes, so another daemon answers at the address (see `replaced` in http.rs). Gone, for
+/// good, and not retried; never `unauthenticated`, which would send the user to fix a token
+/// that was right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_401_on_a_later_call_is_unauthenticated_and_not_retried() {
+async fn a_401_on_a_later_call_is_another_daemon_and_not_retried() {
     let (server, client) = connected(3000).await;
     Mock::given(method("POST"))
         .and(path("/v1/procs"))
@@ -139,13 +143,14 @@ async fn a_401_on_a_later_call_is_unauthenticated_and_not_retried() {
         .mount(&server)
         .await;
     let err = spawn_err(&client).await;
-    assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
+    assert_eq!(err.reason(), Some(conch_seams::ErrorReason::RemoteGone), "{err}");
     assert!(err.to_string().contains("POST /v1/procs"), "names the call: {err}");
-    assert!(err.to_string().contains("token"), "says what to fix: {err}");
+    assert!(err.to_string().contains("accepted before"), "says what happened: {err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typed_401_body_keeps_the_daemons_code_and_message() {
+async fn a_typed_401_body_keeps_the_daemons_message() {
     let (server, client) = connected(3000).await;
     let body = proto::ErrorReply {
         error: Error::new(ErrorCode::Unauthenticated, "the bearer token is wrong").to_body(),
@@ -157,7 +162,7 @@ async fn a_typed_401_body_keeps_the_daemons_code_and_message() {
         .mount(&server)
         .await;
     let err = spawn_err(&client).await;
-    assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
     assert!(err.to_string().contains("the bearer token is wrong"), "{err}");
 }
 

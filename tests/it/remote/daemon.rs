@@ -89,6 +89,31 @@ async fn a_restarted_daemon_is_a_typed_boot_change_not_a_fresh_start() {
     tokio::task::spawn_blocking(move || second.stop()).await.unwrap();
 }
 
+/// Another daemon with another token at the address a client knew (a container's address
+/// reused by the next container, found by the engine tests): its refusal of the token is
+/// the first daemon being gone, typed `REMOTE_GONE`, never `unauthenticated` (which says
+/// the configured token is wrong, and it was not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_daemon_at_the_address_is_gone_not_a_wrong_token() {
+    let cfg = |token: &str| ServerConfig { token: Some(token.into()), ..ServerConfig::default() };
+    let first = Daemon::start(cfg("first-token-0123456789"));
+    let addr = first.addr;
+    let client = super::with_token(Some("first-token-0123456789"), || first.client());
+    within("a call on the first daemon", client.which("sh")).await.unwrap();
+    tokio::task::spawn_blocking(move || first.stop()).await.unwrap();
+    let second = Daemon::start_at(&addr.to_string(), cfg("second-token-0123456789"));
+    let err = within("a spawn on the other daemon", client.spawn(sleeper())).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RemoteUnavailable, "{err}");
+    assert_eq!(err.reason(), Some(ErrorReason::RemoteGone), "{err}");
+    assert!(err.to_string().contains("another daemon answers there"), "{err}");
+    assert!(!err.retryable(), "{err}");
+    // The verdict holds for every later call, which fails at once.
+    let again = within("a second call", client.which("sh")).await.unwrap_err();
+    assert_eq!(again.reason(), Some(ErrorReason::RemoteGone), "{again}");
+    assert_eq!(second.state.live_count(), 0, "nothing ran on the other daemon");
+    tokio::task::spawn_blocking(move || second.stop()).await.unwrap();
+}
+
 /// A settled process's complete spill outlives the client's handle, as a local one does: a
 /// result that said `full output: <path>` stays true after the handle is dropped (the
 /// client's DELETE), until the daemon's spill limits reclaim it. (The daemon used to release
