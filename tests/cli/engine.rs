@@ -102,16 +102,6 @@ impl Container {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-
-    fn exec(&self, env: &[&str], argv: &[&str]) -> Output {
-        let mut all = vec!["exec"];
-        for e in env {
-            all.extend_from_slice(&["-e", e]);
-        }
-        all.push(&self.name);
-        all.extend_from_slice(argv);
-        docker(&all)
-    }
 }
 
 impl Drop for Container {
@@ -204,21 +194,37 @@ fn the_image_serves_rxp_swerex_and_envd_as_a_non_root_user() {
 }
 
 #[test]
-fn the_seam_suites_pass_inside_a_container_as_they_do_locally() {
-    if !engine("the_seam_suites_pass_inside_a_container_as_they_do_locally") {
+fn the_seam_suites_pass_inside_a_provisioned_container_as_they_do_locally() {
+    if !engine("the_seam_suites_pass_inside_a_provisioned_container_as_they_do_locally") {
         return;
     }
-    let c = Container::run("suites", &[]);
-    c.healthy();
-    let env = ["CONCH_PLUGINS__REMOTE_SANDBOX__URL=http://127.0.0.1:7070"];
-    let token = format!("CONCH_PLUGINS__REMOTE_SANDBOX__TOKEN={TOKEN}");
+    // A container as provision-docker makes it (capabilities dropped, no-new-privileges,
+    // the idle exit armed), kept by its agent while the suites run in it.
+    let mut agent = Agent::start(&[]);
+    assert_eq!(agent.bash("echo up"), "up\n");
+    let id = sandboxes_of(&agent.owner()).pop().unwrap();
     // Over the container's own daemon: the shell suite (remote-sandbox binds bash-local over
     // it) and the subprocess, terminal-process, terminal and files suites (remote-terminal).
+    // The token the provisioner gave the container, read from its config; no shell runs
+    // the suites (one would add PWD to their environment, which the daemon's children, the
+    // container's own, do not have).
+    let env = stdout(&docker(&["inspect", "-f", "{{range .Config.Env}}{{println .}}{{end}}", &id]));
+    let token = env.lines().find_map(|l| l.strip_prefix("CONCH_TOKEN=")).unwrap().to_owned();
+    let token = format!("CONCH_PLUGINS__REMOTE_SANDBOX__TOKEN={token}");
     for composition in ["remote-sandbox", "remote-terminal"] {
-        let out = c.exec(
-            &[env[0], &token],
-            &["conch", "--composition", composition, "conformance", "--json"],
-        );
+        let out = docker(&[
+            "exec",
+            "-e",
+            "CONCH_PLUGINS__REMOTE_SANDBOX__URL=http://127.0.0.1:7070",
+            "-e",
+            &token,
+            &id,
+            "conch",
+            "--composition",
+            composition,
+            "conformance",
+            "--json",
+        ]);
         let text = stdout(&out);
         let report: serde_json::Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{composition}: {e}: {text}"));
@@ -227,7 +233,7 @@ fn the_seam_suites_pass_inside_a_container_as_they_do_locally() {
         assert!(failed.is_empty(), "{composition}: {failed:#?}");
         let passed = rows.iter().filter(|r| r["result"] == "PASS").count();
         assert!(passed >= 90, "{composition}: only {passed} passed");
-        // The only world-made skips are python3's: the image has none.
+        // The only world-made skips are python3's and vim's: the image has neither.
         for r in rows.iter().filter(|r| r["result"] == "SKIP") {
             let why = r["message"].as_str().unwrap_or_default();
             assert!(
@@ -237,6 +243,28 @@ fn the_seam_suites_pass_inside_a_container_as_they_do_locally() {
         }
         assert!(out.status.success(), "{composition}: {}", String::from_utf8_lossy(&out.stderr));
     }
+    agent.finish();
+}
+
+#[test]
+fn a_workspace_bind_is_the_sandboxes_workspace() {
+    if !engine("a_workspace_bind_is_the_sandboxes_workspace") {
+        return;
+    }
+    let host = tempfile::Builder::new()
+        .prefix("conch-engine-ws-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    // The sandbox's user is uid 1000: it may write here.
+    std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(host.path().join("from-host"), "host\n").unwrap();
+    let ws = host.path().display().to_string();
+    let mut a = Agent::start(&[("CONCH_PLUGINS__PROVISION_DOCKER__WORKSPACE", &ws)]);
+    let out = a.bash("cat /workspace/from-host; echo sandbox > /workspace/from-sandbox");
+    assert_eq!(out, "host\n");
+    a.finish();
+    assert_eq!(std::fs::read_to_string(host.path().join("from-sandbox")).unwrap(), "sandbox\n");
 }
 
 #[test]
@@ -257,12 +285,19 @@ fn swe_rex_docker_deployment_starts_the_image_unmodified() {
     for step in ["ok session", "ok state", "ok execute", "ok stopped"] {
         assert!(text.contains(step), "{step}: {text}");
     }
-    // Its container was started with --rm and stopped: nothing of this image is left.
-    let left =
-        docker(&["ps", "-a", "--filter", &format!("ancestor={IMAGE}"), "--format", "{{.Names}}"]);
+    // Its container was started with --rm and stopped: nothing of this image is left but
+    // what other tests made (theirs carry conch.managed, or the conch-test- prefix).
+    let left = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("ancestor={IMAGE}"),
+        "--format",
+        "{{.Names}} {{.Label \"conch.managed\"}}",
+    ]);
     let left: Vec<_> = stdout(&left)
         .lines()
-        .filter(|n| !n.starts_with("conch-test-"))
+        .filter(|l| !l.starts_with("conch-test-") && !l.ends_with(" true"))
         .map(str::to_owned)
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
@@ -352,7 +387,7 @@ fn pool_of(pid: u32) -> Vec<String> {
     ]);
     stdout(&out)
         .lines()
-        .filter(|l| l.contains(&format!("/{pid}/")))
+        .filter(|l| l.contains(&format!("/conch-makers/{pid}-")))
         .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
         .collect()
 }
@@ -520,11 +555,16 @@ fn a_daemon_restart_inside_the_container_is_told_by_its_boot_id() {
     let owner = a.owner();
     let id = sandboxes_of(&owner).pop().unwrap();
     assert!(docker(&["restart", "-t", "1", &id]).status.success());
-    // The restarted daemon answers with another boot id: every call now fails for good.
+    // The restarted daemon answers with another boot id (BOOT_CHANGED); or, when the
+    // restart gave the container another address and the old one went to another
+    // container, another daemon refuses the token there (REMOTE_GONE). Either way every
+    // call now fails for good.
     let r = a.call("bash", serde_json::json!({"command": "echo again"}));
     assert_eq!(r["ok"], false, "{r}");
     assert_eq!(r["error"]["code"], "remote_unavailable", "{r}");
-    assert!(r["error"]["message"].as_str().unwrap_or_default().contains("BOOT_CHANGED"), "{r}");
+    assert_eq!(r["error"]["retryable"], false, "{r}");
+    let reason = r["error"]["reason"].as_str().unwrap_or_default();
+    assert!(reason == "BOOT_CHANGED" || reason == "REMOTE_GONE", "{r}");
     a.finish();
     until_gone(&owner, Duration::from_secs(30));
 }
@@ -767,4 +807,24 @@ fn the_engine_bench_reports_its_rows() {
         assert!(m.is_finite() && m > 0.0, "{r}");
     }
     assert!(pool_of(pid).is_empty(), "the bench drained its pool: {:?}", pool_of(pid));
+}
+
+#[test]
+fn mini_swe_agents_swerex_docker_environment_runs_on_the_image() {
+    let test = "mini_swe_agents_swerex_docker_environment_runs_on_the_image";
+    if !engine(test) {
+        return;
+    }
+    let Ok(python) = std::env::var("CONCH_MINISWE_PYTHON") else {
+        println!("SKIP {test}: CONCH_MINISWE_PYTHON is not set (.ci/run sets it)");
+        return;
+    };
+    image();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/engine/mini_swe_agent.py");
+    let out = Command::new(python).args([script, IMAGE]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for step in ["ok execute", "ok cwd", "ok submitted", "ok stopped"] {
+        assert!(text.contains(step), "{step}: {text}");
+    }
 }

@@ -10,17 +10,17 @@
 //! - A container gets a fresh 32-hex-digit token (`CONCH_TOKEN`), the image's command with
 //!   `--idle-exit-ms <lease_ms>`, `AutoRemove`, every capability dropped,
 //!   `no-new-privileges`, and the limits asked for (CPUs, memory without swap, pids). Its
-//!   labels say whose it is: `conch.owner`, and its maker (`conch.maker` = boot id, pid and
-//!   the pid's start time).
+//!   labels say whose it is: `conch.owner`, and its maker (`conch.maker`: a file under the
+//!   temporary directory's `conch-makers/` that the making process holds locked until it
+//!   exits).
 //! - `create` returns once the daemon's `/health` answers on the container's address; a
 //!   container that exits or never answers within `start_timeout_ms` is removed and its
 //!   last log lines are the error.
 //! - A maker killed with `-9` leaves its containers running, but not for long: the daemon in
 //!   each exits once no client was heard for `lease_ms` (the client heartbeats every few
 //!   seconds), and `AutoRemove` deletes the container. Every provider also reaps at build
-//!   time: a container labelled `conch.managed` whose maker is gone (another boot, or a pid
-//!   that is not running or started at another time) is removed, which also covers a
-//!   paused container whose daemon cannot count.
+//!   time: a container labelled `conch.managed` whose maker is gone (its lock file free or
+//!   missing) is removed, which also covers a paused container whose daemon cannot count.
 //!
 //! - With `pool: N`, N started containers wait in this process for the next create of the
 //!   same settings (an E2B sandbox API server's sandboxes share one pool; a one-shot `conch
@@ -67,7 +67,7 @@ pub const NAME: &str = "provision-docker";
 pub const MANAGED: &str = "conch.managed";
 /// Whose sandbox a container is.
 pub const OWNER: &str = "conch.owner";
-/// Which process made it: `<boot id>/<pid>/<start time>`.
+/// Which process made it: the path of the lock file that process holds.
 pub const MAKER: &str = "conch.maker";
 
 /// Whether a sandbox may reach anything outside this machine's bridge.
@@ -169,7 +169,7 @@ pub struct DockerProvisioner {
 impl DockerProvisioner {
     /// A provisioner on the local engine (`DOCKER_HOST`, else the local socket).
     pub fn new(config: DockerConfig) -> Self {
-        Self { config, made: Mutex::default(), maker: maker_of(std::process::id()) }
+        Self { config, made: Mutex::default(), maker: maker_mark() }
     }
 
     fn docker(&self) -> Result<Docker> {
@@ -576,31 +576,47 @@ async fn health(addr: &str) -> bool {
     tokio::time::timeout(Duration::from_secs(1), attempt).await.ok().flatten().unwrap_or(false)
 }
 
-/// `<boot id>/<pid>/<start time>` of `pid`, so a recycled pid is never taken for its maker.
-fn maker_of(pid: u32) -> String {
-    format!("{}/{pid}/{}", boot_id(), start_time(pid).unwrap_or_default())
+/// This process's maker mark: the path of a file it holds locked until it exits (the lock
+/// goes with the process, however it ends). A file lock, not a pid: a pid is reused, and
+/// whether a process lives is the subprocess provider's world to read.
+fn maker_mark() -> String {
+    static MARK: std::sync::OnceLock<(String, Option<std::fs::File>)> = std::sync::OnceLock::new();
+    let (path, _held) = MARK.get_or_init(|| {
+        let dir = makers_dir();
+        // The pid only names it (for people and tests); the lock is what counts.
+        let path =
+            dir.join(format!("{}-{}.lock", std::process::id(), conch_nonce::random_hex::<8>()));
+        let held = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::File::create(&path))
+            .and_then(|f| f.try_lock().map_err(std::io::Error::from).map(|()| f))
+            .inspect_err(|e| tracing::warn!(path = %path.display(), "no maker lock: {e}"))
+            .ok();
+        (path.display().to_string(), held)
+    });
+    path.clone()
 }
 
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_owned()
+/// Where makers keep their locks: one directory per machine and user.
+fn makers_dir() -> PathBuf {
+    std::env::temp_dir().join("conch-makers")
 }
 
-/// Field 22 of `/proc/<pid>/stat`: when the process started, in ticks since boot.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: count fields after its last `)`.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether the process a `conch.maker` label names still runs on this machine.
+/// Whether the maker a `conch.maker` label names still runs: its lock file is held. A
+/// label of another form, or a file that is gone or free, is a dead maker (its file is
+/// removed then).
 fn maker_alive(label: &str) -> bool {
-    let mut parts = label.split('/');
-    let (Some(boot), Some(pid), Some(start)) = (parts.next(), parts.next(), parts.next()) else {
+    let path = std::path::Path::new(label);
+    if path.parent() != Some(makers_dir().as_path()) {
         return false;
-    };
-    let Ok(pid) = pid.parse::<u32>() else { return false };
-    boot == boot_id() && start_time(pid).is_some_and(|s| s.to_string() == start)
+    }
+    let Ok(file) = std::fs::File::open(path) else { return false };
+    match file.try_lock() {
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        _ => {
+            let _ = std::fs::remove_file(path);
+            false
+        }
+    }
 }
 
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
@@ -642,13 +658,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn this_process_is_alive_and_a_recycled_pid_is_not() {
-        assert!(maker_alive(&maker_of(std::process::id())));
-        let mine = maker_of(std::process::id());
-        let (boot, rest) = mine.split_once('/').unwrap();
-        let pid = rest.split('/').next().unwrap();
-        assert!(!maker_alive(&format!("{boot}/{pid}/1")), "another start time");
-        assert!(!maker_alive(&format!("other-boot/{pid}/{}", rest.rsplit('/').next().unwrap())));
+    fn this_process_is_alive_and_a_free_or_foreign_mark_is_not() {
+        assert!(maker_alive(&maker_mark()), "this process holds its mark");
+        // A mark nobody holds: a maker that died (its lock went with it).
+        let dead = makers_dir().join("dead-maker-test.lock");
+        std::fs::write(&dead, b"").unwrap();
+        assert!(!maker_alive(&dead.display().to_string()));
+        assert!(!dead.exists(), "a dead maker's mark is removed");
+        assert!(!maker_alive("/etc/passwd"), "not a mark");
         assert!(!maker_alive("garbage"));
     }
 }

@@ -323,8 +323,9 @@ impl Rootfs {
         self.dir(Path::new("/home/conch"), 0o755, USER_ID);
         self.dir(Path::new("/workspace"), 0o755, USER_ID);
         self.dir(Path::new("/tmp"), 0o1777, 0);
-        for mount in ["/proc", "/sys", "/dev", "/run"] {
-            self.dir(Path::new(mount), 0o755, 0);
+        // Where the engine mounts the kernel's filesystems at run time: empty directories.
+        for mount in ["proc", "sys", "dev", "run"] {
+            self.dir(&Path::new("/").join(mount), 0o755, 0);
         }
     }
 
