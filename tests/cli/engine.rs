@@ -269,21 +269,10 @@ fn a_workspace_bind_is_the_sandboxes_workspace() {
 
 #[test]
 fn swe_rex_docker_deployment_starts_the_image_unmodified() {
+    let steps = ["ok session", "ok state", "ok execute", "ok stopped"];
     let test = "swe_rex_docker_deployment_starts_the_image_unmodified";
-    if !engine(test) {
+    if peer_script(test, "CONCH_SWEREX_PYTHON", "swerex_docker.py", &steps).is_none() {
         return;
-    }
-    let Ok(python) = std::env::var("CONCH_SWEREX_PYTHON") else {
-        println!("SKIP {test}: CONCH_SWEREX_PYTHON is not set (.ci/run sets it)");
-        return;
-    };
-    image();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/engine/swerex_docker.py");
-    let out = Command::new(python).args([script, IMAGE]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for step in ["ok session", "ok state", "ok execute", "ok stopped"] {
-        assert!(text.contains(step), "{step}: {text}");
     }
     // Its container was started with --rm and stopped: nothing of this image is left but
     // what other tests made (theirs carry conch.managed, or the conch-test- prefix).
@@ -619,43 +608,71 @@ fn limits_and_the_network_policy_hold_inside_the_sandbox() {
     b.finish();
 }
 
+/// `conch --composition docker e2b --api-key` on loopback with `env` set, and the e2b SDK's
+/// Python (`None`, a skip line printed, without an engine or `CONCH_E2B_PYTHON`).
+struct E2bApi {
+    server: std::process::Child,
+    url: String,
+    python: String,
+}
+
+const E2B_KEY: &str = "engine-e2b-key-0123456789";
+
+impl E2bApi {
+    fn start(test: &str, env: &[(&str, &str)]) -> Option<Self> {
+        if !engine(test) {
+            return None;
+        }
+        let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
+            println!("SKIP {test}: CONCH_E2B_PYTHON is not set (.ci/run sets it)");
+            return None;
+        };
+        image();
+        let mut server = conch()
+            .args(["--composition", "docker", "e2b", "--host", "127.0.0.1", "--port", "0"])
+            .env("CONCH_E2B_API_KEY", E2B_KEY)
+            .env("CONCH_PLUGINS__PROVISION_DOCKER__IMAGE", IMAGE)
+            .envs(env.iter().copied())
+            .args(["--api-key", E2B_KEY])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr = super::listening_address(&mut server, "e2b sandbox API listening on ");
+        Some(Self { server, url: format!("http://{addr}"), python })
+    }
+
+    /// Runs the SDK's Python with `args`, in the SDK's sandbox API mode; asserts it exited 0
+    /// and returns its stdout.
+    fn sdk(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.python)
+            .args(args)
+            .env("E2B_API_URL", &self.url)
+            .env("E2B_SANDBOX_URL", &self.url)
+            .env("E2B_API_KEY", E2B_KEY)
+            .env_remove("E2B_DEBUG")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        text
+    }
+}
+
+impl Drop for E2bApi {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
 #[test]
 fn the_e2b_sdk_gets_a_container_per_sandbox_from_the_sandbox_api() {
     let test = "the_e2b_sdk_gets_a_container_per_sandbox_from_the_sandbox_api";
-    if !engine(test) {
-        return;
-    }
-    let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
-        println!("SKIP {test}: CONCH_E2B_PYTHON is not set (.ci/run sets it)");
-        return;
-    };
-    image();
-    let key = "engine-e2b-key-0123456789";
-    let mut server = conch()
-        .args(["--composition", "docker", "e2b", "--host", "127.0.0.1", "--port", "0"])
-        .env("CONCH_E2B_API_KEY", key)
-        .env("CONCH_PLUGINS__PROVISION_DOCKER__IMAGE", IMAGE)
-        .args(["--api-key", key])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let addr = super::listening_address(&mut server, "e2b sandbox API listening on ");
-    let url = format!("http://{addr}");
+    let Some(api) = E2bApi::start(test, &[]) else { return };
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/engine/e2b_containers.py");
-    let out = Command::new(python)
-        .arg(script)
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", key)
-        .env_remove("E2B_DEBUG")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let _ = server.kill();
-    let _ = server.wait();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let text = api.sdk(&[script]);
     for step in
         ["ok hosts", "ok user", "ok apart", "ok networks", "killed a", "killed b", "killed c"]
     {
@@ -671,44 +688,12 @@ fn the_e2b_sdk_gets_a_container_per_sandbox_from_the_sandbox_api() {
 #[test]
 fn a_warm_pool_hands_out_started_containers_and_is_drained_at_stop() {
     let test = "a_warm_pool_hands_out_started_containers_and_is_drained_at_stop";
-    if !engine(test) {
-        return;
-    }
-    let Ok(python) = std::env::var("CONCH_E2B_PYTHON") else {
-        println!("SKIP {test}: CONCH_E2B_PYTHON is not set (.ci/run sets it)");
-        return;
-    };
-    image();
-    let key = "engine-pool-key-0123456789";
-    let mut server = conch()
-        .args(["--composition", "docker", "e2b", "--host", "127.0.0.1", "--port", "0"])
-        .env("CONCH_E2B_API_KEY", key)
-        .env("CONCH_PLUGINS__PROVISION_DOCKER__IMAGE", IMAGE)
-        .env("CONCH_PLUGINS__PROVISION_DOCKER__POOL", "2")
-        .args(["--api-key", key])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let addr = super::listening_address(&mut server, "e2b sandbox API listening on ");
-    let url = format!("http://{addr}");
-    let sdk = |code: &str| {
-        let out = Command::new(&python)
-            .args(["-c", code])
-            .env("E2B_API_URL", &url)
-            .env("E2B_SANDBOX_URL", &url)
-            .env("E2B_API_KEY", key)
-            .env_remove("E2B_DEBUG")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-        text
-    };
+    let pool = [("CONCH_PLUGINS__PROVISION_DOCKER__POOL", "2")];
+    let Some(mut api) = E2bApi::start(test, &pool) else { return };
+    let sdk = |code: &str| api.sdk(&["-c", code]);
     // The first create is cold and starts the pool filling.
     sdk("from e2b import Sandbox; Sandbox.create()");
-    let maker = server.id();
+    let maker = api.server.id();
     let warm = || pool_of(maker).len();
     let start = Instant::now();
     while warm() < 2 {
@@ -723,9 +708,9 @@ fn a_warm_pool_hands_out_started_containers_and_is_drained_at_stop() {
     assert_eq!(lines[1..], ["warm-42", "1000"], "{out}");
     assert!(pooled.iter().any(|id| id.starts_with(lines[0])), "{} not in {pooled:?}", lines[0]);
     // SIGTERM: the server kills its sandboxes and drains the pool.
-    let pid = server.id().to_string();
+    let pid = maker.to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    assert!(server.wait().unwrap().success());
+    assert!(api.server.wait().unwrap().success());
     assert!(pool_of(maker).is_empty(), "drained: {:?}", pool_of(maker));
 }
 
@@ -811,20 +796,29 @@ fn the_engine_bench_reports_its_rows() {
 
 #[test]
 fn mini_swe_agents_swerex_docker_environment_runs_on_the_image() {
+    let steps = ["ok execute", "ok cwd", "ok submitted", "ok stopped"];
     let test = "mini_swe_agents_swerex_docker_environment_runs_on_the_image";
+    peer_script(test, "CONCH_MINISWE_PYTHON", "mini_swe_agent.py", &steps);
+}
+
+/// Runs a peer's own client, `tests/engine/SCRIPT IMAGE`, with the Python that `var` names,
+/// and checks it printed every one of `steps`; its stdout. `None` (a skip line printed)
+/// without an engine or without `var`.
+fn peer_script(test: &str, var: &str, script: &str, steps: &[&str]) -> Option<String> {
     if !engine(test) {
-        return;
+        return None;
     }
-    let Ok(python) = std::env::var("CONCH_MINISWE_PYTHON") else {
-        println!("SKIP {test}: CONCH_MINISWE_PYTHON is not set (.ci/run sets it)");
-        return;
+    let Ok(python) = std::env::var(var) else {
+        println!("SKIP {test}: {var} is not set (.ci/run sets it)");
+        return None;
     };
     image();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/engine/mini_swe_agent.py");
-    let out = Command::new(python).args([script, IMAGE]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engine").join(script);
+    let out = Command::new(python).arg(script).arg(IMAGE).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for step in ["ok execute", "ok cwd", "ok submitted", "ok stopped"] {
+    for step in steps {
         assert!(text.contains(step), "{step}: {text}");
     }
+    Some(text)
 }
