@@ -589,6 +589,15 @@ fn limits_and_the_network_policy_hold_inside_the_sandbox() {
     assert_eq!(inspect("{{.HostConfig.PidsLimit}}"), "64");
     assert_eq!(inspect("{{.HostConfig.Memory}}"), (256u64 << 20).to_string());
     assert_eq!(inspect("{{.HostConfig.NanoCpus}}"), "500000000");
+    assert_eq!(inspect("{{.HostConfig.CapDrop}}"), "[ALL]");
+    assert_eq!(inspect("{{.HostConfig.SecurityOpt}}"), "[no-new-privileges]");
+    // What a command holds: no capability at all, as uid 1000, and no way to gain one.
+    let held = a.bash("id -u; grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status");
+    assert_eq!(
+        held.split_whitespace().collect::<Vec<_>>(),
+        ["1000", "CapPrm:", "0000000000000000", "CapEff:", "0000000000000000", "NoNewPrivs:", "1"],
+        "{held}"
+    );
     // The pid limit is the kernel's: a burst of processes past it is refused.
     let burst =
         a.bash("for i in $(seq 100); do sleep 5 & done 2>&1 | grep -c 'retry\\|fork' ; wait; true");
