@@ -640,9 +640,18 @@ fn start_session_processes(s: &mut Server) -> Vec<u64> {
     );
     assert!(r["structuredContent"]["job_id"].is_string(), "{r}");
     let pids: Vec<u64> = [job, shell, detached, sent].iter().map(|p| wait_pid_file(p)).collect();
-    let marked = s.marked();
-    for p in &pids {
-        assert!(marked.contains(p), "{p} carries the mark (marked: {marked:?})");
+    // Each wrote its pid and then execs `sleep`: while the kernel builds the new image,
+    // `/proc/PID/environ` reads empty, so one scan can miss a mark that is there (seen once
+    // in CI, under the engine tests' load). Wait until every pid shows it.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let marked = s.marked();
+        if pids.iter().all(|p| marked.contains(p)) {
+            break;
+        }
+        let missing: Vec<_> = pids.iter().filter(|p| !marked.contains(p)).collect();
+        assert!(Instant::now() < deadline, "{missing:?} carry no mark (marked: {marked:?})");
+        std::thread::sleep(Duration::from_millis(10));
     }
     pids
 }
