@@ -478,18 +478,9 @@ pub async fn drain_pools() {
 
 /// A request to a warm container's daemon, which renews its idle lease.
 async fn keep_alive(w: &Warm) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let ask = async {
-        let mut s = tokio::net::TcpStream::connect(format!("{}:{}", w.ip, PORTS[0])).await.ok()?;
-        let req = format!(
-            "GET /v1/info HTTP/1.0\r\nauthorization: Bearer {}\r\nx-conch-client: pool\r\n\r\n",
-            w.token
-        );
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut sink = Vec::new();
-        s.read_to_end(&mut sink).await.ok()
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(2), ask).await;
+    let addr = format!("{}:{}", w.ip, PORTS[0]);
+    let auth = format!("authorization: Bearer {}\r\nx-conch-client: pool\r\n", w.token);
+    let _ = status_of(&addr, "/v1/info", &auth, Duration::from_secs(2)).await;
 }
 
 /// Conch's network for `net`, made on first use.
@@ -565,15 +556,22 @@ async fn remove(docker: &Docker, id: &str) -> Result<()> {
 
 /// `GET /health` on `addr` answered 200.
 async fn health(addr: &str) -> bool {
+    status_of(addr, "/health", "", Duration::from_secs(1)).await == Some(200)
+}
+
+/// The status code of one HTTP/1.0 `GET path` to `addr` with `headers` (each ending in
+/// CRLF), or `None` when no answer came within `limit`.
+async fn status_of(addr: &str, path: &str, headers: &str, limit: Duration) -> Option<u16> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let attempt = async {
+    let ask = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(b"GET /health HTTP/1.0\r\n\r\n").await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\n{headers}\r\n").as_bytes()).await.ok()?;
+        // `HTTP/1.x NNN`: the status line's first twelve bytes.
         let mut head = [0u8; 12];
         s.read_exact(&mut head).await.ok()?;
-        Some(head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200"))
+        std::str::from_utf8(&head[9..]).ok()?.parse().ok()
     };
-    tokio::time::timeout(Duration::from_secs(1), attempt).await.ok().flatten().unwrap_or(false)
+    tokio::time::timeout(limit, ask).await.ok().flatten()
 }
 
 /// This process's maker mark: the path of a file it holds locked until it exits (the lock

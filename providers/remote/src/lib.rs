@@ -322,8 +322,25 @@ fn http_client(cfg: &RemoteConfig) -> Result<reqwest::Client> {
         .map_err(|e| Error::internal(format!("building the HTTP client failed: {e}")))
 }
 
-/// `GET /v1/info` from a thread of its own (building runs inside async code, which must not
-/// block on a runtime of its own), then the checks.
+/// Runs `f` to completion on a current-thread runtime of a thread of its own: a plugin's
+/// build is synchronous and runs inside async code, which must not block on a runtime.
+/// `what` names the call in its errors.
+pub(crate) fn on_own_runtime<T: Send + 'static>(
+    what: &'static str,
+    f: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io(format!("starting a runtime for {what}"), e))?
+            .block_on(f)
+    })
+    .join()
+    .map_err(|_| Error::internal(format!("{what} panicked")))?
+}
+
+/// `GET /v1/info` from a thread of its own (see [`on_own_runtime`]), then the checks.
 fn fetch_info(cfg: &RemoteConfig, http: &Http) -> Result<Info> {
     let mut http = http.clone();
     http.client = http_client(cfg)?;
@@ -331,15 +348,9 @@ fn fetch_info(cfg: &RemoteConfig, http: &Http) -> Result<Info> {
     http.give_up_setting = "connect_timeout_ms";
     // A verdict of its own: what the build-time call meets says nothing about later ones.
     http.health = Health::new(http.base.clone(), Mirrors::default());
-    let info = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::io("starting a runtime for the info call", e))?;
-        rt.block_on(http.call::<Info>(Method::GET, "/v1/info", None::<&()>, Duration::ZERO))
+    let info = on_own_runtime("the info call", async move {
+        http.call::<Info>(Method::GET, "/v1/info", None::<&()>, Duration::ZERO).await
     })
-    .join()
-    .map_err(|_| Error::internal("the info call panicked"))?
     .map_err(|e| info_failed(cfg, e))?;
     if info.protocol != proto::PROTOCOL {
         return Err(Error::new(

@@ -18,10 +18,13 @@ use conch_registry::{
     BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
     register_plugin,
 };
-use conch_seams::{Error, Provisioner, Result, SandboxRequest, Subprocess as _};
+use conch_seams::{Provisioner, Result, SandboxRequest, Subprocess as _};
 use serde::Deserialize;
 
-use super::{RemoteConfig, RemoteSubprocess, files};
+use super::{RemoteConfig, RemoteSubprocess, files, on_own_runtime};
+
+/// What the build's calls to the provisioner are called in their errors.
+const CALL: &str = "the provisioner's call";
 
 /// Plugin name.
 pub const PROVISIONED_NAME: &str = "remote-provisioned";
@@ -64,28 +67,14 @@ impl PluginConfig for ProvisionedConfig {
     }
 }
 
-/// Runs `f` to completion on a current-thread runtime of its own thread.
-fn on_own_runtime<T: Send + 'static>(
-    f: impl std::future::Future<Output = Result<T>> + Send + 'static,
-) -> Result<T> {
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::io("starting a runtime for the provisioner", e))?
-            .block_on(f)
-    })
-    .join()
-    .map_err(|_| Error::internal("the provisioner's call panicked"))?
-}
-
 fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
     let config: ProvisionedConfig = ctx.config()?;
     let provisioner: Arc<dyn Provisioner> = ctx.provisioner()?;
     let owner = config.owner.clone().unwrap_or_else(|| format!("conch-{}", std::process::id()));
     let making = Arc::clone(&provisioner);
-    let sandbox = on_own_runtime(async move { making.create(SandboxRequest::new(owner)).await })
-        .map_err(|e| ctx.locate(e))?;
+    let sandbox =
+        on_own_runtime(CALL, async move { making.create(SandboxRequest::new(owner)).await })
+            .map_err(|e| ctx.locate(e))?;
     let remote = RemoteConfig {
         url: sandbox.rxp_url.clone(),
         token: Some(sandbox.token.clone()),
@@ -100,7 +89,7 @@ fn build(ctx: &BuildContext<'_>) -> Result<PluginOutput> {
         Ok(p) => Arc::new(p),
         Err(e) => {
             let removing = Arc::clone(&provisioner);
-            let _ = on_own_runtime(async move { removing.remove(&id).await });
+            let _ = on_own_runtime(CALL, async move { removing.remove(&id).await });
             return Err(ctx.locate(e));
         }
     };

@@ -23,7 +23,8 @@ use conch_env::ShellEnv;
 use conch_registry::Runtime;
 use serde_json::json;
 
-use crate::floors::{Goal, Row, owner, render};
+use crate::bench::ms;
+use crate::floors::{Goal, Row, median, owner, render};
 
 fn docker(args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("docker").args(args).output().context("running the docker CLI")?;
@@ -94,15 +95,6 @@ async fn pool_filled(n: usize) -> anyhow::Result<()> {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Runs the suite and renders the table (or JSON).
 ///
 /// # Errors
@@ -125,10 +117,10 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
     for _ in 0..n {
         let t = Instant::now();
         bare(image.clone()).await?;
-        floor.push(ms(t.elapsed()));
+        floor.push(t.elapsed());
         let t = Instant::now();
         let r = first_command(&cold).await?;
-        measured.push(ms(t.elapsed()));
+        measured.push(t.elapsed());
         r.shutdown().await;
     }
     rows.push(Row {
@@ -149,7 +141,7 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
         pool_filled(1).await?;
         let t = Instant::now();
         let r = first_command(&warm).await?;
-        measured.push(ms(t.elapsed()));
+        measured.push(t.elapsed());
         r.shutdown().await;
     }
     rows.push(Row {
