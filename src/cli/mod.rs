@@ -76,6 +76,10 @@ pub enum BenchSuite {
     /// pool, one and twenty at once, next to `docker run --rm IMAGE true`; an idle sandbox's
     /// memory.
     Engine,
+    /// One runtime holding 1,000 terminals and 1,000 background jobs (open, send, idle CPU,
+    /// threads, teardown), the floors a busy runtime keeps (terminal_send, stdin_read, 1 GB
+    /// one-shot and background, the `conch call` process), and the daemon with 100 clients.
+    Scale,
 }
 
 #[derive(Subcommand)]

@@ -45,6 +45,7 @@ mod probe;
 mod process;
 mod procfs;
 mod pty;
+mod ptyfd;
 mod reaper;
 mod signals;
 mod ttyq;

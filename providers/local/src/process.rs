@@ -158,6 +158,7 @@ impl Inner {
             group: Some(self.group()),
             pipe_inodes: pipes,
             tagged: Some(&self.tag),
+            within: Some(self.group().pgid),
             ..Targets::default()
         }
     }

@@ -478,6 +478,33 @@ pub(crate) struct Targets<'a> {
     /// matched otherwise (checked once per process: a kill need not scan every process's
     /// fds to say truthfully that what it stopped held the output).
     pub(crate) report_pipes: &'a [u64],
+    /// Every match is in the tree of this pid (a spawn's leader) or under an orphan: look
+    /// only there ([`scan`]) instead of at every process.
+    pub(crate) within: Option<i32>,
+}
+
+/// The processes a look for `targets` reads: every process, or, when the targets lie
+/// `within` one spawn and this process is a subreaper, that spawn's tree and the trees of
+/// this process's unowned children. With the subreaper, a process a spawn started is either
+/// still below its leader or was reparented here (to the main thread) when its parent died:
+/// nowhere else (holders of target pipes excepted: a descriptor can be handed to anyone, so
+/// those are looked for everywhere). The leader's tree is walked first and the orphans read after, so a process
+/// reparented meanwhile is on one list or the other. So a teardown costs its own tree, not
+/// the machine's process count, and 1,000 terminals closing at once do not each read 1,000
+/// trees.
+fn scan(targets: &Targets<'_>) -> Vec<Stat> {
+    // A pipe's holder may have been handed the descriptor by anyone (over a socket).
+    let Some(leader) = targets.within.filter(|_| targets.pipe_inodes.is_empty()) else {
+        return all();
+    };
+    let Some(orphans) = crate::reaper::orphan_roots() else { return all() };
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    for root in std::iter::once(leader).chain(orphans) {
+        let Some(found) = tree(root) else { return all() };
+        out.extend(found.into_iter().filter(|s| seen.insert(s.pid)));
+    }
+    out
 }
 
 impl Targets<'_> {
@@ -523,7 +550,7 @@ impl Targets<'_> {
 
 /// True when no live process matches `targets`, and none might (a tag not readable yet).
 fn quiet(targets: &Targets<'_>, tags: &mut TagCache) -> bool {
-    let procs = all();
+    let procs = scan(targets);
     let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
     let desc: HashSet<ProcId> = desc.into_iter().collect();
     targets.matching(&procs, &desc, tags, &BTreeMap::new()).is_empty() && !tags.unsure()
@@ -637,7 +664,7 @@ async fn stop_reading(
                 continue;
             }
         }
-        let procs = all();
+        let procs = scan(targets);
         let group = targets.live_group(&procs);
         let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
         let desc: HashSet<ProcId> = desc.into_iter().collect();

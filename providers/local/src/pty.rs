@@ -1,22 +1,25 @@
-//! One process on a local PTY: a reader thread, a reaper thread, readiness observations,
-//! foreground signals, teardown and shutdown.
+//! One process on a local PTY: reads, writes and reaping on the async runtime, readiness
+//! observations, foreground signals, teardown and shutdown.
 //!
-//! portable-pty's reader, writer and `wait` are all blocking, so each gets a dedicated
-//! thread or `spawn_blocking` and talks to async callers over tokio channels. Every process
-//! operation (foreground lookup, probe, signals, teardown) runs here, in the world the
-//! terminal lives in, through [`crate::procfs`].
+//! A terminal holds no thread: portable-pty opens the PTY and spawns the leader, and from then
+//! on the master is a non-blocking descriptor and the leader a pidfd on tokio's reactor
+//! ([`crate::ptyfd`]). `read_chunk` reads the master directly (the caller's pace is the
+//! back-pressure: a PTY nobody reads fills, and its program blocks), `write` waits for room on
+//! the reactor, and a task awaits the pidfd and reaps the leader by pid. Where `pidfd_open` is
+//! missing (Linux before 5.3), a thread waits instead, as a fallback. Every process operation
+//! (foreground lookup, probe, signals, teardown) runs here, in the world the terminal lives in,
+//! through [`crate::procfs`].
 //!
-//! `spawn_terminal` validates the cwd first and drops the slave in the parent; one reader thread
-//! feeds a channel, counting what is queued and delivered, and a waiter thread reaps. The
-//! foreground is read via the master; the probe runs on request, on the blocking pool. `terminate`
+//! `spawn_terminal` validates the cwd first and drops the slave in the parent. The foreground is
+//! read via the master; the probe runs on request, on the blocking pool. `terminate`
 //! stops descendants and processes carrying the terminal's id children first while the frozen
 //! leader is spared, then the leader (HUP, grace, KILL), then whatever still carries the id; it
 //! does so also after the leader exited. The shutdown sweep stops a terminal's session and id.
 
 use std::fmt;
-use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,7 +33,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
-use tokio::sync::{mpsc, watch};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
 
 use crate::probe::{self, StdinMatch};
 use crate::procfs::{self, Tag, Targets};
@@ -38,19 +42,14 @@ use crate::{NAME, reaper, resolve_on_path, signals};
 
 /// Operation name in spawn errors.
 const OP: &str = "spawn_terminal";
-/// Chunks buffered between the reader thread and `read_chunk`; past it the reader
-/// blocks, the PTY fills, and the child is back-pressured instead of memory growing.
-const CHUNK_QUEUE: usize = 64;
-/// Size of one blocking read from the master.
+/// The most one read from the master takes.
 const READ_BUF: usize = 64 * 1024;
 /// How long a hung-up terminal gets to exit by itself before it is killed (shutdown).
 const HANGUP_GRACE: Duration = Duration::from_secs(1);
 /// How long a killed leader may take to be reaped before teardown reports it.
 const REAP_LIMIT: Duration = Duration::from_secs(30);
 
-type SharedWriter = Arc<Mutex<Option<Box<dyn Write + Send>>>>;
-
-/// Shared state of one terminal. The reaper thread holds a strong reference until the
+/// Shared state of one terminal. The reaping task holds a strong reference until the
 /// leader is reaped, so a live terminal stays reachable for `shutdown` even after every
 /// caller handle is dropped.
 pub(crate) struct TermInner {
@@ -58,14 +57,20 @@ pub(crate) struct TermInner {
     /// The leader's start time, so a recycled pid is never taken for it (read while the
     /// leader is unreaped, so it is the leader's own).
     start: Option<u64>,
-    /// `MasterPty` is `Send` but not `Sync`.
+    /// `MasterPty` is `Send` but not `Sync`. Kept for its ioctls (size, foreground group).
     master: Mutex<Box<dyn MasterPty + Send>>,
-    writer: SharedWriter,
-    output: tokio::sync::Mutex<mpsc::Receiver<Vec<u8>>>,
+    /// The master, non-blocking: every read and write goes through it.
+    io: AsyncFd<OwnedFd>,
+    /// One reader at a time, so chunks come out in the order they were read.
+    reading_slot: tokio::sync::Mutex<()>,
+    /// One writer at a time, so two writes never interleave.
+    writing_slot: tokio::sync::Mutex<()>,
+    /// The master reported EOF: every later read is EOF too.
+    eof: AtomicBool,
     status: watch::Sender<Option<ExitStatus>>,
     tty: Option<PathBuf>,
-    /// Bytes read from the master but not handed out by `read_chunk` yet.
-    queued: Arc<AtomicU64>,
+    /// A read syscall is under way: bytes may have left the kernel and not be counted yet.
+    in_read: AtomicBool,
     /// Bytes handed out by `read_chunk` so far.
     delivered: AtomicU64,
     /// The id in every descendant's environment: finds what detached (setsid, nohup).
@@ -129,11 +134,10 @@ impl TermInner {
         false
     }
 
-    /// Output the terminal's programs wrote that the reader thread has not read yet,
-    /// including bytes still in the master's flip buffer (see `ttyq`).
+    /// Output the terminal's programs wrote that nobody has read yet, including bytes still
+    /// in the master's flip buffer (see `ttyq`).
     fn output_in_flight(&self) -> bool {
-        let master = self.master.locked();
-        master.as_raw_fd().is_some_and(crate::ttyq::raw_readable)
+        crate::ptyfd::readable(&self.io)
     }
 
     async fn wait_exit(&self, limit: Duration) -> Option<ExitStatus> {
@@ -155,7 +159,7 @@ impl TermInner {
 
     /// Processes carrying the terminal's id, except `spare`.
     fn tagged(&self, spare: Option<procfs::ProcId>) -> Targets<'_> {
-        Targets { tagged: Some(&self.tag), spare, ..Targets::default() }
+        Targets { tagged: Some(&self.tag), spare, within: Some(self.sid()), ..Targets::default() }
     }
 
     /// Shutdown: hangs up every member of the terminal's session (its jobs in other groups
@@ -211,7 +215,12 @@ impl TermInner {
         // the group id) cannot be recycled before the reaper thread collects it.
         if self.status.borrow().is_none() {
             let leader = procfs::Group { pgid: self.sid(), leader_start: self.start };
-            let group = Targets { group: Some(leader), unreported: true, ..Targets::default() };
+            let group = Targets {
+                group: Some(leader),
+                unreported: true,
+                within: Some(self.sid()),
+                ..Targets::default()
+            };
             procfs::stop(&group, Signal::SIGHUP, grace).await;
         }
         match self.wait_exit(REAP_LIMIT).await {
@@ -224,7 +233,7 @@ impl TermInner {
     fn observe(&self, probe_stdin: Probe) -> TerminalObservation {
         // Read before the sample: output counted as delivered here was written before it.
         let delivered_bytes = self.delivered.load(Ordering::Acquire);
-        let output_pending = self.queued.load(Ordering::Acquire) > 0;
+        let output_pending = self.in_read.load(Ordering::Acquire);
         let foreground = self.foreground_pgid();
         let (stdin, cpu) = match (probe_stdin, foreground) {
             (Probe::Foreground, _) => (StdinWait::NotProbed, None),
@@ -255,11 +264,11 @@ impl TermInner {
             leader_owns_foreground: foreground.is_some_and(|pg| self.shell_group(pg)),
             stdin,
             delivered_bytes,
-            // Anything read from the master while the sample ran is pending too, and so is
-            // what the programs wrote that the reader has not read yet (before a waiter
+            // Anything being read from the master while the sample ran is pending too, and
+            // so is what the programs wrote that nobody has read yet (before a waiter
             // blocked, or while the reader fell behind).
             output_pending: output_pending
-                || self.queued.load(Ordering::Acquire) > 0
+                || self.in_read.load(Ordering::Acquire)
                 || (probe_stdin == Probe::Stdin && self.output_in_flight()),
             cpu,
         }
@@ -370,28 +379,6 @@ fn check_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Result<()
     }
 }
 
-fn pump(mut reader: Box<dyn Read + Send>, tx: mpsc::Sender<Vec<u8>>, queued: Arc<AtomicU64>) {
-    let mut buf = vec![0u8; READ_BUF];
-    loop {
-        match reader.read(&mut buf) {
-            // portable-pty maps the master's EIO (every slave fd closed) to Ok(0).
-            Ok(0) => break,
-            Ok(n) => {
-                // Counted before the send, so a reader never sees the bytes as delivered
-                // while the counter still says nothing is pending.
-                queued.fetch_add(n as u64, Ordering::AcqRel);
-                if tx.blocking_send(buf[..n].to_vec()).is_err() {
-                    // Nobody can read any more; stop holding the master open.
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            // EIO also means the last slave fd closed: EOF.
-            Err(_) => break,
-        }
-    }
-}
-
 /// Spawns `spec` on a new PTY.
 pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal> {
     let Some(program) = spec.argv.first() else {
@@ -419,14 +406,12 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
     let pair = reaper::without_spawns(|| native_pty_system().openpty(size))
         .map_err(|e| spawn_failed(format!("cannot open a pty: {e:#}")))?;
     // Everything fallible on the master happens before the child exists.
-    let reader = pair
+    let io = pair
         .master
-        .try_clone_reader()
-        .map_err(|e| spawn_failed(format!("cannot clone the pty reader: {e:#}")))?;
-    let writer = pair
-        .master
-        .take_writer()
-        .map_err(|e| spawn_failed(format!("cannot take the pty writer: {e:#}")))?;
+        .as_raw_fd()
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+        .and_then(crate::ptyfd::master)
+        .map_err(|e| spawn_failed(format!("cannot put the pty on the async runtime: {e}")))?;
     let tty = pair.master.tty_name();
 
     let (spawned, owned) = reaper::owning(|| pair.slave.spawn_command(cmd), |c| c.process_id());
@@ -438,41 +423,45 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
     };
     // Downcasting needs the bare trait object (impl_downcast covers only `dyn Child`).
     let bare: Box<dyn portable_pty::Child> = child;
-    let mut reap = match bare.downcast::<std::process::Child>() {
+    let reap = match bare.downcast::<std::process::Child>() {
         Ok(c) => Reap::Std(c),
         Err(other) => Reap::Pty(other),
     };
 
-    let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
     let start = owned.as_ref().and_then(|o| o.start);
     let inner = Arc::new(TermInner {
         pid,
         start,
         master: Mutex::new(pair.master),
-        writer: Arc::new(Mutex::new(Some(writer))),
-        output: tokio::sync::Mutex::new(rx),
+        io,
+        reading_slot: tokio::sync::Mutex::new(()),
+        writing_slot: tokio::sync::Mutex::new(()),
+        eof: AtomicBool::new(false),
         status: watch::Sender::new(None),
         tty,
-        queued: Arc::new(AtomicU64::new(0)),
+        in_read: AtomicBool::new(false),
         delivered: AtomicU64::new(0),
         // Every descendant started after the leader did.
         tag: Tag { id, since: start.unwrap_or(0) },
     });
 
-    let queued = Arc::clone(&inner.queued);
-    if let Err(e) = std::thread::Builder::new()
-        .name("conch-pty-read".into())
-        .spawn(move || pump(reader, tx, queued))
-    {
-        reap.kill_now();
-        let _ = reap.wait();
-        drop(owned);
-        return Err(spawn_failed(format!("cannot start the pty reader: {e}")));
-    }
     let me = Arc::clone(&inner);
-    // A thread that fails to start drops its closure; keeping `reap` in a shared slot
-    // lets us still kill and reap the child inline instead of leaving a zombie.
     // The owned registration goes with whoever waits for the leader, and ends after.
+    if let Reap::Std(_) = &reap
+        && let Ok(pidfd) = crate::ptyfd::pidfd(pid)
+    {
+        // The std child is only a pid from here on: the task reaps it by pid.
+        tokio::spawn(async move {
+            let status = crate::ptyfd::reap(pidfd, pid).await;
+            drop(owned);
+            drop(reap);
+            me.status.send_replace(Some(status));
+        });
+        return Ok(LocalTerminal { inner });
+    }
+    // No pidfd: a thread waits. A thread that fails to start drops its closure; keeping
+    // `reap` in a shared slot lets us still kill and reap the child inline instead of
+    // leaving a zombie.
     let reaper = Arc::new(Mutex::new(Some((reap, owned))));
     let for_thread = Arc::clone(&reaper);
     let started = std::thread::Builder::new().name("conch-pty-wait".into()).spawn(move || {
@@ -501,39 +490,38 @@ impl TerminalProcess for LocalTerminal {
     }
 
     async fn read_chunk(&self) -> Result<Option<Vec<u8>>> {
-        // A local PTY has no transport to lose: the only end is EOF.
-        let chunk = self.inner.output.lock().await.recv().await;
-        if let Some(c) = &chunk {
-            let n = c.len() as u64;
-            // Delivered first: for an instant a sample may count these bytes twice
-            // (pending and delivered), never zero times.
-            self.inner.delivered.fetch_add(n, Ordering::AcqRel);
-            self.inner.queued.fetch_sub(n, Ordering::AcqRel);
+        let inner = &self.inner;
+        let _one = inner.reading_slot.lock().await;
+        if inner.eof.load(Ordering::Acquire) {
+            return Ok(None);
         }
-        Ok(chunk)
+        // The in-read mark goes up before each read syscall and down after the bytes are
+        // counted delivered: a sample never sees them in neither place.
+        let read = crate::ptyfd::read(
+            &inner.io,
+            READ_BUF,
+            |on| inner.in_read.store(on, Ordering::Release),
+            |n| {
+                inner.delivered.fetch_add(n as u64, Ordering::AcqRel);
+            },
+        )
+        .await;
+        match read {
+            Ok(crate::ptyfd::Read::Bytes(chunk)) => Ok(Some(chunk)),
+            // A local PTY has no transport to lose: the only end is EOF.
+            Ok(crate::ptyfd::Read::Eof) => {
+                inner.eof.store(true, Ordering::Release);
+                Ok(None)
+            }
+            Err(e) => Err(Error::io("read from the terminal", e).with_provider(NAME)),
+        }
     }
 
     async fn write(&self, data: &[u8]) -> Result<()> {
-        let writer = Arc::clone(&self.inner.writer);
-        let data = data.to_vec();
-        // A child that is not reading fills the PTY and blocks the write; keep that off
-        // the async workers.
-        let done = tokio::task::spawn_blocking(move || {
-            let mut guard = writer.locked();
-            let Some(w) = guard.as_mut() else {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::BrokenPipe,
-                    "the terminal writer is closed",
-                ));
-            };
-            w.write_all(&data)?;
-            w.flush()
-        })
-        .await;
-        match done {
-            Ok(r) => r.map_err(|e| Error::io("write to the terminal", e).with_provider(NAME)),
-            Err(e) => Err(pty_error("write to the terminal", e)),
-        }
+        let _one = self.inner.writing_slot.lock().await;
+        crate::ptyfd::write_all(&self.inner.io, data)
+            .await
+            .map_err(|e| Error::io("write to the terminal", e).with_provider(NAME))
     }
 
     async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {

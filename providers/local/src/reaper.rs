@@ -206,6 +206,16 @@ pub(crate) fn orphans_possible_since(since: Instant) -> bool {
     answer
 }
 
+/// The roots under which a process a spawn started can be, besides that spawn's own tree:
+/// this process's children nobody owns (orphans adopted as subreaper, and children of other
+/// code here). `None` when this process is no subreaper: a process can then be anywhere.
+pub(crate) fn orphan_roots() -> Option<Vec<i32>> {
+    let r = REAPER.get().filter(|r| r.subreaper)?;
+    let kids = procfs::adopted();
+    let st = r.state.locked();
+    Some(kids.into_iter().filter(|pid| !st.owned.contains_key(pid)).collect())
+}
+
 fn run() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let Ok(runtime) = runtime else {

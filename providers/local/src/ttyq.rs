@@ -47,10 +47,3 @@ pub(crate) fn readable(fd: BorrowedFd<'_>) -> bool {
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
         && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN))
 }
-
-/// [`readable`] for a raw descriptor the caller keeps open for the duration of the call.
-pub(crate) fn raw_readable(fd: std::os::fd::RawFd) -> bool {
-    // SAFETY: the caller holds what owns `fd` (the PTY master, under its lock) for the call.
-    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-    readable(fd)
-}

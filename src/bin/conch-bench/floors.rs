@@ -25,6 +25,8 @@ pub(crate) enum Goal {
     Ratio(f64),
     /// measured <= this times the floor plus this many ms.
     RatioPlusMs(f64, f64),
+    /// measured / floor >= this (a rate held to a share of its floor's).
+    AtLeastRatio(f64),
     /// No goal: the row is reported next to its floor.
     Report,
 }
@@ -37,6 +39,7 @@ impl Goal {
             Goal::FloorPlusMs(ms) => format!("<= floor + {ms} ms"),
             Goal::Ratio(r) => format!("<= {r:.2}x floor"),
             Goal::RatioPlusMs(r, ms) => format!("<= {r}x floor + {ms} ms"),
+            Goal::AtLeastRatio(r) => format!(">= {r:.2}x floor"),
             Goal::Report => "no goal".to_string(),
         }
     }
@@ -48,6 +51,7 @@ impl Goal {
             (Goal::FloorPlusMs(ms), Some(f)) => measured <= f + ms,
             (Goal::Ratio(r), Some(f)) => f > 0.0 && measured / f <= r,
             (Goal::RatioPlusMs(r, ms), Some(f)) => measured <= f * r + ms,
+            (Goal::AtLeastRatio(r), Some(f)) => f > 0.0 && measured / f >= r,
             (Goal::Report, _) => true,
             (_, None) => false,
         }
@@ -199,6 +203,48 @@ async fn read_until(t: &dyn TerminalProcess, needle: &str) -> anyhow::Result<()>
     Ok(())
 }
 
+/// bash on a PTY through the subprocess seam, with no terminal service above it: the floor
+/// of a round trip (`round_trip`) and of a wait for input seen by a busy probe (`read_p`).
+pub(crate) struct RawBash(Arc<dyn TerminalProcess>);
+
+impl RawBash {
+    pub(crate) async fn round_trip(&self) -> anyhow::Result<()> {
+        self.0.write(b"echo x\r").await.map_err(e)?;
+        // The prompt comes after the command's output (bracketed-paste codes may sit between).
+        read_until(self.0.as_ref(), "RAW$ ").await
+    }
+
+    /// The time from writing `read -p` to the probe seeing bash wait; then answers it.
+    pub(crate) async fn read_p(&self) -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        self.0.write(b"read -p 'v? ' v\r").await.map_err(e)?;
+        read_until(self.0.as_ref(), "v? ").await?;
+        until_waiting(self.0.as_ref(), |o| o.leader_owns_foreground).await?;
+        let took = t0.elapsed();
+        self.0.write(b"y\r").await.map_err(e)?;
+        read_until(self.0.as_ref(), "RAW$ ").await?;
+        until_waiting(self.0.as_ref(), |o| o.leader_owns_foreground).await?;
+        Ok(took)
+    }
+
+    pub(crate) async fn close(self) -> anyhow::Result<()> {
+        self.0.terminate(Duration::from_secs(1)).await.map_err(e)?;
+        Ok(())
+    }
+}
+
+/// Starts [`RawBash`] on `rt`'s subprocess seam and waits for its first prompt.
+pub(crate) async fn raw_bash(rt: &Runtime) -> anyhow::Result<RawBash> {
+    let sub = rt.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
+    let mut spec = TerminalSpawnSpec::in_default_dir(
+        ["bash", "--norc", "--noprofile", "-i"].iter().map(|s| (*s).to_string()).collect(),
+    );
+    spec.env.insert("PS1".into(), Some("RAW$ ".into()));
+    let raw = sub.spawn_terminal(spec).await.map_err(e)?;
+    read_until(raw.as_ref(), "RAW$ ").await?;
+    Ok(RawBash(raw))
+}
+
 pub(crate) async fn terminal_send(
     rt: &Runtime,
     o: &Arc<Owner>,
@@ -299,33 +345,20 @@ pub(crate) async fn run(
     // Terminals: raw PTY floors through the subprocess seam, then the tools.
     let terminal = conch::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
     let minimal = conch::build_runtime("minimal").map_err(|e| anyhow!("{e}"))?;
-    let sub = terminal.seams().subprocess.clone().ok_or_else(|| anyhow!("no subprocess seam"))?;
-    let mut spec = TerminalSpawnSpec::in_default_dir(
-        ["bash", "--norc", "--noprofile", "-i"].iter().map(|s| (*s).to_string()).collect(),
-    );
-    spec.env.insert("PS1".into(), Some("RAW$ ".into()));
-    let raw_bash = sub.spawn_terminal(spec).await.map_err(e)?;
-    read_until(raw_bash.as_ref(), "RAW$ ").await?;
+    let raw = self::raw_bash(&terminal).await?;
     let mut read_p_floor = Vec::new();
     let mut python_floor = Vec::new();
     for _ in 0..n {
+        read_p_floor.push(raw.read_p().await?);
         let t0 = Instant::now();
-        raw_bash.write(b"read -p 'v? ' v\r").await.map_err(e)?;
-        read_until(raw_bash.as_ref(), "v? ").await?;
-        until_waiting(raw_bash.as_ref(), |o| o.leader_owns_foreground).await?;
-        read_p_floor.push(t0.elapsed());
-        raw_bash.write(b"y\r").await.map_err(e)?;
-        read_until(raw_bash.as_ref(), "RAW$ ").await?;
-        until_waiting(raw_bash.as_ref(), |o| o.leader_owns_foreground).await?;
-        let t0 = Instant::now();
-        raw_bash.write(b"python3 -c 'input()'\r").await.map_err(e)?;
-        until_waiting(raw_bash.as_ref(), |o| !o.leader_owns_foreground).await?;
+        raw.0.write(b"python3 -c 'input()'\r").await.map_err(e)?;
+        until_waiting(raw.0.as_ref(), |o| !o.leader_owns_foreground).await?;
         python_floor.push(t0.elapsed());
-        raw_bash.write(b"x\r").await.map_err(e)?;
-        read_until(raw_bash.as_ref(), "RAW$ ").await?;
-        until_waiting(raw_bash.as_ref(), |o| o.leader_owns_foreground).await?;
+        raw.0.write(b"x\r").await.map_err(e)?;
+        read_until(raw.0.as_ref(), "RAW$ ").await?;
+        until_waiting(raw.0.as_ref(), |o| o.leader_owns_foreground).await?;
     }
-    raw_bash.terminate(Duration::from_secs(1)).await.map_err(e)?;
+    raw.close().await?;
 
     let open = terminal.call(&o, "terminal_open", json!({})).await.map_err(e)?;
     let id = open.structured.as_ref().and_then(|s| s["session_id"].as_str()).unwrap_or_default();

@@ -9,7 +9,7 @@
 //! the goal rows the others share, `remote_bench.rs` the `remote` suite and
 //! `sandbox_bench.rs` the `sandbox` suite, `files_bench.rs` the `files` suite,
 //! `swerex_bench.rs` the `swerex` suite, `e2b_bench.rs` the `e2b` suite and
-//! `engine_bench.rs` the `engine` suite.
+//! `engine_bench.rs` the `engine` suite and `scale_bench.rs` the `scale` suite.
 
 mod bench;
 mod e2b_bench;
@@ -18,6 +18,7 @@ mod files_bench;
 mod floors;
 mod remote_bench;
 mod sandbox_bench;
+mod scale_bench;
 mod swerex_bench;
 
 use std::path::PathBuf;
@@ -95,6 +96,7 @@ async fn run(cli: &Cli) -> anyhow::Result<String> {
         BenchSuite::Swerex => swerex_bench::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::E2b => e2b_bench::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Engine => engine_bench::run(iterations, json).await,
+        BenchSuite::Scale => scale_bench::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Floors => floors::run(iterations, json, &conch_binary(cli)?).await,
         BenchSuite::Terminal => bench::run_terminal(iterations.max(1), json).await,
         BenchSuite::Oneshot => {
