@@ -1,9 +1,9 @@
 //! One process on a local PTY: reads, writes and reaping on the async runtime, readiness
 //! observations, foreground signals, teardown and shutdown.
 //!
-//! A terminal holds no thread: portable-pty opens the PTY and spawns the leader, and from then
-//! on the master is a non-blocking descriptor and the leader a pidfd on tokio's reactor
-//! ([`crate::ptyfd`]). `read_chunk` reads the master directly (the caller's pace is the
+//! A terminal holds no thread: portable-pty opens the PTY, `posix_spawn` starts the leader
+//! (no fork: see [`crate::ptyfd`]), and from then on the master is a non-blocking descriptor
+//! and the leader a pidfd on tokio's reactor. `read_chunk` reads the master directly (the caller's pace is the
 //! back-pressure: a PTY nobody reads fills, and its program blocks), `write` waits for room on
 //! the reactor, and a task awaits the pidfd and reaps the leader by pid. Where `pidfd_open` is
 //! missing (Linux before 5.3), a thread waits instead, as a fallback. Every process operation
@@ -32,7 +32,7 @@ use conch_sync::LockExt;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
+use portable_pty::{MasterPty, PtySize, native_pty_system};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
@@ -328,55 +328,19 @@ fn pty_error(what: &str, e: impl fmt::Display) -> Error {
     Error::new(ErrorCode::Io, format!("{what}: {e:#}")).with_provider(NAME)
 }
 
-/// How the reaper collects the leader.
-enum Reap {
-    /// portable-pty's Unix child is a std child, whose status keeps the raw signal number.
-    Std(Box<std::process::Child>),
-    /// Any other child type: its status only carries a description of the signal.
-    Pty(Box<dyn portable_pty::Child>),
-}
-
-impl Reap {
-    fn wait(self) -> ExitStatus {
-        match self {
-            Reap::Std(mut c) => c.wait().map(crate::process::to_exit).unwrap_or_default(),
-            Reap::Pty(mut c) => match c.wait() {
-                Ok(s) => match s.signal() {
-                    Some(sig) => ExitStatus { code: None, signal: Some(sig.to_owned()) },
-                    None => ExitStatus { code: i32::try_from(s.exit_code()).ok(), signal: None },
-                },
-                Err(_) => ExitStatus::default(),
-            },
-        }
-    }
-
-    fn kill_now(&mut self) {
-        // Used only when setup fails after the child exists: no zombie, no orphan.
-        let pid = match self {
-            Reap::Std(c) => Some(c.id()),
-            Reap::Pty(c) => c.process_id(),
-        };
-        if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
-}
-
-/// Checks argv[0] the way the PTY crate will resolve it, so a miss is a `SpawnFailed`
-/// naming the program rather than an opaque crate error.
-fn check_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Result<()> {
+/// Resolves argv[0] as execvp would (a relative path against the child's cwd), so a miss is a
+/// `SpawnFailed` naming the program rather than an opaque errno.
+fn resolve_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Result<PathBuf> {
     let found = if program.contains('/') {
-        // portable-pty resolves relative paths against the child's cwd, not ours.
         let full = cwd.join(program);
         full.to_str().and_then(|p| resolve_on_path(p, None))
     } else {
         resolve_on_path(program, path_var)
     };
-    match found {
-        Some(_) => Ok(()),
-        None => Err(spawn_failed(format!("command not found: `{program}`"))
-            .with_reason(conch_seams::ErrorReason::MissingProgram)),
-    }
+    found.ok_or_else(|| {
+        spawn_failed(format!("command not found: `{program}`"))
+            .with_reason(conch_seams::ErrorReason::MissingProgram)
+    })
 }
 
 /// Spawns `spec` on a new PTY.
@@ -384,21 +348,12 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
     let Some(program) = spec.argv.first() else {
         return Err(Error::invalid("argv is empty").with_provider(NAME).with_operation(OP));
     };
-    // portable-pty silently replaces a missing cwd with $HOME, so validate it here.
+    // A cwd that is not a directory is refused here, naming it (not as an exec errno).
     let cwd = crate::process::resolve_cwd(spec.cwd.as_deref(), OP)?;
     let mut env = conch_env::child_env(&spec.env);
     // After the overlay: the provider's own mark, which no caller's config may replace.
     env.insert(conch_env::CALL_ID_VAR.into(), conch_env::call_id_value(&id));
-    check_program(program, &cwd, env.get("PATH").map(String::as_str))?;
-
-    let mut cmd = CommandBuilder::new(program);
-    cmd.args(&spec.argv[1..]);
-    // The builder snapshots our environment; the child gets exactly the scrubbed map.
-    cmd.env_clear();
-    for (k, v) in &env {
-        cmd.env(k, v);
-    }
-    cmd.cwd(&cwd);
+    let path = resolve_program(program, &cwd, env.get("PATH").map(String::as_str))?;
 
     let size =
         PtySize { rows: spec.size.rows, cols: spec.size.cols, pixel_width: 0, pixel_height: 0 };
@@ -412,22 +367,18 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
         .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
         .and_then(crate::ptyfd::master)
         .map_err(|e| spawn_failed(format!("cannot put the pty on the async runtime: {e}")))?;
-    let tty = pair.master.tty_name();
+    let tty = pair
+        .master
+        .tty_name()
+        .ok_or_else(|| spawn_failed("the pty has no slave path".to_string()))?;
 
-    let (spawned, owned) = reaper::owning(|| pair.slave.spawn_command(cmd), |c| c.process_id());
+    let (spawned, owned) = reaper::owning(
+        || crate::ptyfd::spawn_session(&path, &spec.argv, &env, &cwd, &tty),
+        |pid| Some(*pid),
+    );
     // The parent's slave fd would keep the master from ever seeing EOF.
     drop(pair.slave);
-    let child = spawned.map_err(|e| spawn_failed(format!("cannot execute `{program}`: {e:#}")))?;
-    let Some(pid) = child.process_id() else {
-        return Err(spawn_failed(format!("`{program}` started without a pid")));
-    };
-    // Downcasting needs the bare trait object (impl_downcast covers only `dyn Child`).
-    let bare: Box<dyn portable_pty::Child> = child;
-    let reap = match bare.downcast::<std::process::Child>() {
-        Ok(c) => Reap::Std(c),
-        Err(other) => Reap::Pty(other),
-    };
-
+    let pid = spawned.map_err(|e| spawn_failed(format!("cannot execute `{program}`: {e}")))?;
     let start = owned.as_ref().and_then(|o| o.start);
     let inner = Arc::new(TermInner {
         pid,
@@ -438,7 +389,7 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
         writing_slot: tokio::sync::Mutex::new(()),
         eof: AtomicBool::new(false),
         status: watch::Sender::new(None),
-        tty,
+        tty: Some(tty),
         in_read: AtomicBool::new(false),
         delivered: AtomicU64::new(0),
         // Every descendant started after the leader did.
@@ -447,37 +398,27 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
 
     let me = Arc::clone(&inner);
     // The owned registration goes with whoever waits for the leader, and ends after.
-    if let Reap::Std(_) = &reap
-        && let Ok(pidfd) = crate::ptyfd::pidfd(pid)
-    {
-        // The std child is only a pid from here on: the task reaps it by pid.
+    if let Ok(pidfd) = crate::ptyfd::pidfd(pid) {
         tokio::spawn(async move {
             let status = crate::ptyfd::reap(pidfd, pid).await;
             drop(owned);
-            drop(reap);
             me.status.send_replace(Some(status));
         });
         return Ok(LocalTerminal { inner });
     }
-    // No pidfd: a thread waits. A thread that fails to start drops its closure; keeping
-    // `reap` in a shared slot lets us still kill and reap the child inline instead of
-    // leaving a zombie.
-    let reaper = Arc::new(Mutex::new(Some((reap, owned))));
-    let for_thread = Arc::clone(&reaper);
+    // No pidfd (Linux before 5.3): a thread waits.
     let started = std::thread::Builder::new().name("conch-pty-wait".into()).spawn(move || {
-        if let Some((r, owned)) = for_thread.locked().take() {
-            let status = r.wait();
-            drop(owned);
-            me.status.send_replace(Some(status));
-        }
+        let status = crate::ptyfd::wait_blocking(pid);
+        drop(owned);
+        me.status.send_replace(Some(status));
     });
     if let Err(e) = started {
-        if let Some((mut r, owned)) = reaper.locked().take() {
-            r.kill_now();
-            let status = r.wait();
-            drop(owned);
-            inner.status.send_replace(Some(status));
+        // The closure (and with it the registration) is gone: kill and reap the child here
+        // rather than leave a zombie.
+        if let Ok(p) = i32::try_from(pid) {
+            let _ = killpg(Pid::from_raw(p), Signal::SIGKILL);
         }
+        inner.status.send_replace(Some(crate::ptyfd::wait_blocking(pid)));
         return Err(spawn_failed(format!("cannot start the pty reaper: {e}")));
     }
     Ok(LocalTerminal { inner })
