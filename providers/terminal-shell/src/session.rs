@@ -27,7 +27,8 @@
 //!   `ignore_silence` or `wait_for`, Tier 2 never ends it; a `wait_for` match ends it
 //!   before any tier (`matched`); its output cap bounds the retained delta (newest kept).
 //!
-//! The tier 1 probe runs from the moment output goes quiet, with a growing gap. An interrupt sends
+//! The tier 1 probe runs from the moment output goes quiet: back to back for the first
+//! `DENSE_PROBE_WINDOW` (within a budget per wait), then with a growing gap. An interrupt sends
 //! SIGINT to each command group that takes the foreground, again every `COMMAND_REINTERRUPT_GAP`
 //! while one still holds it, since a SIGINT landing between bash's fork and the child's exec is
 //! lost. The shell's own group gets one only while no command was seen, never while readline may
@@ -84,6 +85,13 @@ const FAST_PROBE_WINDOW: Duration = Duration::from_secs(1);
 const FAST_PROBE_GAP: Duration = Duration::from_millis(4);
 /// The gap before the confirming sample, once one sample saw a wait.
 const CONFIRM_GAP: Duration = Duration::from_millis(2);
+/// For this long after output went quiet, Tier 1 probes run back to back (each a few `/proc`
+/// reads): a program about to wait for input (`read -p`, an interpreter's prompt) mostly
+/// blocks within it, and is seen about when it does rather than a timer tick later.
+const DENSE_PROBE_WINDOW: Duration = Duration::from_millis(3);
+/// The most back-to-back probes one wait makes: a command whose output comes in short bursts
+/// must not keep a probe running in every gap between them.
+const DENSE_PROBE_BUDGET: u32 = 200;
 /// How long a send right after terminal_signal waits for the signalled command's own prompt,
 /// so that prompt is not taken as the send's result.
 const SIGNAL_SETTLE: Duration = Duration::from_millis(1_000);
@@ -936,6 +944,7 @@ impl ShellSession {
         // foreground busy, whichever came later.
         let mut cpu = CpuWatch::default();
         let mut last_busy = started;
+        let mut dense_left = DENSE_PROBE_BUDGET;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof, last_output, code, ingested, echo_seen, answering) = {
@@ -1009,6 +1018,14 @@ impl ShellSession {
                     confirmed = None;
                 }
                 let quiet = now.saturating_duration_since(last_output.max(started));
+                if quiet < DENSE_PROBE_WINDOW && dense_left > 0 {
+                    // The next sample right away (after letting other tasks run); Tier 2
+                    // cannot be due this soon after output.
+                    dense_left -= 1;
+                    next_probe = now;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
                 let widest =
                     if quiet < FAST_PROBE_WINDOW { FAST_PROBE_GAP.min(poll) } else { poll };
                 let mut gap = (quiet / 8).clamp(MIN_PROBE_GAP, widest.max(MIN_PROBE_GAP));
