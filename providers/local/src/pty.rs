@@ -19,8 +19,8 @@
 use std::fmt;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,11 +28,10 @@ use conch_seams::{
     Error, ErrorCode, ExitStatus, ForegroundTarget, Probe, Result, SignalDelivery, StdinWait,
     TeardownReport, TerminalObservation, TerminalProcess, TerminalSize, TerminalSpawnSpec,
 };
-use conch_sync::LockExt;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use portable_pty::{MasterPty, PtySize, native_pty_system};
+use portable_pty::{PtySize, native_pty_system};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
@@ -57,9 +56,9 @@ pub(crate) struct TermInner {
     /// The leader's start time, so a recycled pid is never taken for it (read while the
     /// leader is unreaped, so it is the leader's own).
     start: Option<u64>,
-    /// `MasterPty` is `Send` but not `Sync`. Kept for its ioctls (size, foreground group).
-    master: Mutex<Box<dyn MasterPty + Send>>,
-    /// The master, non-blocking: every read and write goes through it.
+    /// The master, non-blocking: every read, write and ioctl goes through it (portable-pty's
+    /// own descriptor is closed after the spawn: one fd fewer per terminal, and every spawn
+    /// copies and closes each fd this process holds).
     io: AsyncFd<OwnedFd>,
     /// One reader at a time, so chunks come out in the order they were read.
     reading_slot: tokio::sync::Mutex<()>,
@@ -98,7 +97,7 @@ impl TermInner {
     }
 
     fn foreground_pgid(&self) -> Option<i32> {
-        self.master.locked().process_group_leader()
+        crate::ptyfd::foreground(&self.io)
     }
 
     /// True when `pg` is the shell's own group rather than a command's: the session leader's
@@ -376,14 +375,15 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
         || crate::ptyfd::spawn_session(&path, &spec.argv, &env, &cwd, &tty),
         |pid| Some(*pid),
     );
-    // The parent's slave fd would keep the master from ever seeing EOF.
+    // The parent's slave fd would keep the master from ever seeing EOF; the master lives on
+    // as `io`.
     drop(pair.slave);
+    drop(pair.master);
     let pid = spawned.map_err(|e| spawn_failed(format!("cannot execute `{program}`: {e}")))?;
     let start = owned.as_ref().and_then(|o| o.start);
     let inner = Arc::new(TermInner {
         pid,
         start,
-        master: Mutex::new(pair.master),
         io,
         reading_slot: tokio::sync::Mutex::new(()),
         writing_slot: tokio::sync::Mutex::new(()),
@@ -487,10 +487,7 @@ impl TerminalProcess for LocalTerminal {
     }
 
     async fn resize(&self, size: TerminalSize) -> Result<()> {
-        self.inner
-            .master
-            .locked()
-            .resize(PtySize { rows: size.rows, cols: size.cols, pixel_width: 0, pixel_height: 0 })
+        crate::ptyfd::resize(&self.inner.io, size.rows, size.cols)
             .map_err(|e| pty_error("resize the terminal", e))
     }
 

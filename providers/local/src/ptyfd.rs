@@ -123,6 +123,27 @@ pub(crate) async fn write_all(io: &AsyncFd<OwnedFd>, data: &[u8]) -> io::Result<
     Ok(())
 }
 
+/// The terminal's foreground process group (`tcgetpgrp` on the master); `None` when it has
+/// none.
+pub(crate) fn foreground(io: &AsyncFd<OwnedFd>) -> Option<i32> {
+    nix::unistd::tcgetpgrp(io.get_ref()).ok().map(Pid::as_raw).filter(|pg| *pg > 0)
+}
+
+nix::ioctl_write_ptr_bad!(set_winsize, libc::TIOCSWINSZ, libc::winsize);
+
+/// Sets the terminal's size (the kernel sends SIGWINCH to its foreground group).
+///
+/// # Errors
+/// The ioctl failed (the PTY is gone).
+pub(crate) fn resize(io: &AsyncFd<OwnedFd>, rows: u16, cols: u16) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let size = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: the descriptor is open for the call (owned by `io`), and `size` is a valid
+    // winsize for TIOCSWINSZ to read.
+    unsafe { set_winsize(io.get_ref().as_raw_fd(), &size) }.map_err(io::Error::from)?;
+    Ok(())
+}
+
 /// True when the master has output to read, after the kernel moved its flip buffer (see
 /// `ttyq`). Never blocks.
 pub(crate) fn readable(io: &AsyncFd<OwnedFd>) -> bool {
