@@ -1049,6 +1049,43 @@ fn bench_json_is_the_chosen_suite_and_an_unknown_suite_is_refused() {
     assert!(err.contains("possible values: oneshot, terminal, floors, remote, sandbox"), "{err}");
 }
 
+/// The scale suite holds 1,000 terminals and 1,000 jobs in one runtime and 100 clients on a
+/// daemon. Its timings are the bench's to judge; what is asserted here is what holds however
+/// loaded the machine is: every row is measured, no thread per terminal, and nothing the
+/// runtime or the daemon started is left once they tear down.
+#[test]
+fn the_scale_bench_holds_1000_terminals_without_a_thread_each_and_leaves_nothing() {
+    let bench = std::path::Path::new(env!("CARGO_BIN_EXE_conch-bench"));
+    let out = Command::new(bench)
+        .args(["--suite", "scale", "--iterations", "1", "--json"])
+        .args(["--conch", env!("CARGO_BIN_EXE_conch")])
+        .env("CONCH_PLUGINS__SUBPROCESS_LOCAL__SPILL_DIR", test_spill_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let row = |path: &str| {
+        let r = rows.iter().find(|r| r["path"] == path).unwrap_or_else(|| panic!("{path}: {v}"));
+        r["measured"].as_f64().unwrap()
+    };
+    for r in rows {
+        assert!(r["measured"].as_f64().is_some_and(f64::is_finite), "{r}");
+    }
+    assert!(row("threads with 1,000 terminals open") <= 64.0, "{v}");
+    for gone in [
+        "terminal leaders alive after teardown",
+        "job processes alive after teardown",
+        "daemon, 100 clients: errors",
+        "daemon, 100 clients: processes left",
+    ] {
+        assert_eq!(row(gone), 0.0, "{gone}: {v}");
+    }
+    // The leaders it counted were there to count.
+    let leaders = rows.iter().find(|r| r["path"] == "terminal leaders alive after teardown");
+    assert_eq!(leaders.unwrap()["floor"].as_f64(), Some(1000.0), "{v}");
+}
+
 #[test]
 fn bench_runs_conch_bench_next_to_conch_else_on_path_else_says_what_to_build() {
     // The benchmarks are a binary of their own; `conch bench` execs it with its flags.
