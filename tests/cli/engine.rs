@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::conch;
 
 /// The image these tests build, once per test binary run (the previous run's is replaced).
-const IMAGE: &str = "conch-sandbox-test:ci";
+pub(crate) const IMAGE: &str = "conch-sandbox-test:ci";
 const TOKEN: &str = "engine-test-token-0123456789abcdef";
 /// Every wait here is for a state (health, an answer, an exit), bounded by this.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -27,7 +27,7 @@ fn stdout(o: &Output) -> String {
 }
 
 /// Whether an engine answers; otherwise prints the skip line for `test`.
-fn engine(test: &str) -> bool {
+pub(crate) fn engine(test: &str) -> bool {
     let up = Command::new("docker")
         .args(["version", "--format", "{{.Server.Version}}"])
         .output()
@@ -39,7 +39,7 @@ fn engine(test: &str) -> bool {
 }
 
 /// Builds [`IMAGE`] with this build's conch, once; the build's stdout.
-fn image() -> &'static str {
+pub(crate) fn image() -> &'static str {
     static BUILT: OnceLock<String> = OnceLock::new();
     BUILT.get_or_init(|| {
         // The last run's image goes first, so runs do not pile images up.
