@@ -3,18 +3,27 @@
 //! readiness waits on tokio's reactor, so 1,000 terminals cost what one does plus their fds.
 //!
 //! # Invariants
-//! - `O_NONBLOCK` belongs to the open file description, which a `dup` shares: once the master
-//!   is made non-blocking here, nothing may read or write it through portable-pty's blocking
-//!   reader or writer (neither is taken). Its ioctls (resize, foreground group) are unaffected.
+//! - One descriptor per master: portable-pty opens the pair, [`master`] duplicates the master
+//!   (close-on-exec) and makes it non-blocking, and portable-pty's own is closed once the
+//!   leader runs. Every read, write and ioctl (foreground group, resize) goes through it.
+//!   (`O_NONBLOCK` belongs to the open file description, so a blocking reader or writer of
+//!   portable-pty's on the same master would break; none is taken.)
 //! - A master read that returns 0 or fails with anything but `EAGAIN`/`EINTR` is EOF: Linux
 //!   says `EIO` once every slave fd is closed, and only after the queued output was read.
 //! - The leader is reaped by pid (`waitpid(pid, WNOHANG)`) once its pidfd is readable, never
 //!   by `-1`, so no other child is taken from its owner (see `reaper`).
 //! - The leader is started by `posix_spawn` ([`spawn_session`]), which glibc runs as a
 //!   `vfork`-style clone: the child shares this process's memory until its exec, so a start
-//!   costs the same whatever this process holds. A `fork` copies the page tables, and the
-//!   child then closes every descriptor by listing them: with 1,000 terminals open both made
-//!   an open five times dearer than with 100.
+//!   costs the same whatever this process holds. A `fork` copies the page tables, and
+//!   portable-pty's child then closed every descriptor by listing them: with 1,000 terminals
+//!   open the two made an open 6.6 times dearer than among the first 100 (26.5 ms against
+//!   4.0 ms, `conch bench --suite scale`).
+//!
+//! Honest limits: without `pidfd_open` (Linux before 5.3) a thread per terminal waits for its
+//! leader instead. Outside glibc there is no `closefrom` spawn action: the leader then starts
+//! with only the descriptors not marked close-on-exec, and every descriptor this crate opens is.
+//! The child's descriptor table is still a copy of this process's: a spawn pays for copying
+//! and closing the descriptors open here, in proportion to their number (two per terminal).
 
 #![allow(unsafe_code)]
 
