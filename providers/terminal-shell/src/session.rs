@@ -86,8 +86,11 @@ const FAST_PROBE_GAP: Duration = Duration::from_millis(4);
 /// The gap before the confirming sample, once one sample saw a wait.
 const CONFIRM_GAP: Duration = Duration::from_millis(2);
 /// For this long after output went quiet, Tier 1 probes run back to back (each a few `/proc`
-/// reads): a program about to wait for input (`read -p`, an interpreter's prompt) mostly
-/// blocks within it, and is seen about when it does rather than a timer tick later.
+/// reads) while the foreground is not runnable: a program about to wait for input (`read -p`,
+/// an interpreter's prompt) mostly blocks within it, and is seen about when it does rather
+/// than a timer tick later. A runnable foreground is left the CPU (on a busy core, back-to-back
+/// samples would delay the very program they wait for: a `terminal_send` p99 of 3.8 ms instead
+/// of 0.9 ms with 1,000 sessions open).
 const DENSE_PROBE_WINDOW: Duration = Duration::from_millis(3);
 /// The most back-to-back probes one wait makes: a command whose output comes in short bursts
 /// must not keep a probe running in every gap between them.
@@ -1003,6 +1006,9 @@ impl ShellSession {
                 if cpu.busy(&obs) {
                     last_busy = now;
                 }
+                // A foreground that is running or waiting for a CPU is not about to be seen
+                // waiting for input: sampling it back to back would only take a CPU from it.
+                let runnable = obs.cpu.is_some_and(|c| c.busy);
                 let complete = !obs.output_pending && ingested >= obs.delivered_bytes;
                 if obs.stdin == StdinWait::Waiting && complete {
                     let (n, since) = match confirmed {
@@ -1018,7 +1024,7 @@ impl ShellSession {
                     confirmed = None;
                 }
                 let quiet = now.saturating_duration_since(last_output.max(started));
-                if quiet < DENSE_PROBE_WINDOW && dense_left > 0 {
+                if quiet < DENSE_PROBE_WINDOW && dense_left > 0 && !runnable {
                     // The next sample right away (after letting other tasks run); Tier 2
                     // cannot be due this soon after output.
                     dense_left -= 1;
