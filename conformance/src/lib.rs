@@ -300,6 +300,8 @@ macro_rules! __terminal_process_cases {
             overlay_is_applied_after_the_scrub,
             child_env_is_exactly_the_scrubbed_map,
             cwd_is_honoured,
+            a_relative_path_entry_is_a_directory_of_the_cwd,
+            a_script_without_a_shebang_runs_under_sh,
             initial_size_and_resize_reach_the_tty,
             write_then_read_roundtrip_with_cat,
             probe_sees_python_input_read,

@@ -248,6 +248,43 @@ pub async fn cwd_is_honoured(p: &dyn Subprocess) -> Outcome {
     Ok(())
 }
 
+/// A relative `PATH` entry names a directory of the terminal's cwd, where the program is
+/// executed, not of the provider's own.
+pub async fn a_relative_path_entry_is_a_directory_of_the_cwd(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().canonicalize().unwrap();
+    let bin = real.join("conch-rel-bin");
+    std::fs::create_dir(&bin).unwrap();
+    let prog = bin.join("conch-rel-prog");
+    std::fs::write(&prog, "#!/bin/sh\necho rel-ok\n").unwrap();
+    std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut spec = TerminalSpawnSpec::new(argv(&["conch-rel-prog"]), &real);
+    spec.env.insert("PATH".into(), Some("conch-rel-bin:/usr/bin:/bin".into()));
+    let t = within("spawn", p.spawn_terminal(spec))
+        .await
+        .expect("a program on a relative PATH entry of the cwd starts");
+    let text = read_to_eof(t.as_ref()).await;
+    assert!(text.contains("rel-ok"), "{text:?}");
+    assert!(wait(t.as_ref()).await.success());
+    Ok(())
+}
+
+/// An executable text file without a `#!` line runs under `/bin/sh`, as `execvp` runs it.
+pub async fn a_script_without_a_shebang_runs_under_sh(p: &dyn Subprocess) -> Outcome {
+    terminals(p)?;
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().canonicalize().unwrap().join("conch-no-shebang");
+    std::fs::write(&prog, "echo \"no-shebang-ok $1\"\n").unwrap();
+    std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let spec = TerminalSpawnSpec::new(argv(&[prog.to_str().unwrap(), "arg1"]), tmp());
+    let t = within("spawn", p.spawn_terminal(spec)).await.expect("the script starts");
+    let text = read_to_eof(t.as_ref()).await;
+    assert!(text.contains("no-shebang-ok arg1"), "{text:?}");
+    assert!(wait(t.as_ref()).await.success());
+    Ok(())
+}
+
 pub async fn initial_size_and_resize_reach_the_tty(p: &dyn Subprocess) -> Outcome {
     terminals(p)?;
     let mut spec = TerminalSpawnSpec::new(

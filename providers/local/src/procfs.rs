@@ -149,14 +149,18 @@ pub(crate) fn all() -> Vec<Stat> {
 }
 
 /// `root` and its descendants, found through `/proc/<pid>/task/<tid>/children` rather than
-/// a scan of every process (bounded; `None` when the kernel has no children files).
+/// a scan of every process. `None` when the kernel has no children files, or past 4,096
+/// processes (a caller then scans every process: a partial tree must not pass for the whole).
 pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
     const MAX: usize = 4096;
     let mut out = Vec::new();
     let mut queue = std::collections::VecDeque::from([root]);
     let mut seen = HashSet::new();
     while let Some(pid) = queue.pop_front() {
-        if out.len() >= MAX || !seen.insert(pid) {
+        if out.len() >= MAX {
+            return None;
+        }
+        if !seen.insert(pid) {
             continue;
         }
         let Some(s) = stat(pid) else { continue };
@@ -183,9 +187,16 @@ pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
 /// The kernel hands an orphan to the first live thread of the subreaper, which is the main
 /// thread while it lives (it runs `main` for as long as conch does), so adopted processes
 /// are on that one thread's list: one read instead of one per thread. Where the main thread
-/// has no `children` file, every thread's list is read ([`children`]).
+/// has no `children` file or has exited, every thread's list is read ([`children`]).
 pub(crate) fn adopted() -> Vec<i32> {
     let me = std::process::id();
+    // An embedder's main thread may have exited (a zombie thread): orphans then go to
+    // another thread, and every thread's list is read.
+    let main_gone =
+        read_stat(Path::new(&format!("/proc/{me}/task/{me}/stat")), 0).is_none_or(|s| !s.live());
+    if main_gone {
+        return i32::try_from(me).map(children).unwrap_or_default();
+    }
     match read(format!("/proc/{me}/task/{me}/children")) {
         Ok(text) => text.split_whitespace().filter_map(|n| n.parse::<i32>().ok()).collect(),
         Err(_) => i32::try_from(me).map(children).unwrap_or_default(),
@@ -470,7 +481,8 @@ pub(crate) struct Targets<'a> {
     /// Nobody needs to know which processes were stopped: a group target is then signalled
     /// at once, before any scan (the report lists only what later scans found).
     pub(crate) unreported: bool,
-    /// Every process carrying this tag, wherever it went (setsid, nohup, double forks).
+    /// Every process carrying this tag, wherever it went (setsid, nohup, double forks); with
+    /// `within`, wherever a process of the spawn can go (see [`scan`]).
     pub(crate) tagged: Option<&'a Tag>,
     /// Never matched or signalled, whatever else says (a leader frozen while its tree goes).
     pub(crate) spare: Option<ProcId>,
@@ -483,13 +495,22 @@ pub(crate) struct Targets<'a> {
     pub(crate) within: Option<i32>,
 }
 
+/// True when [`scan`] looks within one spawn rather than at every process.
+fn scoped(targets: &Targets<'_>) -> bool {
+    targets.within.is_some() && targets.pipe_inodes.is_empty()
+}
+
 /// The processes a look for `targets` reads: every process, or, when the targets lie
 /// `within` one spawn and this process is a subreaper, that spawn's tree and the trees of
 /// this process's unowned children. With the subreaper, a process a spawn started is either
 /// still below its leader or was reparented here (to the main thread) when its parent died:
 /// nowhere else (holders of target pipes excepted: a descriptor can be handed to anyone, so
-/// those are looked for everywhere). The leader's tree is walked first and the orphans read after, so a process
-/// reparented meanwhile is on one list or the other. So a teardown costs its own tree, not
+/// those are looked for everywhere). The leader's tree is walked first and the orphans read
+/// after, so a process reparented here meanwhile is on one list or the other; one reparented
+/// mid-walk to a subreaper inside the tree (bubblewrap's pid 1) can sit under a node already
+/// walked, so an empty scoped look counts only when the next one is empty too ([`scoped`]).
+/// Not looked for: a process some other service started with the tag in its environment
+/// (an `at` job, `systemd-run`), outside both. So a teardown costs its own tree, not
 /// the machine's process count, and 1,000 terminals closing at once do not each read 1,000
 /// trees.
 fn scan(targets: &Targets<'_>) -> Vec<Stat> {
@@ -550,10 +571,13 @@ impl Targets<'_> {
 
 /// True when no live process matches `targets`, and none might (a tag not readable yet).
 fn quiet(targets: &Targets<'_>, tags: &mut TagCache) -> bool {
-    let procs = scan(targets);
-    let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
-    let desc: HashSet<ProcId> = desc.into_iter().collect();
-    targets.matching(&procs, &desc, tags, &BTreeMap::new()).is_empty() && !tags.unsure()
+    let looks = if scoped(targets) { 2 } else { 1 };
+    (0..looks).all(|_| {
+        let procs = scan(targets);
+        let desc = targets.descendants_of.map(|root| descendants(root, &procs)).unwrap_or_default();
+        let desc: HashSet<ProcId> = desc.into_iter().collect();
+        targets.matching(&procs, &desc, tags, &BTreeMap::new()).is_empty() && !tags.unsure()
+    })
 }
 
 /// Probes until no live process matches `targets` (true) or `limit` passed (false).
@@ -646,6 +670,7 @@ async fn stop_reading(
         first_round = false;
     }
     let mut pause = MIN_PROBE_INTERVAL;
+    let mut empty_once = false;
     loop {
         // A group with no member at all, and nothing else tracked alive, needs no scan.
         if only_group
@@ -675,8 +700,14 @@ async fn stop_reading(
                 tokio::time::sleep(PROBE_INTERVAL).await;
                 continue;
             }
+            // A scoped look proves the set gone only twice in a row (see `scan`).
+            if scoped(targets) && !empty_once {
+                empty_once = true;
+                continue;
+            }
             break;
         }
+        empty_once = false;
         // Children first, wherever they were reparented: deepest in the tree first.
         let depth = depths(&procs);
         live.sort_by_key(|(id, _, _)| std::cmp::Reverse(depth.get(&id.pid).copied()));

@@ -11,7 +11,7 @@
 //! through [`crate::procfs`].
 //!
 //! `spawn_terminal` validates the cwd first and drops the slave in the parent. The foreground is
-//! read via the master; the probe runs on request, on the blocking pool. `terminate`
+//! read via the master; the probe runs on request, inline. `terminate`
 //! stops descendants and processes carrying the terminal's id children first while the frozen
 //! leader is spared, then the leader (HUP, grace, KILL), then whatever still carries the id; it
 //! does so also after the leader exited. The shutdown sweep stops a terminal's session and id.
@@ -62,8 +62,8 @@ pub(crate) struct TermInner {
     io: AsyncFd<OwnedFd>,
     /// One reader at a time, so chunks come out in the order they were read.
     reading_slot: tokio::sync::Mutex<()>,
-    /// One writer at a time, so two writes never interleave.
-    writing_slot: tokio::sync::Mutex<()>,
+    /// One writer at a time, so two writes never interleave; held by the writing task.
+    writing_slot: Arc<tokio::sync::Mutex<()>>,
     /// The master reported EOF: every later read is EOF too.
     eof: AtomicBool,
     status: watch::Sender<Option<ExitStatus>>,
@@ -211,7 +211,7 @@ impl TermInner {
             }
         }
         // Only signal the leader's group by id while the leader is unreaped: its pid (and so
-        // the group id) cannot be recycled before the reaper thread collects it.
+        // the group id) cannot be recycled before the reaping task collects it.
         if self.status.borrow().is_none() {
             let leader = procfs::Group { pgid: self.sid(), leader_start: self.start };
             let group = Targets {
@@ -327,19 +327,45 @@ fn pty_error(what: &str, e: impl fmt::Display) -> Error {
     Error::new(ErrorCode::Io, format!("{what}: {e:#}")).with_provider(NAME)
 }
 
-/// Resolves argv[0] as execvp would (a relative path against the child's cwd), so a miss is a
-/// `SpawnFailed` naming the program rather than an opaque errno.
+/// Resolves argv[0] as execvp would in the child, whose cwd is `cwd`: a path with a slash, and
+/// a relative `PATH` entry, are taken against `cwd` (the exec happens after the child's
+/// `chdir`), so a miss is a `SpawnFailed` naming the program rather than an opaque errno.
 fn resolve_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Result<PathBuf> {
     let found = if program.contains('/') {
         let full = cwd.join(program);
         full.to_str().and_then(|p| resolve_on_path(p, None))
     } else {
-        resolve_on_path(program, path_var)
+        // Empty entries are skipped, as `resolve_on_path` skips them.
+        path_var
+            .unwrap_or_default()
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| cwd.join(d).join(program))
+            .find_map(|p| p.to_str().and_then(|p| resolve_on_path(p, None)))
     };
     found.ok_or_else(|| {
         spawn_failed(format!("command not found: `{program}`"))
             .with_reason(conch_seams::ErrorReason::MissingProgram)
     })
+}
+
+/// Starts `path` as [`crate::ptyfd::spawn_session`] does; an executable without a `#!` line
+/// (`ENOEXEC`) is run by `/bin/sh`, as `execvp` runs it.
+fn spawn_leader(
+    path: &Path,
+    argv: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+    cwd: &Path,
+    tty: &Path,
+) -> std::io::Result<u32> {
+    match crate::ptyfd::spawn_session(path, argv, env, cwd, tty) {
+        Err(e) if e.raw_os_error() == Some(Errno::ENOEXEC as i32) => {
+            let mut sh = vec!["/bin/sh".to_string(), path.to_string_lossy().into_owned()];
+            sh.extend(argv.iter().skip(1).cloned());
+            crate::ptyfd::spawn_session(Path::new("/bin/sh"), &sh, env, cwd, tty)
+        }
+        other => other,
+    }
 }
 
 /// Spawns `spec` on a new PTY.
@@ -371,10 +397,8 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
         .tty_name()
         .ok_or_else(|| spawn_failed("the pty has no slave path".to_string()))?;
 
-    let (spawned, owned) = reaper::owning(
-        || crate::ptyfd::spawn_session(&path, &spec.argv, &env, &cwd, &tty),
-        |pid| Some(*pid),
-    );
+    let (spawned, owned) =
+        reaper::owning(|| spawn_leader(&path, &spec.argv, &env, &cwd, &tty), |pid| Some(*pid));
     // The parent's slave fd would keep the master from ever seeing EOF; the master lives on
     // as `io`.
     drop(pair.slave);
@@ -386,7 +410,7 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
         start,
         io,
         reading_slot: tokio::sync::Mutex::new(()),
-        writing_slot: tokio::sync::Mutex::new(()),
+        writing_slot: Arc::new(tokio::sync::Mutex::new(())),
         eof: AtomicBool::new(false),
         status: watch::Sender::new(None),
         tty: Some(tty),
@@ -437,7 +461,9 @@ impl TerminalProcess for LocalTerminal {
             return Ok(None);
         }
         // The in-read mark goes up before each read syscall and down after the bytes are
-        // counted delivered: a sample never sees them in neither place.
+        // counted delivered, so a sample taken while bytes are between the kernel and the
+        // counter says output is pending. (A read that starts and ends within one sample can
+        // still be missed by it; the confirming sample sees the count grown.)
         let read = crate::ptyfd::read(
             &inner.io,
             READ_BUF,
@@ -459,17 +485,29 @@ impl TerminalProcess for LocalTerminal {
     }
 
     async fn write(&self, data: &[u8]) -> Result<()> {
-        let _one = self.inner.writing_slot.lock().await;
-        crate::ptyfd::write_all(&self.inner.io, data)
-            .await
-            .map_err(|e| Error::io("write to the terminal", e).with_provider(NAME))
+        // Whole writes, in the order callers asked. Once begun, a write is finished by its own
+        // task even if the caller goes away: a cancelled send must not leave half a line in
+        // the shell's input for the next send to be joined to.
+        let slot = Arc::clone(&self.inner.writing_slot).lock_owned().await;
+        let inner = Arc::clone(&self.inner);
+        let data = data.to_vec();
+        let task = tokio::spawn(async move {
+            let _slot = slot;
+            crate::ptyfd::write_all(&inner.io, &data).await
+        });
+        match task.await {
+            Ok(r) => r.map_err(|e| Error::io("write to the terminal", e).with_provider(NAME)),
+            Err(e) => Err(pty_error("write to the terminal", e)),
+        }
     }
 
     async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {
         // One ioctl on the master, and with the stdin probe a few small /proc reads for the
-        // foreground group's members (procfs answers from memory, never from a disk): tens of
-        // microseconds, cheaper inline than a hop to the blocking pool and back, which a
-        // readiness wait would pay per sample.
+        // foreground group's members: tens of microseconds, cheaper inline than a hop to the
+        // blocking pool and back, which a readiness wait would pay per sample. The hole: a
+        // read of a task's `syscall` waits out an exec in progress, and the probe's look at
+        // the reader's buffer (`mem`) can fault in a page that was swapped out; either holds
+        // this worker for that long.
         Ok(self.inner.observe(probe))
     }
 

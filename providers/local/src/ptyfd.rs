@@ -84,9 +84,13 @@ pub(crate) async fn read(
     mark: impl Fn(bool),
     done: impl Fn(usize),
 ) -> io::Result<Read> {
-    let mut buf = vec![0u8; max];
+    // Allocated once there is something to read: an idle terminal's pending read holds none.
+    let mut buf = Vec::new();
     loop {
         let mut ready = io.readable().await?;
+        if buf.is_empty() {
+            buf = vec![0u8; max];
+        }
         mark(true);
         let got =
             ready.try_io(|fd| nix::unistd::read(fd.get_ref(), &mut buf).map_err(io::Error::from));
@@ -209,7 +213,8 @@ pub(crate) async fn reap(pidfd: AsyncFd<OwnedFd>, pid: u32) -> ExitStatus {
 ///
 /// The child gets default signal dispositions and an empty mask, calls `setsid`, changes
 /// directory, opens `tty` (a session leader's first terminal open without `O_NOCTTY` makes
-/// it the controlling terminal), and closes every other descriptor before its exec.
+/// it the controlling terminal), and (on glibc) closes every other descriptor before its exec;
+/// elsewhere only the close-on-exec ones go.
 ///
 /// # Errors
 /// A NUL byte in an argument or the environment, or the spawn's own error (the exec's errno:

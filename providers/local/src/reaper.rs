@@ -207,8 +207,9 @@ pub(crate) fn orphans_possible_since(since: Instant) -> bool {
 }
 
 /// The roots under which a process a spawn started can be, besides that spawn's own tree:
-/// this process's children nobody owns (orphans adopted as subreaper, and children of other
-/// code here). `None` when this process is no subreaper: a process can then be anywhere.
+/// the children nobody owns on the list orphans are adopted to (the main thread's: orphans,
+/// and children of other code on that thread). `None` when this process is no subreaper: a
+/// process can then be anywhere.
 pub(crate) fn orphan_roots() -> Option<Vec<i32>> {
     let r = REAPER.get().filter(|r| r.subreaper)?;
     let kids = procfs::adopted();

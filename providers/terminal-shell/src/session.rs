@@ -75,7 +75,8 @@ const TIER1_CONFIRMATIONS: u32 = 2;
 const TIER1_BLIND: Duration = Duration::from_millis(50);
 /// How much of the typed text's start has to come back as echo.
 const ECHO_PREFIX_CHARS: usize = 24;
-/// The shortest gap between two Tier 1 probes.
+/// The shortest timed gap between two Tier 1 probes (inside [`DENSE_PROBE_WINDOW`] they run
+/// back to back instead).
 const MIN_PROBE_GAP: Duration = Duration::from_millis(1);
 /// For this long after output went quiet, probes stay at most [`FAST_PROBE_GAP`] apart:
 /// programs that wait for input (an interpreter, a password prompt) mostly get there within

@@ -109,7 +109,11 @@ fn alive(procs: &HashSet<Proc>) -> usize {
         .count()
 }
 
+/// The `q` quantile in ms; NaN for no samples (every call failed: the row says so).
 fn quantile(v: &mut [Duration], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort();
     let i = ((v.len() as f64 - 1.0) * q).round() as usize;
     v[i].as_secs_f64() * 1000.0
@@ -505,28 +509,38 @@ async fn daemon(conch: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         }
     }
     let crowd_rss = status_kb(&pid, "VmRSS:");
+    // Each client on a task of its own, as separate agents would be: the bench's workers
+    // drive them in parallel rather than one task polling them all.
+    let clients: Vec<Arc<Client>> = clients.into_iter().map(Arc::new).collect();
     let t0 = Instant::now();
-    let runs = clients.iter().map(|c| async move {
-        let mut v = Vec::with_capacity(SENDS);
-        let mut failed = 0usize;
-        for _ in 0..SENDS {
-            let t = Instant::now();
-            match terminal_send(&c.rt, &c.o, &c.id, "echo x").await {
-                Ok(()) => v.push(t.elapsed()),
-                Err(_) => failed += 1,
-            }
-        }
-        (v, failed)
-    });
-    let results = futures::future::join_all(runs).await;
-    let wall = t0.elapsed();
+    let runs: Vec<_> = clients
+        .iter()
+        .map(|c| {
+            let c = Arc::clone(c);
+            tokio::spawn(async move {
+                let mut v = Vec::with_capacity(SENDS);
+                let mut failed = 0usize;
+                for _ in 0..SENDS {
+                    let t = Instant::now();
+                    match terminal_send(&c.rt, &c.o, &c.id, "echo x").await {
+                        Ok(()) => v.push(t.elapsed()),
+                        Err(_) => failed += 1,
+                    }
+                }
+                (v, failed)
+            })
+        })
+        .collect();
     let mut crowd = Vec::new();
-    for (v, failed) in results {
+    for run in runs {
+        let (v, failed) = run.await?;
         crowd.extend(v);
         errors += failed;
     }
+    let wall = t0.elapsed();
     let rate = crowd.len() as f64 / wall.as_secs_f64();
     for c in clients {
+        let c = Arc::try_unwrap(c).map_err(|_| anyhow!("a client is still in use"))?;
         c.stop().await;
     }
     // The daemon ends a client's processes when its connection closes; wait for that, bounded.
