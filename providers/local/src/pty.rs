@@ -448,6 +448,30 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
     Ok(LocalTerminal { inner })
 }
 
+/// A write in progress: dropped before it finished (its caller was cancelled), it hands the
+/// rest of its bytes, and the writing slot, to a task that writes them.
+struct Unfinished<'a> {
+    inner: &'a Arc<TermInner>,
+    data: &'a [u8],
+    written: usize,
+    slot: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else { return };
+        let Some(rest) = self.data.get(self.written..).filter(|r| !r.is_empty()) else { return };
+        let (inner, rest) = (Arc::clone(self.inner), rest.to_vec());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _slot = slot;
+                let mut written = 0;
+                let _ = crate::ptyfd::write_all(&inner.io, &rest, &mut written).await;
+            });
+        }
+    }
+}
+
 #[async_trait]
 impl TerminalProcess for LocalTerminal {
     fn pid(&self) -> Option<u32> {
@@ -485,20 +509,16 @@ impl TerminalProcess for LocalTerminal {
     }
 
     async fn write(&self, data: &[u8]) -> Result<()> {
-        // Whole writes, in the order callers asked. Once begun, a write is finished by its own
-        // task even if the caller goes away: a cancelled send must not leave half a line in
-        // the shell's input for the next send to be joined to.
+        // Whole writes, in the order callers asked. A write begun is finished even if the
+        // caller goes away (see `Unfinished`): a cancelled send must not leave half a line in
+        // the shell's input for the next send to be joined to. It runs in the caller's task
+        // (no task per write; only an abandoned rest gets one).
         let slot = Arc::clone(&self.inner.writing_slot).lock_owned().await;
-        let inner = Arc::clone(&self.inner);
-        let data = data.to_vec();
-        let task = tokio::spawn(async move {
-            let _slot = slot;
-            crate::ptyfd::write_all(&inner.io, &data).await
-        });
-        match task.await {
-            Ok(r) => r.map_err(|e| Error::io("write to the terminal", e).with_provider(NAME)),
-            Err(e) => Err(pty_error("write to the terminal", e)),
-        }
+        let mut w = Unfinished { inner: &self.inner, data, written: 0, slot: Some(slot) };
+        let done = crate::ptyfd::write_all(&self.inner.io, data, &mut w.written).await;
+        // Written, or failed: nothing is left to finish.
+        w.slot = None;
+        done.map_err(|e| Error::io("write to the terminal", e).with_provider(NAME))
     }
 
     async fn observe(&self, probe: Probe) -> Result<TerminalObservation> {

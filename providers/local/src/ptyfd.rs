@@ -116,18 +116,22 @@ pub(crate) async fn read(
     }
 }
 
-/// Writes all of `data` to the master, waiting for room on the reactor (a program that does
-/// not read fills the PTY; the wait then holds no thread).
+/// Writes all of `data` to the master from `*written` on, counting what went in `written`,
+/// waiting for room on the reactor (a program that does not read fills the PTY; the wait
+/// then holds no thread).
 ///
 /// # Errors
 /// The PTY refused the write (`EIO` once the terminal is gone), or the reactor is gone.
-pub(crate) async fn write_all(io: &AsyncFd<OwnedFd>, data: &[u8]) -> io::Result<()> {
-    let mut rest = data;
-    while !rest.is_empty() {
+pub(crate) async fn write_all(
+    io: &AsyncFd<OwnedFd>,
+    data: &[u8],
+    written: &mut usize,
+) -> io::Result<()> {
+    while let Some(rest) = data.get(*written..).filter(|r| !r.is_empty()) {
         let mut ready = io.writable().await?;
         match ready.try_io(|fd| nix::unistd::write(fd.get_ref(), rest).map_err(io::Error::from)) {
             Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(Ok(n)) => rest = &rest[n..],
+            Ok(Ok(n)) => *written += n,
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => {}
