@@ -24,6 +24,11 @@
 //! with only the descriptors not marked close-on-exec, and every descriptor this crate opens is.
 //! The child's descriptor table is still a copy of this process's: a spawn pays for copying
 //! and closing the descriptors open here, in proportion to their number (two per terminal).
+//! A terminal belongs to the runtime that opened it: its descriptors are registered with that
+//! runtime's reactor and its reaping task runs there, so once that runtime shuts down its reads
+//! fail and `wait` no longer ends (the process-wide reaper still collects the leader's zombie).
+//! The leader opens the slave by its path (`/dev/pts/N`): where a PTY has no such path (a
+//! devpts mount the process cannot see), opening a terminal is a spawn error.
 
 #![allow(unsafe_code)]
 
