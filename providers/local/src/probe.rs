@@ -31,7 +31,9 @@ pub(crate) enum StdinMatch<'a> {
     /// without a pty.
     #[cfg(test)]
     Any,
-    /// Any pseudo-terminal slave (`/dev/pts/*` character device).
+    /// Any pseudo-terminal slave (`/dev/pts/*` character device). Only the tests use it:
+    /// every terminal knows its own slave.
+    #[cfg(test)]
     AnyPts,
     /// Exactly this terminal device (compared by device number).
     Tty(&'a Path),
@@ -256,6 +258,7 @@ fn task_waits_on(task: &Path, stat: &procfs::Stat, stdin: StdinMatch<'_>) -> See
             Ok(m) => Some(m.rdev()),
             Err(_) => return Seen::NotWaiting,
         },
+        #[cfg(test)]
         _ => None,
     };
     let terminal = Terminal { task, stdin, ctty, tty_rdev };
@@ -296,6 +299,7 @@ impl Terminal<'_> {
         match self.stdin {
             #[cfg(test)]
             StdinMatch::Any => fd == 0,
+            #[cfg(test)]
             StdinMatch::AnyPts => {
                 meta.file_type().is_char_device()
                     && (std::fs::read_link(&path).is_ok_and(|t| t.starts_with("/dev/pts/"))

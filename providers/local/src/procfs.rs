@@ -190,17 +190,15 @@ pub(crate) fn tree(root: i32) -> Option<Vec<Stat>> {
 /// has no `children` file or has exited, every thread's list is read ([`children`]).
 pub(crate) fn adopted() -> Vec<i32> {
     let me = std::process::id();
-    // An embedder's main thread may have exited (a zombie thread): orphans then go to
-    // another thread, and every thread's list is read.
-    let main_gone =
-        read_stat(Path::new(&format!("/proc/{me}/task/{me}/stat")), 0).is_none_or(|s| !s.live());
-    if main_gone {
-        return i32::try_from(me).map(children).unwrap_or_default();
-    }
-    match read(format!("/proc/{me}/task/{me}/children")) {
-        Ok(text) => text.split_whitespace().filter_map(|n| n.parse::<i32>().ok()).collect(),
-        Err(_) => i32::try_from(me).map(children).unwrap_or_default(),
-    }
+    let all_threads = || i32::try_from(me).map(children).unwrap_or_default();
+    let Ok(text) = read(format!("/proc/{me}/task/{me}/children")) else { return all_threads() };
+    let kids: Vec<i32> = text.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+    // An embedder's main thread may have exited (a zombie thread): its children went to
+    // another thread, where orphans now go too. Its list is then empty, so only an empty list
+    // costs the look at its state.
+    let main_gone = kids.is_empty()
+        && read_stat(Path::new(&format!("/proc/{me}/task/{me}/stat")), 0).is_none_or(|s| !s.live());
+    if main_gone { all_threads() } else { kids }
 }
 
 /// Pids of the children of `pid` (every thread's), zombies included. Falls back to a full
@@ -515,9 +513,7 @@ fn scoped(targets: &Targets<'_>) -> bool {
 /// trees.
 fn scan(targets: &Targets<'_>) -> Vec<Stat> {
     // A pipe's holder may have been handed the descriptor by anyone (over a socket).
-    let Some(leader) = targets.within.filter(|_| targets.pipe_inodes.is_empty()) else {
-        return all();
-    };
+    let Some(leader) = targets.within.filter(|_| scoped(targets)) else { return all() };
     let Some(orphans) = crate::reaper::orphan_roots() else { return all() };
     let mut out = Vec::new();
     let mut seen = HashSet::new();

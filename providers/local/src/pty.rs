@@ -3,12 +3,12 @@
 //!
 //! A terminal holds no thread: portable-pty opens the PTY, `posix_spawn` starts the leader
 //! (no fork: see [`crate::ptyfd`]), and from then on the master is a non-blocking descriptor
-//! and the leader a pidfd on tokio's reactor. `read_chunk` reads the master directly (the caller's pace is the
-//! back-pressure: a PTY nobody reads fills, and its program blocks), `write` waits for room on
-//! the reactor, and a task awaits the pidfd and reaps the leader by pid. Where `pidfd_open` is
-//! missing (Linux before 5.3), a thread waits instead, as a fallback. Every process operation
-//! (foreground lookup, probe, signals, teardown) runs here, in the world the terminal lives in,
-//! through [`crate::procfs`].
+//! and the leader a pidfd on tokio's reactor. `read_chunk` reads the master directly (the
+//! caller's pace is the back-pressure: a PTY nobody reads fills, and its program blocks),
+//! `write` waits for room on the reactor, and a task awaits the pidfd and reaps the leader by
+//! pid. Where `pidfd_open` is missing (Linux before 5.3), a thread waits instead, as a
+//! fallback. Every process operation (foreground lookup, probe, signals, teardown) runs here,
+//! in the world the terminal lives in, through [`crate::procfs`].
 //!
 //! `spawn_terminal` validates the cwd first and drops the slave in the parent. The foreground is
 //! read via the master; the probe runs on request, inline. `terminate`
@@ -62,12 +62,14 @@ pub(crate) struct TermInner {
     io: AsyncFd<OwnedFd>,
     /// One reader at a time, so chunks come out in the order they were read.
     reading_slot: tokio::sync::Mutex<()>,
-    /// One writer at a time, so two writes never interleave; held by the writing task.
+    /// One writer at a time, so two writes never interleave; held by a write until its last
+    /// byte is in (by the task it hands an unfinished rest to, if it was cancelled).
     writing_slot: Arc<tokio::sync::Mutex<()>>,
     /// The master reported EOF: every later read is EOF too.
     eof: AtomicBool,
     status: watch::Sender<Option<ExitStatus>>,
-    tty: Option<PathBuf>,
+    /// The slave's path, which the stdin probe compares fds against.
+    tty: PathBuf,
     /// A read syscall is under way: bytes may have left the kernel and not be counted yet.
     in_read: AtomicBool,
     /// Bytes handed out by `read_chunk` so far.
@@ -238,25 +240,20 @@ impl TermInner {
             (Probe::Foreground, _) => (StdinWait::NotProbed, None),
             // No foreground group: nothing can be waiting on the terminal.
             (Probe::Stdin, None) => (StdinWait::NotWaiting, None),
-            (Probe::Stdin, Some(pg)) => match &self.tty {
-                Some(tty) => {
-                    let s = probe::sample_foreground(self.sid(), pg, StdinMatch::Tty(tty));
-                    let stdin = match s.stdin {
-                        // Typed input is still queued: the waiter is about to wake with it.
-                        StdinWait::Waiting
-                            if crate::ttyq::pending_input(tty).is_some_and(|n| n > 0) =>
-                        {
-                            StdinWait::NotWaiting
-                        }
-                        seen => seen,
-                    };
-                    (stdin, s.cpu)
-                }
-                None => {
-                    let s = probe::sample_foreground(self.sid(), pg, StdinMatch::AnyPts);
-                    (s.stdin, s.cpu)
-                }
-            },
+            (Probe::Stdin, Some(pg)) => {
+                let tty = self.tty.as_path();
+                let s = probe::sample_foreground(self.sid(), pg, StdinMatch::Tty(tty));
+                let stdin = match s.stdin {
+                    // Typed input is still queued: the waiter is about to wake with it.
+                    StdinWait::Waiting
+                        if crate::ttyq::pending_input(tty).is_some_and(|n| n > 0) =>
+                    {
+                        StdinWait::NotWaiting
+                    }
+                    seen => seen,
+                };
+                (stdin, s.cpu)
+            }
         };
         TerminalObservation {
             foreground,
@@ -413,7 +410,7 @@ pub(crate) fn spawn(spec: TerminalSpawnSpec, id: String) -> Result<LocalTerminal
         writing_slot: Arc::new(tokio::sync::Mutex::new(())),
         eof: AtomicBool::new(false),
         status: watch::Sender::new(None),
-        tty: Some(tty),
+        tty,
         in_read: AtomicBool::new(false),
         delivered: AtomicU64::new(0),
         // Every descendant started after the leader did.

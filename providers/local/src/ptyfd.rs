@@ -203,15 +203,12 @@ pub(crate) async fn reap(pidfd: AsyncFd<OwnedFd>, pid: u32) -> ExitStatus {
             return ExitStatus::default();
         };
         match waitpid(Pid::from_raw(raw), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => {
-                return ExitStatus { code: Some(code), signal: None };
-            }
-            Ok(WaitStatus::Signaled(_, sig, _)) => {
-                return ExitStatus { code: None, signal: Some(crate::signals::name(sig as i32)) };
-            }
+            Ok(ws) => match ended(ws) {
+                Some(status) => return status,
+                // Still alive (a spurious wake) or a state not asked for.
+                None => ready.clear_ready(),
+            },
             Err(Errno::EINTR) => {}
-            // Still alive (a spurious wake) or a state not asked for.
-            Ok(_) => ready.clear_ready(),
             Err(_) => return ExitStatus::default(),
         }
     }
