@@ -245,6 +245,49 @@ pub(crate) async fn raw_bash(rt: &Runtime) -> anyhow::Result<RawBash> {
     Ok(RawBash(raw))
 }
 
+/// Opens a session through `terminal_open`; its id.
+pub(crate) async fn open_session(rt: &Runtime, o: &Arc<Owner>) -> anyhow::Result<String> {
+    let open = rt.call(o, "terminal_open", json!({})).await.map_err(e)?;
+    let id = open.structured.as_ref().and_then(|s| s["session_id"].as_str()).unwrap_or_default();
+    ensure!(!id.is_empty(), "terminal_open returned no session id: {}", open.text);
+    Ok(id.to_string())
+}
+
+/// Runs `command` as a background job through the bash tool and waits for it through
+/// `job_output`; an error unless it completed.
+pub(crate) async fn background_job(
+    rt: &Runtime,
+    o: &Arc<Owner>,
+    command: &str,
+) -> anyhow::Result<()> {
+    let out = rt.call(o, "bash", json!({"command": command, "run_in_background": true}));
+    let out = out.await.map_err(e)?;
+    let id = out.structured.as_ref().and_then(|s| s["job_id"].as_str()).unwrap_or_default();
+    let args = json!({"job_id": id, "wait": true, "timeout_ms": 600_000});
+    let done = rt.call(o, "job_output", args).await.map_err(e)?;
+    let status = done.structured.as_ref().and_then(|s| s["status"].as_str()).unwrap_or("");
+    ensure!(status == "completed", "the job ended {status}: {}", done.text);
+    Ok(())
+}
+
+/// One `bash -c true` process, spawned raw: the floor of the `conch call` rows.
+pub(crate) async fn bash_true() -> anyhow::Result<()> {
+    let s = tokio::process::Command::new("bash").args(["-c", "true"]).status().await?;
+    ensure!(s.success(), "bash -c true failed");
+    Ok(())
+}
+
+/// One `conch call bash '{"command":"true"}'` process of the binary `conch`.
+pub(crate) async fn conch_call_true(conch: &std::path::Path) -> anyhow::Result<()> {
+    let s = tokio::process::Command::new(conch)
+        .args(["call", "bash", r#"{"command":"true"}"#])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await?;
+    ensure!(s.success(), "{} call failed", conch.display());
+    Ok(())
+}
+
 pub(crate) async fn terminal_send(
     rt: &Runtime,
     o: &Arc<Owner>,
@@ -274,12 +317,7 @@ pub(crate) async fn run(
     // One-shot: the bash tool vs a raw spawn of `bash -c true`.
     let standard = conch::build_runtime("standard").map_err(|e| anyhow!("{e}"))?;
     let o = owner();
-    let raw_bash = || async {
-        let s = tokio::process::Command::new("bash").args(["-c", "true"]).status().await?;
-        ensure!(s.success(), "bash -c true failed");
-        Ok(())
-    };
-    let (raw, tool) = paired(n, raw_bash, || async {
+    let (raw, tool) = paired(n, bash_true, || async {
         let out = standard.call(&o, "bash", json!({"command": "true"})).await.map_err(e)?;
         ensure!(out.text.is_empty(), "unexpected output {:?}", out.text);
         Ok(())
@@ -295,19 +333,8 @@ pub(crate) async fn run(
     });
 
     // The whole CLI process vs a bash process.
-    let conch_call = || {
-        let exe = conch.to_path_buf();
-        async move {
-            let s = tokio::process::Command::new(&exe)
-                .args(["call", "bash", r#"{"command":"true"}"#])
-                .stdout(std::process::Stdio::null())
-                .status()
-                .await?;
-            ensure!(s.success(), "{} call failed", exe.display());
-            Ok(())
-        }
-    };
-    let (bash_start, call) = paired(n, raw_bash, conch_call).await?;
+    let conch_call = || conch_call_true(conch);
+    let (bash_start, call) = paired(n, bash_true, conch_call).await?;
     rows.push(Row {
         path: "`conch call bash true` process",
         unit: "ms",
@@ -345,7 +372,7 @@ pub(crate) async fn run(
     // Terminals: raw PTY floors through the subprocess seam, then the tools.
     let terminal = conch::build_runtime("terminal").map_err(|e| anyhow!("{e}"))?;
     let minimal = conch::build_runtime("minimal").map_err(|e| anyhow!("{e}"))?;
-    let raw = self::raw_bash(&terminal).await?;
+    let raw = raw_bash(&terminal).await?;
     let mut read_p_floor = Vec::new();
     let mut python_floor = Vec::new();
     for _ in 0..n {
@@ -360,9 +387,7 @@ pub(crate) async fn run(
     }
     raw.close().await?;
 
-    let open = terminal.call(&o, "terminal_open", json!({})).await.map_err(e)?;
-    let id = open.structured.as_ref().and_then(|s| s["session_id"].as_str()).unwrap_or_default();
-    let id = id.to_string();
+    let id = open_session(&terminal, &o).await?;
     let mut read_p = Vec::new();
     let mut python = Vec::new();
     for _ in 0..n {
@@ -465,18 +490,8 @@ pub(crate) async fn run(
         .await?
     })
     .await?;
-    let job = timed(n.clamp(1, 3), || async {
-        let args =
-            json!({"command": format!("head -c {GIB} /dev/zero"), "run_in_background": true});
-        let out = many.call(&o, "bash", args).await.map_err(e)?;
-        let id = out.structured.as_ref().and_then(|s| s["job_id"].as_str()).unwrap_or_default();
-        let args = json!({"job_id": id, "wait": true, "timeout_ms": 600_000});
-        let done = many.call(&o, "job_output", args).await.map_err(e)?;
-        let status = done.structured.as_ref().and_then(|s| s["status"].as_str()).unwrap_or("");
-        ensure!(status == "completed", "the job ended {status}");
-        Ok(())
-    })
-    .await?;
+    let gib = format!("head -c {GIB} /dev/zero");
+    let job = timed(n.clamp(1, 3), || background_job(&many, &o, &gib)).await?;
     rows.push(Row {
         path: "1 GiB through a background job",
         unit: "ms",

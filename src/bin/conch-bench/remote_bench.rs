@@ -9,10 +9,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, ensure};
 use conch_frontend_sandboxd::rxp::{self, ServerConfig};
 use conch_registry::Runtime;
-use conch_seams::Owner;
 use serde_json::json;
 
-use crate::floors::{Goal, Row, e, median, owner, paired, render, terminal_send, timed};
+use crate::floors::{
+    Goal, Row, background_job, e, median, open_session, owner, paired, render, terminal_send, timed,
+};
+
+/// One background job that prints 1 GiB.
+const GIB_JOB: &str = "head -c 1073741824 /dev/zero";
 
 /// An in-process daemon on 127.0.0.1 with a fresh token.
 pub(crate) struct Daemon {
@@ -74,13 +78,17 @@ impl Daemon {
 
 /// Resident memory of this process in MiB (client and daemon both live here).
 pub(crate) fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = status
+    status_kb("self", "VmRSS:") / 1024.0
+}
+
+/// A field of `/proc/<pid>/status` in kB (0 when unreadable); `pid` may be `self`.
+pub(crate) fn status_kb(pid: &str, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+        .unwrap_or(0.0)
 }
 
 /// Runs `f` while sampling resident memory; returns its result and the growth over the
@@ -105,25 +113,6 @@ pub(crate) async fn with_peak_rss<T>(
     let r = f.await;
     sampler.abort();
     Ok((r?, f64::from_bits(peak.load(Ordering::Relaxed)) - base))
-}
-
-async fn open_session(rt: &Runtime, o: &Arc<Owner>) -> anyhow::Result<String> {
-    let open = rt.call(o, "terminal_open", json!({})).await.map_err(e)?;
-    let id = open.structured.as_ref().and_then(|s| s["session_id"].as_str()).unwrap_or_default();
-    ensure!(!id.is_empty(), "terminal_open returned no session id");
-    Ok(id.to_string())
-}
-
-/// One background job that prints 1 GiB, waited for through job_output.
-async fn gib_job(rt: &Runtime, o: &Arc<Owner>) -> anyhow::Result<()> {
-    let args = json!({"command": "head -c 1073741824 /dev/zero", "run_in_background": true});
-    let out = rt.call(o, "bash", args).await.map_err(e)?;
-    let id = out.structured.as_ref().and_then(|s| s["job_id"].as_str()).unwrap_or_default();
-    let args = json!({"job_id": id, "wait": true, "timeout_ms": 600_000});
-    let done = rt.call(o, "job_output", args).await.map_err(e)?;
-    let status = done.structured.as_ref().and_then(|s| s["status"].as_str()).unwrap_or("");
-    ensure!(status == "completed", "the job ended {status}: {}", done.text);
-    Ok(())
 }
 
 /// Runs every local-vs-remote measurement and renders the table (or JSON).
@@ -198,8 +187,10 @@ pub(crate) async fn run(iterations: usize, as_json: bool) -> anyhow::Result<Stri
 
     // Throughput: remote must keep at least half the local rate, so the time ratio is <= 2.
     let k = n.clamp(1, 3);
-    let (local_gib, local_mem) = with_peak_rss(timed(k, || gib_job(&local, &o))).await?;
-    let (remote_gib, remote_mem) = with_peak_rss(timed(k, || gib_job(&remote, &o))).await?;
+    let (local_gib, local_mem) =
+        with_peak_rss(timed(k, || background_job(&local, &o, GIB_JOB))).await?;
+    let (remote_gib, remote_mem) =
+        with_peak_rss(timed(k, || background_job(&remote, &o, GIB_JOB))).await?;
     rows.push(Row {
         path: "1 GiB through a background job, remote",
         unit: "ms",

@@ -19,7 +19,11 @@ use conch_registry::Runtime;
 use conch_seams::Owner;
 use serde_json::json;
 
-use crate::floors::{Goal, LoopbackServer, Row, e, median, owner, paired, render, terminal_send};
+use crate::floors::{
+    Goal, LoopbackServer, Row, background_job, bash_true, conch_call_true, e, median, open_session,
+    owner, paired, render, terminal_send,
+};
+use crate::remote_bench::status_kb;
 
 /// Sessions and jobs held at once.
 const N: usize = 1_000;
@@ -48,16 +52,6 @@ const YAML: &str = "plugins:
 fn build(yaml: &str, name: &str) -> anyhow::Result<Runtime> {
     conch::build_runtime_from_yaml(name, yaml, conch_env::ShellEnv::from_process_env())
         .map_err(|e| anyhow!("{e}"))
-}
-
-/// A field of `/proc/<pid>/status` in kB.
-fn status_kb(pid: &str, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
 }
 
 fn threads() -> usize {
@@ -119,15 +113,13 @@ fn quantile(v: &mut [Duration], q: f64) -> f64 {
     v[i].as_secs_f64() * 1000.0
 }
 
-fn field<'a>(r: &'a conch_seams::ToolOutput, key: &str) -> &'a str {
-    r.structured.as_ref().and_then(|s| s[key].as_str()).unwrap_or("")
-}
-
-async fn open(rt: &Runtime, o: &Arc<Owner>) -> anyhow::Result<String> {
-    let r = rt.call(o, "terminal_open", json!({})).await.map_err(e)?;
-    let id = field(&r, "session_id");
-    ensure!(!id.is_empty(), "terminal_open returned no session id: {}", r.text);
-    Ok(id.to_string())
+/// Starts a background job that lives until it is stopped (`exec sleep 1000`).
+async fn start_sleeper(rt: &Runtime, o: &Arc<Owner>) -> anyhow::Result<()> {
+    let args = json!({"command": "exec sleep 1000", "run_in_background": true});
+    let r = rt.call(o, "bash", args).await.map_err(e)?;
+    let id = r.structured.as_ref().and_then(|s| s["job_id"].as_str()).unwrap_or("");
+    ensure!(!id.is_empty(), "no job started: {}", r.text);
+    Ok(())
 }
 
 /// Runs every measurement and renders the table (or JSON).
@@ -172,20 +164,13 @@ async fn throughput(
     let (floor, oneshot) = paired(k, pipe, || async {
         let r = rt.call(o, "bash", json!({"command": format!("head -c {GB} /dev/zero")})).await;
         let r = r.map_err(e)?;
-        ensure!(r.text.contains("head -c") || !r.text.is_empty(), "no output came back");
+        ensure!(!r.text.is_empty(), "no output came back");
         Ok(())
     })
     .await?;
     let oneshot_mem = (status_kb("self", "VmHWM:") - hwm) / 1024.0;
-    let (floor2, job) = paired(k, pipe, || async {
-        let args = json!({"command": format!("head -c {GB} /dev/zero"), "run_in_background": true});
-        let out = rt.call(o, "bash", args).await.map_err(e)?;
-        let args = json!({"job_id": field(&out, "job_id"), "wait": true, "timeout_ms": 600_000});
-        let done = rt.call(o, "job_output", args).await.map_err(e)?;
-        ensure!(field(&done, "status") == "completed", "the job ended: {}", done.text);
-        Ok(())
-    })
-    .await?;
+    let gb = format!("head -c {GB} /dev/zero");
+    let (floor2, job) = paired(k, pipe, || background_job(rt, o, &gb)).await?;
     let mem = (status_kb("self", "VmHWM:") - hwm) / 1024.0;
     let pipe_name = "head -c 1e9 /dev/zero | cat";
     rows.push(Row {
@@ -234,7 +219,7 @@ async fn floors(
 ) -> anyhow::Result<()> {
     let n = n.max(20);
     let raw = crate::floors::raw_bash(rt).await?;
-    let id = open(rt, o).await?;
+    let id = open_session(rt, o).await?;
     let (floor, echo) =
         paired(n, || raw.round_trip(), || terminal_send(rt, o, &id, "echo x")).await?;
     rows.push(Row {
@@ -263,21 +248,7 @@ async fn floors(
     });
     raw.close().await?;
 
-    let conch_call = || async {
-        let s = tokio::process::Command::new(conch)
-            .args(["call", "bash", r#"{"command":"true"}"#])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .await?;
-        ensure!(s.success(), "{} call failed", conch.display());
-        Ok(())
-    };
-    let raw_bash = || async {
-        let s = tokio::process::Command::new("bash").args(["-c", "true"]).status().await?;
-        ensure!(s.success(), "bash -c true failed");
-        Ok(())
-    };
-    let (bash, call) = paired(n, raw_bash, conch_call).await?;
+    let (bash, call) = paired(n, bash_true, || conch_call_true(conch)).await?;
     rows.push(Row {
         path: "`conch call bash true` process",
         unit: "ms",
@@ -324,7 +295,7 @@ async fn terminals(rt: &Runtime, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let mut ids = Vec::with_capacity(N);
     for _ in 0..N {
         let t0 = Instant::now();
-        ids.push(open(rt, &o).await?);
+        ids.push(open_session(rt, &o).await?);
         opens.push(t0.elapsed());
     }
     let threads = threads();
@@ -413,9 +384,7 @@ async fn jobs(rt: &Runtime, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let mut starts = Vec::with_capacity(N);
     for _ in 0..N {
         let t0 = Instant::now();
-        let args = json!({"command": "exec sleep 1000", "run_in_background": true});
-        let r = rt.call(&o, "bash", args).await.map_err(e)?;
-        ensure!(!field(&r, "job_id").is_empty(), "no job started: {}", r.text);
+        start_sleeper(rt, &o).await?;
         starts.push(t0.elapsed());
     }
     let per_job = (status_kb("self", "VmRSS:") - rss) / N as f64;
@@ -603,11 +572,9 @@ impl Client {
         let rt = build(yaml, "bench:scale-client")?;
         let o = owner();
         for _ in 0..jobs {
-            let args = json!({"command": "exec sleep 1000", "run_in_background": true});
-            let r = rt.call(&o, "bash", args).await.map_err(e)?;
-            ensure!(!field(&r, "job_id").is_empty(), "no job started: {}", r.text);
+            start_sleeper(&rt, &o).await?;
         }
-        let id = open(&rt, &o).await?;
+        let id = open_session(&rt, &o).await?;
         Ok(Self { rt, o, id })
     }
 
