@@ -82,6 +82,10 @@ impl Inner {
         if self.kill_started.swap(true, Ordering::AcqRel) {
             return;
         }
+        // Signalled here, not in the task below: an owner's teardown requests a thousand
+        // kills in one pass, and a signal sent from a task waits in the run queue behind
+        // the exits of the jobs killed before it.
+        procfs::signal_group(self.group(), nix::sys::signal::Signal::SIGTERM);
         let me = Arc::clone(self);
         // The span lasts until the tree is proven gone (or the kill gave up on survivors).
         let span = tracing::debug_span!("kill", pid = self.pid);
@@ -89,11 +93,10 @@ impl Inner {
             async move {
                 // Most kills end here: the group goes at the first signal, and with nothing
                 // orphaned the whole tree is proven gone without a scan of every process.
-                procfs::signal_group(me.group(), nix::sys::signal::Signal::SIGTERM);
                 let mut pause = Duration::from_millis(1);
                 while pause <= QUICK_KILL_WAIT {
                     tokio::time::sleep(pause).await;
-                    if me.surely_quiet() {
+                    if me.surely_quiet().await {
                         me.group_gone.send_replace(true);
                         me.kill_done.send_replace(true);
                         return;
@@ -134,7 +137,7 @@ impl Inner {
     /// True when nothing of the tree can be left once the child is reaped and the pipes are
     /// closed: the group has no member at all, and no orphan exists that the rest could be
     /// under (see [`reaper::orphans_possible`]). False means "look", not "something is left".
-    fn surely_quiet(&self) -> bool {
+    async fn surely_quiet(&self) -> bool {
         if self.quiet.load(Ordering::Acquire) {
             return true;
         }
@@ -145,7 +148,7 @@ impl Inner {
         // earlier (another kill's, shared through the cache) may predate a member's death
         // and miss the orphan it left.
         let checked = std::time::Instant::now();
-        let quiet = gone && !reaper::orphans_possible_since(checked);
+        let quiet = gone && !reaper::orphans_possible_since(checked).await;
         if quiet {
             self.quiet.store(true, Ordering::Release);
         }
@@ -203,7 +206,7 @@ impl Inner {
                 let finished = async {
                     let _ = drain_pumps(&self.open_pumps, None).await;
                     // The pipes are closed; wait for the rest of the tree, if any.
-                    if !self.surely_quiet() {
+                    if !self.surely_quiet().await {
                         procfs::wait_quiet(&self.tree(&[]), drain).await;
                     }
                 };
@@ -223,7 +226,7 @@ impl Inner {
                 }
                 // Closed pipes have no holders: only an open one is worth an fd scan.
                 let pipes_open = *self.open_pumps.borrow() > 0;
-                if pipes_open || !self.surely_quiet() {
+                if pipes_open || !self.surely_quiet().await {
                     self.stop_leftovers(pipes_open).await;
                 }
             }

@@ -61,8 +61,20 @@ struct Reaper {
     /// The kernel accepted `PR_SET_CHILD_SUBREAPER`.
     subreaper: bool,
     state: Mutex<State>,
-    /// The last look for orphans: when it began, and what it found.
-    orphans: Mutex<Option<(Instant, bool)>>,
+    /// Looks for orphans: the last one, and whether a caller is about to make one.
+    orphans: Mutex<Looks>,
+    /// Woken when a look ends (or a caller that was to make one gave up).
+    looked: tokio::sync::Notify,
+}
+
+/// The orphan looks that [`orphans_possible_since`] callers share.
+#[derive(Debug, Default)]
+struct Looks {
+    /// The last look: when it began, and what it found.
+    last: Option<(Instant, bool)>,
+    /// A caller has taken the next look on itself and is letting the other ready tasks
+    /// ask first.
+    pending: bool,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +109,7 @@ pub(crate) fn init() -> &'static str {
                 subreaper,
                 state: Mutex::default(),
                 orphans: Mutex::default(),
+                looked: tokio::sync::Notify::new(),
             }
         })
         .tag
@@ -173,22 +186,63 @@ pub(crate) fn claim(id: ProcId) {
 /// live child here is one nobody owns. A cheap look (this process's children) that lets a
 /// clean call skip scanning every process.
 pub(crate) fn orphans_possible() -> bool {
-    orphans_possible_since(Instant::now())
+    let Some(r) = REAPER.get().filter(|r| r.subreaper) else { return true };
+    look(r)
 }
 
 /// [`orphans_possible`] for a caller whose tree was already proven gone at `since`: an orphan
 /// of that tree was reparented here before its ancestor died, so any look that began at or
-/// after `since` answers for it. Many kills ask at once (an owner's teardown), and one look
-/// then serves them all.
-pub(crate) fn orphans_possible_since(since: Instant) -> bool {
+/// after `since` answers for it.
+///
+/// Looks are shared, because an owner's teardown asks a thousand times within a few
+/// milliseconds and each look lists every child of this process (the kernel formats the
+/// whole list each time). A caller that finds no look to use takes the next one on itself
+/// and first yields, so that every task made ready at the same moment asks before the look
+/// begins and is answered by it; the others wait for it to end rather than look themselves.
+pub(crate) async fn orphans_possible_since(since: Instant) -> bool {
     let Some(r) = REAPER.get().filter(|r| r.subreaper) else { return true };
-    let Ok(me) = i32::try_from(std::process::id()) else { return true };
-    if let Some((began, answer)) = *r.orphans.locked()
-        && began >= since
-    {
-        return answer;
+    loop {
+        let ended = r.looked.notified();
+        tokio::pin!(ended);
+        {
+            let mut looks = r.orphans.locked();
+            if let Some((began, answer)) = looks.last
+                && began >= since
+            {
+                return answer;
+            }
+            if !looks.pending {
+                looks.pending = true;
+                break;
+            }
+            // Registered under the lock, so the end of the pending look cannot be missed.
+            ended.as_mut().enable();
+        }
+        ended.await;
     }
-    let looked = Instant::now();
+    // Dropped before it looked (its caller gave up the wait), the turn passes on.
+    let turn = Turn(r);
+    tokio::task::yield_now().await;
+    let answer = look(r);
+    drop(turn);
+    answer
+}
+
+/// The look a caller of [`orphans_possible_since`] took on itself; ending it, looked or not,
+/// lets the waiting callers go on.
+struct Turn(&'static Reaper);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.0.orphans.locked().pending = false;
+        self.0.looked.notify_waiters();
+    }
+}
+
+/// One look at the main thread's children for a live one nobody owns; recorded as the last.
+fn look(r: &Reaper) -> bool {
+    let Ok(me) = i32::try_from(std::process::id()) else { return true };
+    let began = Instant::now();
     // Orphans are adopted by the main thread: only its list can hold one.
     let kids = procfs::adopted();
     let answer = {
@@ -202,7 +256,11 @@ pub(crate) fn orphans_possible_since(since: Instant) -> bool {
             procfs::stat(pid).is_some_and(|s| s.ppid == me && s.live())
         })
     };
-    *r.orphans.locked() = Some((looked, answer));
+    let mut looks = r.orphans.locked();
+    // A look that began later (another thread's) is the better answer to keep.
+    if looks.last.is_none_or(|(b, _)| b <= began) {
+        looks.last = Some((began, answer));
+    }
     answer
 }
 
