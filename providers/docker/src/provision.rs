@@ -6,7 +6,9 @@
 //!   `conch-sandbox-none` (`internal`: no route out). Both turn inter-container traffic off
 //!   (`enable_icc=false`), so a sandbox cannot reach another's daemon, while this host reaches
 //!   each by its address on the bridge. No port is published, so nothing listens on the
-//!   host's interfaces.
+//!   host's interfaces. They are made under a lock every maker on the machine takes
+//!   (`conch-makers/networks.lock`): the engine's own name check is not atomic, and makers
+//!   starting together on a fresh engine each made one.
 //! - A container gets a fresh 32-hex-digit token (`CONCH_TOKEN`), the image's command with
 //!   `--idle-exit-ms <lease_ms>`, `AutoRemove`, every capability dropped,
 //!   `no-new-privileges`, and the limits asked for (CPUs, memory without swap, pids). Its
@@ -46,8 +48,8 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
-    RemoveContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListNetworksOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use conch_registry::{
     BuildContext, ConfigIssue, PluginConfig, PluginEntry, PluginOutput, SeamHandle, SeamId,
@@ -484,15 +486,58 @@ async fn keep_alive(w: &Warm) {
 }
 
 /// Conch's network for `net`, made on first use.
+///
+/// The engine's own check for a name in use is not atomic: makers that start together each
+/// made one (30 `conch-sandbox-bridge` networks were seen on a fresh engine), which used up
+/// its address pools and left the name ambiguous. So the network is made under a lock that
+/// every maker on this machine takes, and the duplicates an earlier race left are removed
+/// (all but the one with the smallest id, which every maker picks alike).
 async fn network(docker: &Docker, net: Network) -> Result<String> {
-    let name = net.name().to_owned();
+    network_named(docker, net.name(), net == Network::None).await
+}
+
+/// [`network`] by name; `internal` has no route out.
+async fn network_named(docker: &Docker, name: &str, internal: bool) -> Result<String> {
+    let name = name.to_owned();
     if docker.inspect_network(&name, None).await.is_ok() {
         return Ok(name);
+    }
+    let _lock = networks_lock().await;
+    let filters =
+        HashMap::from([("name", vec![name.clone()]), ("label", vec![MANAGED.to_owned()])]);
+    let options = ListNetworksOptionsBuilder::new().filters(&filters).build();
+    // The name filter matches a part of the name: keep the exact ones.
+    let mut ids: Vec<String> = docker
+        .list_networks(Some(options))
+        .await
+        .map_err(engine)?
+        .into_iter()
+        .filter(|n| n.name.as_deref() == Some(name.as_str()))
+        .filter_map(|n| n.id)
+        .collect();
+    ids.sort();
+    for extra in ids.iter().skip(1) {
+        // One a container still uses stays, and the name stays ambiguous: said below.
+        let _ = docker.remove_network(extra).await;
+    }
+    if docker.inspect_network(&name, None).await.is_ok() {
+        return Ok(name);
+    }
+    if ids.len() > 1 {
+        return Err(Error::new(
+            ErrorCode::SandboxUnavailable,
+            format!(
+                "{} networks are named {name} on the Docker engine and some are in use; remove \
+                 the extra ones (`docker network ls --filter name={name}`)",
+                ids.len()
+            ),
+        )
+        .with_provider(NAME));
     }
     let request = NetworkCreateRequest {
         name: name.clone(),
         driver: Some("bridge".into()),
-        internal: Some(net == Network::None),
+        internal: Some(internal),
         options: Some(HashMap::from([(
             "com.docker.network.bridge.enable_icc".to_owned(),
             "false".to_owned(),
@@ -500,12 +545,30 @@ async fn network(docker: &Docker, net: Network) -> Result<String> {
         labels: Some(HashMap::from([(MANAGED.to_owned(), "true".to_owned())])),
         ..NetworkCreateRequest::default()
     };
-    match docker.create_network(request).await {
-        Ok(_) => Ok(name),
-        // Made meanwhile by another provider.
-        Err(_) if docker.inspect_network(&name, None).await.is_ok() => Ok(name),
-        Err(e) => Err(engine(e)),
-    }
+    docker.create_network(request).await.map_err(engine)?;
+    Ok(name)
+}
+
+/// The lock makers on this machine hold while they look for and make a network (released
+/// when the file drops). Without it (the directory cannot be written) a maker goes on
+/// unlocked, as before.
+async fn networks_lock() -> Option<std::fs::File> {
+    let path = makers_dir().join("networks.lock");
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(path.parent()?).ok()?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .inspect_err(|e| tracing::warn!(path = %path.display(), "no networks lock: {e}"))
+            .ok()?;
+        file.lock().ok()?;
+        Some(file)
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// Waits until the daemon answers at `ip`, or the container ended, or `limit` passed.
@@ -665,5 +728,53 @@ mod tests {
         assert!(!dead.exists(), "a dead maker's mark is removed");
         assert!(!maker_alive("/etc/passwd"), "not a mark");
         assert!(!maker_alive("garbage"));
+    }
+
+    /// The managed networks named exactly `name`.
+    async fn named(docker: &Docker, name: &str) -> Vec<String> {
+        let filters = HashMap::from([("name", vec![name.to_owned()])]);
+        let options = ListNetworksOptionsBuilder::new().filters(&filters).build();
+        let list = docker.list_networks(Some(options)).await.expect("list networks");
+        list.into_iter().filter(|n| n.name.as_deref() == Some(name)).filter_map(|n| n.id).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn makers_starting_together_make_one_network_and_remove_what_a_race_left() {
+        let docker = match crate::connect() {
+            Ok(d) if d.ping().await.is_ok() => d,
+            _ => {
+                eprintln!("skipped: no Docker engine answers here (network race test)");
+                return;
+            }
+        };
+        let name = format!("conch-test-net-{}", conch_nonce::random_hex::<6>());
+        let made =
+            futures::future::join_all((0..8).map(|_| network_named(&docker, &name, true))).await;
+        let left = named(&docker, &name).await;
+        for id in &left {
+            let _ = docker.remove_network(id).await;
+        }
+        assert!(made.iter().all(Result::is_ok), "{made:?}");
+        assert_eq!(left.len(), 1, "eight makers at once made {} networks", left.len());
+
+        // What makers without the lock left: the engine's own name check is not atomic.
+        let raw = || NetworkCreateRequest {
+            name: name.clone(),
+            internal: Some(true),
+            labels: Some(HashMap::from([(MANAGED.to_owned(), "true".to_owned())])),
+            ..NetworkCreateRequest::default()
+        };
+        let _ = futures::future::join_all((0..4).map(|_| docker.create_network(raw()))).await;
+        let raced = named(&docker, &name).await.len();
+        let got = network_named(&docker, &name, true).await;
+        let left = named(&docker, &name).await;
+        for id in &left {
+            let _ = docker.remove_network(id).await;
+        }
+        if raced < 2 {
+            eprintln!("the engine made no duplicate this time; the removal was not exercised");
+        }
+        assert_eq!(got.ok(), Some(name.clone()));
+        assert_eq!(left.len(), 1, "{raced} raced networks left {}", left.len());
     }
 }
