@@ -83,9 +83,6 @@ pub enum BenchSuite {
 }
 
 #[derive(Subcommand)]
-// A subcommand's arguments are built only when it is the one invoked, so a `conch call`
-// does not build every other command's (a tenth of its instructions before the call).
-#[command(defer = true)]
 enum Command {
     /// Print the composition's tools (name, description, input schema) as JSON.
     Tools,
