@@ -30,7 +30,10 @@ use conch_env::ShellEnv;
 use conch_registry::{RegistryError, Runtime, SeamId};
 use futures::StreamExt;
 
-/// The command's flags.
+// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
+// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
+// subcommand's own doc gives.
+// The command's flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Which suites: `subprocess` (with the subprocess provider's terminal-process cases),

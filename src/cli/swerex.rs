@@ -7,7 +7,10 @@ use anyhow::{Context, bail};
 /// The composition served when `--composition` is not given.
 pub const COMPOSITION: &str = "swerex";
 
-/// swe-rex's `swerex.server` flags.
+// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
+// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
+// subcommand's own doc gives.
+// swe-rex's `swerex.server` flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Address to listen on.

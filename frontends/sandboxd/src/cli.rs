@@ -11,7 +11,10 @@ use conch_seams::{Files, Subprocess};
 
 use crate::rxp::{self, ServerConfig};
 
-/// The daemon's flags.
+// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
+// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
+// subcommand's own doc gives.
+// The daemon's flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Address to listen on (`127.0.0.1:0` picks a free port; the first stderr line says
