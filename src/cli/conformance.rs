@@ -30,9 +30,8 @@ use conch_env::ShellEnv;
 use conch_registry::{RegistryError, Runtime, SeamId};
 use futures::StreamExt;
 
-// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
-// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
-// subcommand's own doc gives.
+// Not a doc comment: it would replace the subcommand's help line (see `defer` on the CLI's
+// `Command`).
 // The command's flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -15,9 +15,8 @@ use conch_registry::Runtime;
 /// envd's own port, where the SDK's debug mode looks (`E2B_DEBUG=true`).
 pub const PORT: u16 = 49983;
 
-// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
-// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
-// subcommand's own doc gives.
+// Not a doc comment: it would replace the subcommand's help line (see `defer` on the CLI's
+// `Command`).
 // `conch e2b`'s flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -85,6 +85,8 @@ pub enum BenchSuite {
 #[derive(Subcommand)]
 // A subcommand's arguments are built only when it is the one invoked: building every one of
 // them touched code across the whole binary, about 0.7 ms of each `conch call`'s start and exit.
+// Built late, an argument struct's doc comment would replace the subcommand's help line, so
+// those structs carry plain comments (`a_subcommand_s_help_line_is_its_own` checks each).
 #[command(defer = true)]
 enum Command {
     /// Print the composition's tools (name, description, input schema) as JSON.
@@ -159,9 +161,8 @@ enum Command {
     Bench(BenchArgs),
 }
 
-// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
-// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
-// subcommand's own doc gives.
+// Not a doc comment: it would replace the subcommand's help line (see `defer` on the CLI's
+// `Command`).
 // The flags of `conch bench`: `conch` parses them (so `--help` and a wrong value are its
 // own) and hands them to `conch-bench`, which parses the same definition.
 #[derive(clap::Args, Clone, Debug)]
@@ -781,4 +782,27 @@ async fn batch(
         print_line(&out)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    #[test]
+    fn a_subcommand_s_help_line_is_its_own() {
+        let listed: Vec<(String, Option<String>)> = Cli::command()
+            .get_subcommands()
+            .map(|s| (s.get_name().to_owned(), s.get_about().map(ToString::to_string)))
+            .collect();
+        // Building runs every subcommand's deferred arguments.
+        let mut built = Cli::command();
+        built.build();
+        for (name, about) in listed {
+            let sub = built.find_subcommand(&name).expect("still there");
+            assert!(about.is_some(), "`{name}` has a help line");
+            assert_eq!(sub.get_about().map(ToString::to_string), about, "`{name}`'s help line");
+        }
+    }
 }

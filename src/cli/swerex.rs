@@ -7,9 +7,8 @@ use anyhow::{Context, bail};
 /// The composition served when `--composition` is not given.
 pub const COMPOSITION: &str = "swerex";
 
-// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
-// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
-// subcommand's own doc gives.
+// Not a doc comment: it would replace the subcommand's help line (see `defer` on the CLI's
+// `Command`).
 // swe-rex's `swerex.server` flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {

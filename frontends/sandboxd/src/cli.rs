@@ -11,9 +11,8 @@ use conch_seams::{Files, Subprocess};
 
 use crate::rxp::{self, ServerConfig};
 
-// Not a doc comment: clap makes an argument struct's doc comment its command's help line,
-// and `conch`'s subcommands build their arguments when they run (`defer`), over the line the
-// subcommand's own doc gives.
+// Not a doc comment: it would replace the subcommand's help line (see `defer` on the CLI's
+// `Command`).
 // The daemon's flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {
