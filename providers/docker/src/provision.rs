@@ -503,19 +503,7 @@ async fn network_named(docker: &Docker, name: &str, internal: bool) -> Result<St
         return Ok(name);
     }
     let _lock = networks_lock().await;
-    let filters =
-        HashMap::from([("name", vec![name.clone()]), ("label", vec![MANAGED.to_owned()])]);
-    let options = ListNetworksOptionsBuilder::new().filters(&filters).build();
-    // The name filter matches a part of the name: keep the exact ones.
-    let mut ids: Vec<String> = docker
-        .list_networks(Some(options))
-        .await
-        .map_err(engine)?
-        .into_iter()
-        .filter(|n| n.name.as_deref() == Some(name.as_str()))
-        .filter_map(|n| n.id)
-        .collect();
-    ids.sort();
+    let ids = networks_named(docker, &name).await?;
     for extra in ids.iter().skip(1) {
         // One a container still uses stays, and the name stays ambiguous: said below.
         let _ = docker.remove_network(extra).await;
@@ -547,6 +535,24 @@ async fn network_named(docker: &Docker, name: &str, internal: bool) -> Result<St
     };
     docker.create_network(request).await.map_err(engine)?;
     Ok(name)
+}
+
+/// The ids of conch's networks named exactly `name`, smallest first.
+async fn networks_named(docker: &Docker, name: &str) -> Result<Vec<String>> {
+    let filters =
+        HashMap::from([("name", vec![name.to_owned()]), ("label", vec![MANAGED.to_owned()])]);
+    let options = ListNetworksOptionsBuilder::new().filters(&filters).build();
+    // The name filter matches a part of the name: keep the exact ones.
+    let mut ids: Vec<String> = docker
+        .list_networks(Some(options))
+        .await
+        .map_err(engine)?
+        .into_iter()
+        .filter(|n| n.name.as_deref() == Some(name))
+        .filter_map(|n| n.id)
+        .collect();
+    ids.sort();
+    Ok(ids)
 }
 
 /// The lock makers on this machine hold while they look for and make a network (released
@@ -730,14 +736,6 @@ mod tests {
         assert!(!maker_alive("garbage"));
     }
 
-    /// The managed networks named exactly `name`.
-    async fn named(docker: &Docker, name: &str) -> Vec<String> {
-        let filters = HashMap::from([("name", vec![name.to_owned()])]);
-        let options = ListNetworksOptionsBuilder::new().filters(&filters).build();
-        let list = docker.list_networks(Some(options)).await.expect("list networks");
-        list.into_iter().filter(|n| n.name.as_deref() == Some(name)).filter_map(|n| n.id).collect()
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn makers_starting_together_make_one_network_and_remove_what_a_race_left() {
         let docker = match crate::connect() {
@@ -750,7 +748,7 @@ mod tests {
         let name = format!("conch-test-net-{}", conch_nonce::random_hex::<6>());
         let made =
             futures::future::join_all((0..8).map(|_| network_named(&docker, &name, true))).await;
-        let left = named(&docker, &name).await;
+        let left = networks_named(&docker, &name).await.expect("list networks");
         for id in &left {
             let _ = docker.remove_network(id).await;
         }
@@ -765,9 +763,9 @@ mod tests {
             ..NetworkCreateRequest::default()
         };
         let _ = futures::future::join_all((0..4).map(|_| docker.create_network(raw()))).await;
-        let raced = named(&docker, &name).await.len();
+        let raced = networks_named(&docker, &name).await.expect("list networks").len();
         let got = network_named(&docker, &name, true).await;
-        let left = named(&docker, &name).await;
+        let left = networks_named(&docker, &name).await.expect("list networks");
         for id in &left {
             let _ = docker.remove_network(id).await;
         }
