@@ -304,6 +304,7 @@ macro_rules! __terminal_process_cases {
             a_script_without_a_shebang_runs_under_sh,
             initial_size_and_resize_reach_the_tty,
             write_then_read_roundtrip_with_cat,
+            a_write_larger_than_the_pty_holds_ends_as_the_program_reads,
             probe_sees_python_input_read,
             probe_sees_python_select,
             probe_sees_python_poll,

@@ -319,6 +319,28 @@ pub async fn write_then_read_roundtrip_with_cat(p: &dyn Subprocess) -> Outcome {
     Ok(())
 }
 
+/// A write of more than the PTY holds goes in as the program reads it: it waits for room rather
+/// than failing, and ends once every byte went in (local: the wait for room is a registration
+/// of its own, made at the first `EAGAIN`).
+pub async fn a_write_larger_than_the_pty_holds_ends_as_the_program_reads(
+    p: &dyn Subprocess,
+) -> Outcome {
+    terminals(p)?;
+    let t = open(
+        p,
+        &["sh", "-c", "stty raw -echo && echo ready && head -c 1048576 >/dev/null && echo done"],
+    )
+    .await;
+    // Raw first: the line discipline would cut a canonical line at 4,095 bytes.
+    read_until(t.as_ref(), |s| s.contains("ready")).await;
+    let data = vec![b'a'; 1 << 20];
+    within("a 1 MiB write to the terminal", t.write(&data)).await.unwrap();
+    let (text, eof) = read_until(t.as_ref(), |s| s.contains("done")).await;
+    assert!(!eof && text.contains("done"), "head took every byte: {text:?}");
+    assert!(wait(t.as_ref()).await.success());
+    Ok(())
+}
+
 /// Skips when `python3` is not on the provider's PATH (a minimal image has none).
 async fn python(p: &dyn Subprocess) -> Outcome {
     match p.which("python3").await {
