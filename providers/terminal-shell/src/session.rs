@@ -28,7 +28,9 @@
 //!   before any tier (`matched`); its output cap bounds the retained delta (newest kept).
 //!
 //! The tier 1 probe runs from the moment output goes quiet: back to back for the first
-//! `DENSE_PROBE_WINDOW` (within a budget per wait), then with a growing gap. An interrupt sends
+//! `DENSE_PROBE_WINDOW` (within a budget per wait, yielding the CPU between samples, and never
+//! while output the terminal wrote waits unread: the pump's ingest wakes the wait then), then
+//! with a growing gap. An interrupt sends
 //! SIGINT to each command group that takes the foreground, again every `COMMAND_REINTERRUPT_GAP`
 //! while one still holds it, since a SIGINT landing between bash's fork and the child's exec is
 //! lost. The shell's own group gets one only while no command was seen, never while readline may
@@ -949,6 +951,9 @@ impl ShellSession {
         let mut cpu = CpuWatch::default();
         let mut last_busy = started;
         let mut dense_left = DENSE_PROBE_BUDGET;
+        // What had been taken in when a dense-window sample found output unread: once more has
+        // been, the next sample is due at once.
+        let mut unread_at: Option<u64> = None;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof, last_output, code, ingested, echo_seen, answering) = {
@@ -963,6 +968,10 @@ impl ShellSession {
                 let answering = st.answers_in_flight > 0;
                 (st.prompts, st.eof, st.last_output, code, st.ingested, st.echo_seen, answering)
             };
+            if unread_at.is_some_and(|n| ingested > n) {
+                unread_at = None;
+                next_probe = next_probe.min(Instant::now());
+            }
             // Tier 0: our own prompt, accepted only while bash owns the foreground group. A
             // framed command's prompt counts only once its end marker came.
             let prompt_counts = !framed || code.is_some();
@@ -1025,11 +1034,23 @@ impl ShellSession {
                     confirmed = None;
                 }
                 let quiet = now.saturating_duration_since(last_output.max(started));
-                if quiet < DENSE_PROBE_WINDOW && dense_left > 0 && !runnable {
-                    // The next sample right away (after letting other tasks run); Tier 2
-                    // cannot be due this soon after output.
+                // Output the sample found unread is the pump's to take in next: probing on would
+                // only hold the CPU it needs. Its ingest wakes this wait, and the next sample
+                // follows at once (the gap below is the fallback).
+                let dense = quiet < DENSE_PROBE_WINDOW && dense_left > 0 && !runnable;
+                if dense && !complete {
+                    unread_at = Some(ingested);
+                }
+                if dense && complete {
+                    // The next sample right away; Tier 2 cannot be due this soon after output.
+                    // The thread yields its CPU first, not only the task: a task woken on this
+                    // CPU (the kernel worker that moves the program's output to the master,
+                    // the pump's worker thread) does not preempt a thread that never sleeps
+                    // until its slice ends, which made a prompt printed during a dense window
+                    // wait out the whole window (3 ms; `perf sched`, 1,000 sessions open).
                     dense_left -= 1;
                     next_probe = now;
+                    std::thread::yield_now();
                     tokio::task::yield_now().await;
                     continue;
                 }
