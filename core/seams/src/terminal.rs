@@ -169,6 +169,9 @@ pub struct SendSettle {
     pub at_prompt: bool,
     /// Session status at return.
     pub session_status: SessionStatus,
+    /// A full-screen program held the alternate screen when the send settled: what it drew is
+    /// not in `delta`, and [`TerminalSession::screen`] shows it.
+    pub full_screen: bool,
 }
 
 /// How the first line of a send's output begins when output was cut from its start:

@@ -50,6 +50,7 @@ impl TerminalSession for TestSession {
             wait_reason: WaitReason::StdinRead,
             at_prompt: true,
             session_status: self.status(),
+            full_screen: false,
         }))
     }
     async fn run_command(

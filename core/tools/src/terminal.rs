@@ -131,14 +131,14 @@ fn sandbox_json(mode: Option<conch_seams::SandboxMode>) -> serde_json::Value {
 /// practice, until the prompt is back, the session ends, or job_kill).
 const BACKGROUND_SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(86_400);
 
-/// The line that ends a settled send's result. `full_screen`: a full-screen program holds
-/// the alternate screen (its drawing is not in the output, so the result says where to look).
-fn send_suffix(s: &SendSettle, full_screen: bool) -> String {
+/// The line that ends a settled send's result; when a full-screen program holds the alternate
+/// screen, its drawing is not in the output, so the result says where to look.
+fn send_suffix(s: &SendSettle) -> String {
     format!(
         "\n[wait_reason: {}; session: {}{}]",
         s.wait_reason.as_str(),
         status_text(&s.session_status),
-        if full_screen {
+        if s.full_screen {
             "; a full-screen program holds the screen: terminal_read view \"screen\" shows it"
         } else {
             ""
@@ -147,14 +147,8 @@ fn send_suffix(s: &SendSettle, full_screen: bool) -> String {
 }
 
 /// Renders a settled send: its output within `output_max` bytes, the whole within `max`.
-fn render_send(
-    id: &str,
-    s: &SendSettle,
-    full_screen: bool,
-    output_max: usize,
-    max: usize,
-) -> ToolOutput {
-    let suffix = send_suffix(s, full_screen);
+fn render_send(id: &str, s: &SendSettle, output_max: usize, max: usize) -> ToolOutput {
+    let suffix = send_suffix(s);
     // The backend's note on output it cut names the spill holding all of it: capped again
     // here, the note stays first (the cap would otherwise take it with the oldest lines).
     let (note, body) = match s.delta.split_once('\n') {
@@ -170,7 +164,7 @@ fn render_send(
             "output": &text[..output_len],
             "wait_reason": s.wait_reason.as_str(),
             "session_status": status_json(&s.session_status),
-            "full_screen": full_screen,
+            "full_screen": s.full_screen,
         })),
         text,
     }
@@ -195,11 +189,6 @@ fn info_text(i: &TerminalInfo) -> String {
 
 fn sandbox_text(mode: Option<conch_seams::SandboxMode>) -> String {
     mode.map_or("unconfined".into(), |m| format!("sandbox: {}", m.as_str()))
-}
-
-/// Whether a full-screen program holds the session's alternate screen now.
-fn full_screen(terminals: &Arc<dyn Terminals>, owner: &conch_seams::Owner, id: &str) -> bool {
-    terminals.screen(owner, id).is_ok_and(|v| v.alternate)
 }
 
 /// Shared state of the seven tools.
@@ -570,10 +559,7 @@ impl SendTool {
         if !background {
             let slot = self.0.terminals.reserve_send(&ctx.owner, &a.session_id)?;
             return match slot.send(req, ctx.cancel.clone()).await? {
-                SendOutcome::Ready(settle) => {
-                    let full = full_screen(&self.0.terminals, &ctx.owner, &a.session_id);
-                    Ok(render_send(&a.session_id, &settle, full, output, max))
-                }
+                SendOutcome::Ready(settle) => Ok(render_send(&a.session_id, &settle, output, max)),
                 SendOutcome::Interrupted(i) => Err(interrupted_error(&i)),
             };
         }
@@ -588,9 +574,6 @@ impl SendTool {
             // Until readiness, however long it takes (job_kill stops it).
             req.timeout = Some(BACKGROUND_SEND_LIMIT);
         }
-        let id = a.session_id.clone();
-        let terminals = Arc::clone(&self.0.terminals);
-        let owner = Arc::clone(&ctx.owner);
         let info = jobs
             .start(
                 &ctx.owner,
@@ -607,7 +590,7 @@ impl SendTool {
                             let r = slot.send(req, c2).await;
                             let (rendered, settlement) = match r {
                                 Ok(SendOutcome::Ready(s)) => (
-                                    send_suffix(&s, full_screen(&terminals, &owner, &id)),
+                                    send_suffix(&s),
                                     JobSettlement {
                                         status: JobStatus::Completed,
                                         detail: Some(format!(

@@ -1431,11 +1431,14 @@ impl TerminalSession for ShellSession {
         if reason == WaitReason::SessionExit {
             tokio::task::yield_now().await;
         }
+        let delta = self.rendered_delta().await;
+        let full_screen = self.shared.lock().screen.screen().alternate_screen();
         Ok(SendOutcome::Ready(SendSettle {
-            delta: self.rendered_delta().await,
+            delta,
             wait_reason: reason,
             at_prompt,
             session_status: self.shared.status(),
+            full_screen,
         }))
     }
 
