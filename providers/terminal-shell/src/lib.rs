@@ -324,7 +324,8 @@ impl TerminalShell {
                 let env = vec![
                     ("PS1", ps1.clone()),
                     ("PS2", "> ".into()),
-                    ("PROMPT_COMMAND", conch_dialect::bash::prompt_command(&ps1, nonce)),
+                    ("PROMPT_COMMAND", conch_dialect::bash::prompt_command(&ps1)),
+                    (conch_dialect::bash::BOOT_VAR, conch_dialect::bash::prompt_boot(&ps1, nonce)),
                     ("TERM", term.into()),
                     ("NO_COLOR", "1".into()),
                     ("PAGER", "cat".into()),
