@@ -447,6 +447,7 @@ macro_rules! __terminal_cases {
             open_honours_cwd_and_rejects_a_missing_one,
             a_program_reading_stdin_is_stdin_read,
             a_program_reading_dev_tty_is_stdin_read,
+            a_silent_read_by_the_shell_itself_is_stdin_read,
             output_written_before_a_blocking_read_is_all_in_the_result,
             a_quick_send_never_returns_before_the_shell_read_it,
             a_silent_program_is_inferred_idle_not_stdin_read,

@@ -171,6 +171,23 @@ pub async fn a_program_reading_stdin_is_stdin_read(p: &dyn TerminalBackend) -> O
     Ok(())
 }
 
+/// The shell's own silent read (no prompt text, nothing after the echoed line) is a stdin
+/// wait too: the first sample of a line the shell runs is put off until more output comes, and
+/// none comes here.
+pub async fn a_silent_read_by_the_shell_itself_is_stdin_read(p: &dyn TerminalBackend) -> Outcome {
+    let s = open(p).await;
+    for i in 0..3 {
+        let r = send(s.as_ref(), &script(p, "read v", "$v = Read-Host")).await;
+        assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+        assert!(!r.at_prompt, "a read, not the prompt: {r:?}");
+        send(s.as_ref(), &format!("answer-{i}")).await;
+        let r = send(s.as_ref(), &script(p, "echo \"got $v\"", "\"got $v\"")).await;
+        assert!(r.delta.contains(&format!("got answer-{i}")), "{r:?}");
+    }
+    close(s.as_ref()).await;
+    Ok(())
+}
+
 pub async fn a_quick_send_never_returns_before_the_shell_read_it(
     p: &dyn TerminalBackend,
 ) -> Outcome {

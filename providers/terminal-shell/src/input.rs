@@ -23,6 +23,10 @@
 //!   rest of the output landed in the next send's result.)
 //! - Elsewhere (a program reading a cooked terminal, a raw one that did not ask for pastes)
 //!   the text is written as is: there a tab is a tab and nothing completes.
+//! - At bash's own prompt, a short line of printable ASCII ([`typed_at_prompt`]) is typed, not
+//!   pasted: readline inserts each of its bytes as the paste would, and reads it for less
+//!   (bash took about 0.05 ms more for `echo x` pasted: the paste's twelve marker bytes, read
+//!   one at a time like the text, and the highlighted echo it then draws again).
 //!
 //! Keys meant as keys ([`conch_seams::Key`]) follow the text, outside any paste; arrows
 //! honour the application cursor mode a full-screen program switched on (`ESC [?1h`).
@@ -72,6 +76,20 @@ pub(crate) fn encode(
         out.push(b'\r');
     }
     out
+}
+
+/// The longest text [`typed_at_prompt`] types: well within what the line discipline holds at
+/// once, so readline finds all of it pending and draws its echo once.
+const TYPED_MAX: usize = 256;
+
+/// Whether `text` may be typed rather than pasted at readline's prompt: besides one line end
+/// that ends it (Enter either way), it is printable ASCII, which readline inserts key by key
+/// as the paste would; a control character may be a key (a tab completes, a line end accepts,
+/// ESC starts a sequence), and a byte above 0x7f may be Meta and a key under a locale that is
+/// not UTF-8.
+pub(crate) fn typed_at_prompt(text: &str) -> bool {
+    let line = strip_line_end(text);
+    line.len() <= TYPED_MAX && line.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 /// `text` without one trailing line end.
@@ -185,6 +203,18 @@ fn key_bytes(key: Key, app_cursor: bool) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_short_line_of_printable_ascii_is_typed_at_the_prompt() {
+        for typed in ["echo x", "echo x\n", "echo x\r\n", "printf '%s' \"$HOME\" ~ !x"] {
+            assert!(typed_at_prompt(typed), "{typed:?}");
+        }
+        assert!(typed_at_prompt(&"x".repeat(TYPED_MAX)));
+        for pasted in ["a\tb", "one\ntwo", "x\n\n", "caf\u{e9}", "\x1b[A", "a\x7f", "a\x03"] {
+            assert!(!typed_at_prompt(pasted), "{pasted:?}");
+        }
+        assert!(!typed_at_prompt(&"x".repeat(TYPED_MAX + 1)));
+    }
 
     #[test]
     fn text_is_pasted_with_line_ends_as_enter_then_keys() {

@@ -283,6 +283,11 @@ impl Parser {
         self.lines.line.iter().collect()
     }
 
+    /// Nothing is printed on the line the cursor is on (a line just ended).
+    pub(crate) fn at_line_start(&self) -> bool {
+        self.lines.line.is_empty()
+    }
+
     /// Index (in characters) where the cursor is in [`Parser::live_line`].
     pub(crate) fn live_column(&self) -> usize {
         self.lines.col.min(self.lines.line.len())

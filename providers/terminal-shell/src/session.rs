@@ -806,6 +806,15 @@ enum Wait {
     Framed,
 }
 
+/// How a send's text goes in ([`ShellSession::pastes`]).
+#[derive(Clone, Copy, Debug)]
+struct Typing {
+    /// As a bracketed paste.
+    paste: bool,
+    /// Into readline at the shell's own prompt (false where that was not looked at).
+    at_prompt: bool,
+}
+
 /// The session handle handed to the terminals service.
 #[derive(Debug)]
 pub(crate) struct ShellSession {
@@ -903,24 +912,28 @@ impl ShellSession {
     /// Whether typed text goes in as a bracketed paste (see [`crate::input`]): when a
     /// line-oriented foreground program asked for pastes, or, in bash, when readline holds
     /// the terminal at the shell's prompt (no earlier text is owed a prompt and the shell owns
-    /// the foreground). A full-screen program (on the alternate screen) gets keystrokes even
-    /// when it asked for pastes: vim inserts a paste as text, so `:q!` would land in the file.
-    async fn pastes(&self, floor: Option<u64>) -> Result<bool> {
+    /// the foreground), unless `text` is one the prompt takes as well typed
+    /// ([`input::typed_at_prompt`]; `None`: always paste there). A full-screen program (on
+    /// the alternate screen) gets keystrokes even when it asked for pastes: vim inserts a
+    /// paste as text, so `:q!` would land in the file.
+    async fn pastes(&self, floor: Option<u64>, text: Option<&str>) -> Result<Typing> {
         let sh = &self.shared;
-        let busy = {
+        let (busy, asked) = {
             let st = sh.lock();
             if st.screen.screen().alternate_screen() {
-                return Ok(false);
+                return Ok(Typing { paste: false, at_prompt: false });
             }
-            if st.modes.paste {
-                return Ok(true);
-            }
-            st.busy()
+            (st.busy(), st.modes.paste)
         };
-        if sh.dialect != Dialect::Bash || floor.is_some() || busy {
-            return Ok(false);
+        // bash turns pastes on before each prompt: only its foreground tells its prompt from
+        // a program of its that asked for them, and that look is needed only when the answer
+        // could differ.
+        let typed = text.is_some_and(input::typed_at_prompt);
+        if sh.dialect != Dialect::Bash || floor.is_some() || busy || (asked && !typed) {
+            return Ok(Typing { paste: asked, at_prompt: false });
         }
-        Ok(sh.observe(Probe::Foreground).await?.leader_owns_foreground)
+        let at_prompt = sh.observe(Probe::Foreground).await?.leader_owns_foreground;
+        Ok(Typing { paste: if at_prompt { !typed } else { asked }, at_prompt })
     }
 
     /// Waits for the first readiness tier (or, for a framed command, its end marker), the
@@ -932,6 +945,7 @@ impl ShellSession {
         timeout: Duration,
         wait: Wait,
         wrote: bool,
+        shell_runs_it: bool,
         cancel: &CancellationToken,
     ) -> Result<Ready> {
         let framed = wait == Wait::Framed;
@@ -951,12 +965,22 @@ impl ShellSession {
         let mut cpu = CpuWatch::default();
         let mut last_busy = started;
         let mut dense_left = DENSE_PROBE_BUDGET;
-        // What had been taken in when a dense-window sample found output unread: once more has
-        // been, the next sample is due at once.
-        let mut unread_at: Option<u64> = None;
+        // What had been taken in when the next sample was put off until more output came (a
+        // sample in the dense window found output unread, or the first sample of a line the
+        // shell runs was put off): once more has been, the next sample is due at once.
+        let mut sample_on_output: Option<u64> = None;
+        // A line typed at the shell's own prompt is run by the shell itself until it starts a
+        // program, and a sample taken while the shell's group holds the foreground with nothing
+        // printed after the echoed line finds it busy with the line, whose output or prompt
+        // follows within a fraction of a millisecond. That first sample waits for more output
+        // (or the shortest gap): taken at once, its /proc reads held up the very prompt it
+        // raced (about 0.06 ms of a 0.25 ms `terminal_send` of `echo x`). A line that printed
+        // something after its echo (`read -p`'s prompt) is sampled at once, and a silent wait
+        // (`read v`) is seen a gap later.
+        let mut defer_first = shell_runs_it;
         loop {
             let notified = sh.changed.notified();
-            let (prompts, eof, last_output, code, ingested, echo_seen, answering) = {
+            let (prompts, eof, last_output, code, ingested, echo_seen, answering, line_start) = {
                 let st = sh.lock();
                 if let Some(why) = &st.lost {
                     return Err(lost(why));
@@ -966,10 +990,20 @@ impl ShellSession {
                 }
                 let code = st.frame.as_ref().and_then(FrameScanner::code);
                 let answering = st.answers_in_flight > 0;
-                (st.prompts, st.eof, st.last_output, code, st.ingested, st.echo_seen, answering)
+                let line_start = st.parser.at_line_start();
+                (
+                    st.prompts,
+                    st.eof,
+                    st.last_output,
+                    code,
+                    st.ingested,
+                    st.echo_seen,
+                    answering,
+                    line_start,
+                )
             };
-            if unread_at.is_some_and(|n| ingested > n) {
-                unread_at = None;
+            if sample_on_output.is_some_and(|n| ingested > n) {
+                sample_on_output = None;
                 next_probe = next_probe.min(Instant::now());
             }
             // Tier 0: our own prompt, accepted only while bash owns the foreground group. A
@@ -1011,7 +1045,15 @@ impl ShellSession {
             // them echoes them, so Tier 1 starts once the echo of the typed text came, or
             // after a blind window for input that echoes nothing (passwords, `stty -echo`).
             let input_taken = !wrote || echo_seen || now >= started + TIER1_BLIND;
-            if now >= next_probe && !eof && code.is_none() && input_taken && !answering {
+            let due = now >= next_probe && !eof && code.is_none() && input_taken && !answering;
+            let defer = due
+                && std::mem::take(&mut defer_first)
+                && line_start
+                && sh.observe(Probe::Foreground).await?.leader_owns_foreground;
+            if defer {
+                sample_on_output = Some(ingested);
+                next_probe = now + MIN_PROBE_GAP;
+            } else if due {
                 let obs = sh.observe(Probe::Stdin).await?;
                 if cpu.busy(&obs) {
                     last_busy = now;
@@ -1039,7 +1081,7 @@ impl ShellSession {
                 // follows at once (the gap below is the fallback).
                 let dense = quiet < DENSE_PROBE_WINDOW && dense_left > 0 && !runnable;
                 if dense && !complete {
-                    unread_at = Some(ingested);
+                    sample_on_output = Some(ingested);
                 }
                 if dense && complete {
                     // The next sample right away; Tier 2 cannot be due this soon after output.
@@ -1378,7 +1420,11 @@ impl TerminalSession for ShellSession {
         self.check_open()?;
         self.settle_signal(&cancel).await?;
         let floor = self.owed_prompt(&cancel).await?;
-        let paste = !req.text.is_empty() && self.pastes(floor).await?;
+        let typing = match req.text.is_empty() {
+            true => Typing { paste: false, at_prompt: false },
+            false => self.pastes(floor, Some(&req.text)).await?,
+        };
+        let paste = typing.paste;
         let cfg = &self.shared.config;
         let cap =
             req.max_output_bytes.map_or(cfg.max_read_bytes, |m| m.clamp(1, cfg.max_read_bytes));
@@ -1406,7 +1452,10 @@ impl TerminalSession for ShellSession {
         } else {
             Wait::Send
         };
-        let ready = self.readiness(start_prompts, timeout, wait, !bytes.is_empty(), &cancel).await;
+        let shell_runs_it = typing.at_prompt && bytes.ends_with(b"\r");
+        let ready = self
+            .readiness(start_prompts, timeout, wait, !bytes.is_empty(), shell_runs_it, &cancel)
+            .await;
         let (reason, at_prompt) = match ready {
             Ok(Ready::Reason(r)) => (r, false),
             Ok(Ready::Framed(_) | Ready::Prompt) => (WaitReason::StdinRead, true),
@@ -1473,7 +1522,9 @@ impl TerminalSession for ShellSession {
         // Pasted where readline takes pastes: it then inserts the whole line and echoes it
         // at once, where typed it echoes (and the pump takes in) one byte at a time.
         let paste = match self.shared.dialect {
-            Dialect::Bash => self.pastes(floor).await.inspect_err(|e| self.shared.note_loss(e))?,
+            Dialect::Bash => {
+                self.pastes(floor, None).await.inspect_err(|e| self.shared.note_loss(e))?.paste
+            }
             Dialect::Pwsh => false,
         };
         let start_prompts = {
@@ -1490,7 +1541,9 @@ impl TerminalSession for ShellSession {
             self.abandon_op();
             return Err(e);
         }
-        let ready = match self.readiness(start_prompts, timeout, Wait::Framed, true, &cancel).await
+        let ready = match self
+            .readiness(start_prompts, timeout, Wait::Framed, true, false, &cancel)
+            .await
         {
             Ok(r) => r,
             Err(e) => {
