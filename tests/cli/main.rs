@@ -1039,6 +1039,17 @@ fn bench_json_is_the_chosen_suite_and_an_unknown_suite_is_refused() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["suite"], suite, "{v}");
+        // What the machine runs that shows in tail rows (DAMON, where it is on), as text.
+        let notes = v["machine_notes"].as_array().unwrap();
+        assert!(notes.iter().all(|n| n.as_str().is_some_and(|n| n.starts_with("DAMON"))), "{v}");
+        let damon_on = std::fs::read_dir("/sys/kernel/mm/damon/admin/kdamonds")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|d| {
+                std::fs::read_to_string(d.path().join("state")).is_ok_and(|s| s.trim() == "on")
+            });
+        assert_eq!(notes.len(), usize::from(damon_on), "{v}");
         let got = v["rows"].as_array().unwrap();
         assert_eq!(got.len(), rows, "{v}");
         assert!(got.iter().all(|r| r["median_ms"].as_f64().is_some_and(|m| m > 0.0)), "{v}");

@@ -80,8 +80,9 @@ where
     Ok(stats(v))
 }
 
-/// The rows as a table, or as one JSON object (`{"suite", "iterations", "rows": [{"path",
-/// "min_ms", "median_ms", "p95_ms"}]}`).
+/// The rows as a table, or as one JSON object (`{"suite", "iterations", "machine_notes",
+/// "rows": [{"path", "min_ms", "median_ms", "p95_ms"}]}`), with what the machine runs that
+/// shows in tail rows ([`crate::floors::machine_notes`]).
 fn table(
     suite: &str,
     iterations: usize,
@@ -98,11 +99,17 @@ fn table(
                 })
             })
             .collect();
-        let v = serde_json::json!({ "suite": suite, "iterations": iterations, "rows": rows });
+        let notes = crate::floors::machine_notes();
+        let v = serde_json::json!({
+            "suite": suite, "iterations": iterations, "machine_notes": notes, "rows": rows,
+        });
         return Ok(format!("{v}\n"));
     }
     let mut s = String::new();
     writeln!(s, "iterations: {iterations}")?;
+    for n in crate::floors::machine_notes() {
+        writeln!(s, "machine: {n}")?;
+    }
     writeln!(s, "{:<34} {:>10} {:>10} {:>10}", "measurement", "min ms", "median ms", "p95 ms")?;
     for (name, st) in rows {
         writeln!(

@@ -508,7 +508,34 @@ pub(crate) async fn run(
     render(&rows, n, as_json)
 }
 
+/// What this machine runs that takes CPU in bursts no benchmark asked for, and so shows in
+/// tail rows: today, DAMON's kernel threads (`kdamond`), which a machine may run for proactive
+/// reclaim. Seen on one machine kind: a scan every 500 ms that held a CPU for 4 to 10 ms.
+pub(crate) fn machine_notes() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/sys/kernel/mm/damon/admin/kdamonds") else {
+        return Vec::new();
+    };
+    let on: Vec<String> = dir
+        .flatten()
+        .filter(|d| std::fs::read_to_string(d.path().join("state")).is_ok_and(|s| s.trim() == "on"))
+        .map(|d| {
+            let sample = d.path().join("contexts/0/monitoring_attrs/intervals/sample_us");
+            let every = std::fs::read_to_string(sample)
+                .map_or_else(|_| String::new(), |us| format!(", sampling every {} us", us.trim()));
+            format!("kdamond {}{every}", d.file_name().to_string_lossy())
+        })
+        .collect();
+    if on.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "DAMON is on ({}): its scans take a CPU in bursts, which can show in tail rows",
+        on.join("; ")
+    )]
+}
+
 pub(crate) fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::Result<String> {
+    let notes = machine_notes();
     if as_json {
         let rows: Vec<serde_json::Value> = rows
             .iter()
@@ -525,10 +552,14 @@ pub(crate) fn render(rows: &[Row], iterations: usize, as_json: bool) -> anyhow::
                 })
             })
             .collect();
-        return Ok(format!("{}\n", json!({ "iterations": iterations, "rows": rows })));
+        let doc = json!({ "iterations": iterations, "machine_notes": notes, "rows": rows });
+        return Ok(format!("{doc}\n"));
     }
     let mut s = String::new();
     writeln!(s, "iterations: {iterations} (medians)")?;
+    for n in &notes {
+        writeln!(s, "machine: {n}")?;
+    }
     writeln!(
         s,
         "{:<44} {:>10} {:>10} {:>8}  {:<22} floor is",
