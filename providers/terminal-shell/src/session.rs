@@ -966,18 +966,21 @@ impl ShellSession {
         let mut last_busy = started;
         let mut dense_left = DENSE_PROBE_BUDGET;
         // What had been taken in when the next sample was put off until more output came (a
-        // sample in the dense window found output unread, or the first sample of a line the
-        // shell runs was put off): once more has been, the next sample is due at once.
+        // sample in the dense window found output unread, or a sample of a line the shell runs
+        // was put off): once more has been, the next sample is due at once.
         let mut sample_on_output: Option<u64> = None;
         // A line typed at the shell's own prompt is run by the shell itself until it starts a
-        // program, and a sample taken while the shell's group holds the foreground with nothing
-        // printed after the echoed line finds it busy with the line, whose output or prompt
-        // follows within a fraction of a millisecond. That first sample waits for more output
-        // (or the shortest gap): taken at once, its /proc reads held up the very prompt it
-        // raced (about 0.06 ms of a 0.25 ms `terminal_send` of `echo x`). A line that printed
-        // something after its echo (`read -p`'s prompt) is sampled at once, and a silent wait
-        // (`read v`) is seen a gap later.
-        let mut defer_first = shell_runs_it;
+        // program, and a sample taken while the shell's group holds the foreground with its
+        // cursor at the start of a line (after the echoed line, or a line of output) finds it
+        // busy with the line, whose next output or prompt follows within a fraction of a
+        // millisecond. Such a sample waits for more output (or the shortest gap), again after
+        // each new output: taken at once, its /proc reads held up the very prompt it raced
+        // (about 0.06 ms of a 0.25 ms `terminal_send` of `echo x`). A gap with no output ends
+        // the putting off, as does a sample taken: text printed on the line (`read -p`'s
+        // prompt) is sampled at once, and a silent wait (`read v`) is seen a gap later.
+        let mut defer = shell_runs_it;
+        // What had been taken in at the last sample put off.
+        let mut deferred_at: Option<u64> = None;
         loop {
             let notified = sh.changed.notified();
             let (prompts, eof, last_output, code, ingested, echo_seen, answering, line_start) = {
@@ -1046,11 +1049,13 @@ impl ShellSession {
             // after a blind window for input that echoes nothing (passwords, `stty -echo`).
             let input_taken = !wrote || echo_seen || now >= started + TIER1_BLIND;
             let due = now >= next_probe && !eof && code.is_none() && input_taken && !answering;
-            let defer = due
-                && std::mem::take(&mut defer_first)
-                && line_start
-                && sh.observe(Probe::Foreground).await?.leader_owns_foreground;
-            if defer {
+            if due && defer {
+                defer = line_start
+                    && deferred_at.is_none_or(|n| ingested > n)
+                    && sh.observe(Probe::Foreground).await?.leader_owns_foreground;
+            }
+            if due && defer {
+                deferred_at = Some(ingested);
                 sample_on_output = Some(ingested);
                 next_probe = now + MIN_PROBE_GAP;
             } else if due {
