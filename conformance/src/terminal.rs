@@ -441,6 +441,31 @@ pub async fn a_send_typed_while_the_shell_is_busy_gets_its_own_prompt(
     Ok(())
 }
 
+/// A shell started from the session with PROMPT_COMMAND but without the helpers' text (a
+/// wrapper that passes on only some variables) still puts the prompt marker back into a PS1
+/// that something changed. (Its prompts are a program's input waits, not the session shell's
+/// prompt, either way.)
+pub async fn a_nested_shell_without_the_helpers_text_keeps_its_prompts_known(
+    p: &dyn TerminalBackend,
+) -> Outcome {
+    if is_pwsh(p) {
+        return skip("the prompt hook is bash's PROMPT_COMMAND");
+    }
+    let s = open(p).await;
+    let r = send(s.as_ref(), "env -u __conch_boot bash --norc --noprofile").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "the nested shell's prompt: {r:?}");
+    let r = send(s.as_ref(), "PS1='nested> '; echo changed").await;
+    assert_eq!(r.wait_reason, WaitReason::StdinRead, "{r:?}");
+    // The prompt after the change is the marked one again, not `nested> `.
+    assert!(r.delta.contains("changed\n") && !r.delta.ends_with("nested> "), "{r:?}");
+    let r = send(s.as_ref(), "exit").await;
+    assert!(r.at_prompt, "the session's own shell again: {r:?}");
+    let r = send(s.as_ref(), "echo outer").await;
+    assert!(r.at_prompt && r.delta.contains("outer"), "{r:?}");
+    close(s.as_ref()).await;
+    Ok(())
+}
+
 pub async fn close_works_while_the_shell_runs_a_loop(p: &dyn TerminalBackend) -> Outcome {
     let s = open(p).await;
     let r = send(

@@ -149,12 +149,14 @@ pub const BOOT_VAR: &str = "__conch_boot";
 /// command that redefined or removed one cannot break the next frame. Any other shell (a
 /// terminal session typed into) only re-asserts PS1: it has no frame to end, and parsing that
 /// kilobyte of function text before each prompt cost bash 0.06 to 0.12 ms, where its whole
-/// round trip of `echo x` to the prompt takes 0.12 to 0.16 ms without it (paired runs).
+/// round trip of `echo x` to the prompt takes 0.12 to 0.16 ms without it (paired runs). A
+/// shell that got PROMPT_COMMAND without [`BOOT_VAR`] (a wrapper that passes on only some
+/// variables) still puts PS1 back.
 pub fn prompt_command(ps1: &str) -> String {
     format!(
         "{{ __conch_rc=$?; __conch_run=; \
          if [[ -n ${{__conch_hook-}} && -z ${{__conch_framed-}} ]]; then PS1='{ps1}'; \
-         else builtin eval \"${{__conch_boot-}}\"; __conch_pc; fi; }} 2>/dev/null"
+         else builtin eval \"${{__conch_boot-}}\"; __conch_pc || PS1='{ps1}'; fi; }} 2>/dev/null"
     )
 }
 

@@ -133,8 +133,8 @@ pub(crate) async fn read(
 /// time: 19 wake-ups for one short bracketed-paste line, measured with `perf sched`).
 ///
 /// # Errors
-/// The PTY refused the write (`EIO` once the terminal is gone), the duplicate could not be
-/// made, or the reactor is gone.
+/// The PTY refused the write (`EIO` once the terminal is gone), or the reactor is gone. Where
+/// no descriptor is left for the duplicate, the wait is a retry every millisecond.
 pub(crate) async fn write_all(
     io: &AsyncFd<OwnedFd>,
     data: &[u8],
@@ -149,13 +149,21 @@ pub(crate) async fn write_all(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let waiter = match room.take() {
-                    Some(w) => w,
-                    None => register(io.get_ref().try_clone()?, Interest::WRITABLE)?,
+                    Some(w) => Some(w),
+                    None => {
+                        io.get_ref().try_clone().and_then(|d| register(d, Interest::WRITABLE)).ok()
+                    }
                 };
-                // Registration reports the current state, so room freed between the write
-                // above and here is not missed; a stale report only costs another try.
-                waiter.writable().await?.clear_ready();
-                room = Some(waiter);
+                if let Some(w) = waiter {
+                    // Registration reports the current state, so room freed between the write
+                    // above and here is not missed; a stale report only costs another try.
+                    w.writable().await?.clear_ready();
+                    room = Some(w);
+                } else {
+                    // No descriptor left for the duplicate (the process is at its limit):
+                    // try again a little later rather than fail a write that only waits.
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
             }
             Err(e) => return Err(e),
         }

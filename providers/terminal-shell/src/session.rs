@@ -1086,6 +1086,9 @@ impl ShellSession {
                 // follows at once (the gap below is the fallback).
                 let dense = quiet < DENSE_PROBE_WINDOW && dense_left > 0 && !runnable;
                 if dense && !complete {
+                    // From the same budget: output streaming in chunks would otherwise bring a
+                    // sample per chunk for as long as it lasts.
+                    dense_left -= 1;
                     sample_on_output = Some(ingested);
                 }
                 if dense && complete {
