@@ -448,7 +448,7 @@ macro_rules! __terminal_cases {
             a_program_reading_stdin_is_stdin_read,
             a_program_reading_dev_tty_is_stdin_read,
             a_silent_read_by_the_shell_itself_is_stdin_read,
-            a_nested_shell_without_the_helpers_text_keeps_its_prompts_known,
+            a_nested_shell_without_the_helpers_text_gets_its_ps1_put_back,
             output_written_before_a_blocking_read_is_all_in_the_result,
             a_quick_send_never_returns_before_the_shell_read_it,
             a_silent_program_is_inferred_idle_not_stdin_read,

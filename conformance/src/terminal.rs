@@ -445,7 +445,7 @@ pub async fn a_send_typed_while_the_shell_is_busy_gets_its_own_prompt(
 /// wrapper that passes on only some variables) still puts the prompt marker back into a PS1
 /// that something changed. (Its prompts are a program's input waits, not the session shell's
 /// prompt, either way.)
-pub async fn a_nested_shell_without_the_helpers_text_keeps_its_prompts_known(
+pub async fn a_nested_shell_without_the_helpers_text_gets_its_ps1_put_back(
     p: &dyn TerminalBackend,
 ) -> Outcome {
     if is_pwsh(p) {

@@ -1081,28 +1081,28 @@ impl ShellSession {
                     confirmed = None;
                 }
                 let quiet = now.saturating_duration_since(last_output.max(started));
-                // Output the sample found unread is the pump's to take in next: probing on would
-                // only hold the CPU it needs. Its ingest wakes this wait, and the next sample
-                // follows at once (the gap below is the fallback).
-                let dense = quiet < DENSE_PROBE_WINDOW && dense_left > 0 && !runnable;
-                if dense && !complete {
-                    // From the same budget: output streaming in chunks would otherwise bring a
-                    // sample per chunk for as long as it lasts.
+                // In the dense window every sample spends from one budget: output streaming in
+                // chunks would otherwise bring a sample per chunk for as long as it lasts.
+                if quiet < DENSE_PROBE_WINDOW && dense_left > 0 && !runnable {
                     dense_left -= 1;
-                    sample_on_output = Some(ingested);
-                }
-                if dense && complete {
-                    // The next sample right away; Tier 2 cannot be due this soon after output.
-                    // The thread yields its CPU first, not only the task: a task woken on this
-                    // CPU (the kernel worker that moves the program's output to the master,
-                    // the pump's worker thread) does not preempt a thread that never sleeps
-                    // until its slice ends, which made a prompt printed during a dense window
-                    // wait out the whole window (3 ms; `perf sched`, 1,000 sessions open).
-                    dense_left -= 1;
-                    next_probe = now;
-                    std::thread::yield_now();
-                    tokio::task::yield_now().await;
-                    continue;
+                    if !complete {
+                        // Output the sample found unread is the pump's to take in next: probing
+                        // on would only hold the CPU it needs. Its ingest wakes this wait, and
+                        // the next sample follows at once (the gap below is the fallback).
+                        sample_on_output = Some(ingested);
+                    } else {
+                        // The next sample right away; Tier 2 cannot be due this soon after
+                        // output. The thread yields its CPU first, not only the task: a task
+                        // woken on this CPU (the kernel worker that moves the program's output
+                        // to the master, the pump's worker thread) does not preempt a thread
+                        // that never sleeps until its slice ends, which made a prompt printed
+                        // during a dense window wait out the whole window (3 ms; `perf sched`,
+                        // 1,000 sessions open).
+                        next_probe = now;
+                        std::thread::yield_now();
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
                 }
                 let widest =
                     if quiet < FAST_PROBE_WINDOW { FAST_PROBE_GAP.min(poll) } else { poll };
@@ -1428,9 +1428,10 @@ impl TerminalSession for ShellSession {
         self.check_open()?;
         self.settle_signal(&cancel).await?;
         let floor = self.owed_prompt(&cancel).await?;
-        let typing = match req.text.is_empty() {
-            true => Typing { paste: false, at_prompt: false },
-            false => self.pastes(floor, Some(&req.text)).await?,
+        let typing = if req.text.is_empty() {
+            Typing { paste: false, at_prompt: false }
+        } else {
+            self.pastes(floor, Some(&req.text)).await?
         };
         let paste = typing.paste;
         let cfg = &self.shared.config;

@@ -89,6 +89,7 @@ fn table(
     rows: &[(&str, &Stats)],
     json: bool,
 ) -> anyhow::Result<String> {
+    let notes = crate::floors::machine_notes();
     if json {
         let rows: Vec<serde_json::Value> = rows
             .iter()
@@ -99,7 +100,6 @@ fn table(
                 })
             })
             .collect();
-        let notes = crate::floors::machine_notes();
         let v = serde_json::json!({
             "suite": suite, "iterations": iterations, "machine_notes": notes, "rows": rows,
         });
@@ -107,7 +107,7 @@ fn table(
     }
     let mut s = String::new();
     writeln!(s, "iterations: {iterations}")?;
-    for n in crate::floors::machine_notes() {
+    for n in &notes {
         writeln!(s, "machine: {n}")?;
     }
     writeln!(s, "{:<34} {:>10} {:>10} {:>10}", "measurement", "min ms", "median ms", "p95 ms")?;
