@@ -237,10 +237,14 @@ def check_set_timeout_moves_the_end():
     # The end reported is the end kept: lifecycle saw set_timeout move it later; here a
     # shorter one ends the sandbox.
     sbx = Sandbox.create(timeout=600)
+    ws = workspace(sbx)
     h = sbx.commands.run("sleep 1000", background=True)
     sbx.set_timeout(1)
     until("the sandbox's new end", lambda: not sbx.is_running())
     until("its process's end", lambda: gone(h.pid))
+    # The workspace goes after the end is reported: the next check lists the sandboxes'
+    # directory, so this one waits for it to be gone (CI once saw it removed mid-check).
+    until("its workspace's removal", lambda: not os.path.exists(ws))
 
 
 def check_bad_api_key():
